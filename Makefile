@@ -1,0 +1,69 @@
+# weir — `make help` lists the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ORDERS ?=
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help install broker broker-stop broker-wipe demo test test-unit test-integration lint format bench clean compose-check
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "Python 3.11+ is required (python3 not found)"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { echo "Python 3.11+ is required, found $$($(PY) --version)"; exit 1; }
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install weir with its dev tools
+	@scripts/broker.sh jars
+
+broker: $(STAMP) ## start the local Apache Kafka (KRaft, 127.0.0.1:19092); KAFKA_BOOTSTRAP=host:port uses another
+	scripts/broker.sh start
+
+broker-stop: ## stop the local Apache Kafka
+	scripts/broker.sh stop
+
+broker-wipe: ## stop the local Apache Kafka and delete its data
+	scripts/broker.sh wipe
+
+demo: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (ORDERS=file to use yours)
+	scripts/broker.sh start
+	$(BIN)/python -m app.demo $(if $(ORDERS),--orders $(ORDERS),)
+
+lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on the package
+	$(BIN)/ruff check app agents tables tests bench
+	$(BIN)/ruff format --check app agents tables tests bench
+	$(BIN)/mypy
+
+format: $(STAMP) ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix app agents tables tests bench
+	$(BIN)/ruff format app agents tables tests bench
+
+test-unit: $(STAMP) ## unit and property tests (no broker)
+	$(BIN)/pytest tests/unit
+
+test-integration: $(STAMP) ## end-to-end tests on the real broker with real faust workers
+	scripts/broker.sh start
+	$(BIN)/pytest tests/integration
+
+test: $(STAMP) ## lint, then every test (starts the local broker itself)
+	$(MAKE) --no-print-directory lint
+	scripts/broker.sh start
+	$(BIN)/pytest tests
+
+bench: $(STAMP) ## benchmarks: print figures (see bench/)
+	scripts/broker.sh start
+	$(BIN)/python -m bench.split_aggregate
+
+compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
+	$(BIN)/python scripts/check_compose.py docker/compose.yaml
+
+clean: ## remove the venv and local state (broker data, tables)
+	-scripts/broker.sh stop
+	rm -rf $(VENV) .weir .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""weir's agents; ``app.main`` imports the ones ``WEIR_AGENTS`` selects."""

@@ -1,0 +1,180 @@
+"""Aggregator: merges item outcomes by correlation id; completes by count, last-flag or timeout."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from faust.types import EventT, StreamT
+
+from app.codec import dumps
+from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, topics
+from tables.aggregates import (
+    AggregatorConfig,
+    DoneState,
+    GroupState,
+    ItemOutcome,
+    Transition,
+    deadline_bucket,
+    on_expire,
+    on_item,
+    on_late_item,
+    on_open,
+)
+from tables.aggregator_tables import deadlines, done_groups, open_groups
+
+__all__ = ["CONFIG", "late_items_total"]
+
+log = logging.getLogger(__name__)
+AGENT = "aggregator"
+CONFIG = AggregatorConfig(
+    name="order-items",
+    timeout_ms=settings.aggregate_timeout_ms,
+    done_retention_ms=settings.done_retention_ms,
+)
+#: Items that arrived after their group completed (counted, never merged); also per group in the table.
+late_items_total = 0
+
+
+def _index_deadline(partition: int, kind: str, correlation_id: str, due_ms: int) -> None:
+    next_key = f"{partition}:next"
+    next_bucket = deadlines.get(next_key)
+    bucket = deadline_bucket(due_ms)
+    if next_bucket is None:
+        deadlines[next_key] = bucket
+    elif bucket < next_bucket:
+        bucket = next_bucket  # already walked: the next tick must still see it
+    key = f"{partition}:{bucket}"
+    entries = list(deadlines.get(key) or [])
+    entry = [kind, correlation_id]
+    if entry not in entries:
+        entries.append(entry)
+        deadlines[key] = entries
+
+
+async def _apply(event: EventT, correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
+    partition = event.message.partition
+    if transition.rejected is not None:
+        await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=AGENT, step="merge")
+    if transition.state is None:
+        if previous is not None:
+            del open_groups[correlation_id]
+    elif transition.state != previous:
+        open_groups[correlation_id] = transition.state.to_dict()
+        if previous is None or previous.deadline_ms != transition.state.deadline_ms:
+            _index_deadline(partition, "group", correlation_id, transition.state.deadline_ms)
+    if transition.done is not None:
+        done_groups[correlation_id] = transition.done.to_dict()
+        _index_deadline(partition, "done", correlation_id, transition.done.expires_ms)
+    for result in transition.emits:
+        await topics.aggregates.send(key=correlation_id.encode(), value=dumps(result))
+
+
+def _load(correlation_id: str) -> GroupState | None:
+    raw = open_groups.get(correlation_id)
+    return None if raw is None else GroupState.from_dict(raw)
+
+
+async def _on_message(event: EventT, message: dict[str, Any], now: int) -> None:
+    global late_items_total
+    correlation_id = message.get("correlation_id")
+    if not isinstance(correlation_id, str) or not correlation_id:
+        raise InvalidMessage(f"aggregator: field 'correlation_id' must be a non-empty string, got {correlation_id!r}")
+    kind = message.get("kind")
+    if kind == "open":
+        total = message.get("total")
+        deadline_ms = message.get("deadline_ms")
+        if not isinstance(deadline_ms, int) or not (total is None or (isinstance(total, int) and total > 0)):
+            raise InvalidMessage(
+                f"aggregator: 'open' of {correlation_id!r} needs an integer deadline_ms and a positive total, got {message!r:.200}"
+            )
+        if done_groups.get(correlation_id) is not None:
+            return  # a redelivered open of a completed group
+        previous = _load(correlation_id)
+        await _apply(event, correlation_id, on_open(previous, correlation_id, total, deadline_ms, now), previous)
+        return
+    if kind != "item":
+        raise InvalidMessage(f"aggregator: field 'kind' must be 'open', 'item' or 'tick', got {kind!r}")
+    index = message.get("index")
+    total = message.get("total")
+    if not isinstance(index, int) or isinstance(index, bool) or not (total is None or isinstance(total, int)):
+        raise InvalidMessage(f"aggregator: item of {correlation_id!r} needs an integer 'index' and 'total', got {index!r}, {total!r}")
+    outcome = ItemOutcome(index=index, ok=bool(message.get("ok")), result=message.get("result"), error=message.get("error"))
+    done_raw = done_groups.get(correlation_id)
+    if done_raw is not None:
+        done = DoneState.from_dict(done_raw)
+        updated = on_late_item(done, index)
+        if updated != done:
+            late_items_total += 1
+            done_groups[correlation_id] = updated.to_dict()
+        return
+    previous = _load(correlation_id)
+    transition = on_item(previous, CONFIG, correlation_id, outcome, total, bool(message.get("last")), now)
+    await _apply(event, correlation_id, transition, previous)
+
+
+async def _on_tick(event: EventT, now: int) -> None:
+    """Walks the deadline buckets from the last walked second to now: work per due entry, not per open group."""
+    partition = event.message.partition
+    next_key = f"{partition}:next"
+    first = deadlines.get(next_key)
+    if first is None:
+        return
+    current = deadline_bucket(now)
+    for bucket in range(first, current + 1):
+        key = f"{partition}:{bucket}"
+        entries = deadlines.get(key)
+        if not entries:
+            continue
+        kept = []
+        for kind, correlation_id in entries:
+            if kind == "group":
+                state = _load(correlation_id)
+                if state is None or deadline_bucket(state.deadline_ms) > bucket:
+                    continue  # completed by count, or its deadline moved to a later bucket
+                if state.deadline_ms > now:
+                    kept.append([kind, correlation_id])
+                    continue
+                await _apply(event, correlation_id, on_expire(state, CONFIG, now), state)
+            else:
+                done_raw = done_groups.get(correlation_id)
+                if done_raw is None:
+                    continue
+                if DoneState.from_dict(done_raw).expires_ms > now:
+                    kept.append([kind, correlation_id])
+                    continue
+                del done_groups[correlation_id]
+        if kept:
+            deadlines[key] = kept
+        else:
+            del deadlines[key]
+    if current > first:
+        deadlines[next_key] = current
+
+
+async def _handle(event: EventT, message: Any) -> None:
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"aggregator: a message must be a JSON object, got {type(message).__name__}")
+    now = now_ms()
+    if message.get("kind") == "tick":
+        await _on_tick(event, now)
+    else:
+        await _on_message(event, message, now)
+
+
+@app.agent(topics.item_results)
+async def aggregator(stream: StreamT[bytes]) -> None:
+    """Reads 'open', 'item' and 'tick' messages keyed by correlation id and keeps the groups' tables."""
+    await handle_events(stream, agent=AGENT, what="aggregator: message", handler=_handle)
+
+
+@app.timer(interval=settings.tick_interval_ms / 1000)
+async def send_ticks() -> None:
+    """Each aggregator worker ticks the partitions it owns; the tick is handled in stream order."""
+    topic_name = topics.item_results.get_topic_name()
+    try:
+        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name]
+        for partition in owned:
+            await topics.item_results.send(value=dumps({"kind": "tick"}), partition=partition)
+    except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
+        log.debug("tick skipped: %s", error)

@@ -1,0 +1,173 @@
+"""The Faust application, its topics, and what every agent shares (decoding, retries, dead letters)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import faust
+from faust.types import EventT, StreamT
+
+from app import eos
+from app.codec import DecodeError, dumps, loads
+from app.errors import RetryPolicy, dead_letter_record, describe_error
+from app.kafka_io import ensure_topics
+from app.settings import Settings, load_settings
+
+__all__ = ["app", "settings", "topics", "retry_policy", "now_ms", "decode_event", "handle_events", "send_dead_letter", "InvalidMessage"]
+
+log = logging.getLogger(__name__)
+
+settings: Settings = load_settings()
+eos.install()
+(settings.data_dir / settings.group_id).mkdir(parents=True, exist_ok=True)
+
+app = faust.App(
+    settings.group_id,
+    broker=f"kafka://{settings.bootstrap}",
+    store="rocksdb://",
+    datadir=str(settings.data_dir / settings.group_id),
+    processing_guarantee=settings.processing_guarantee,
+    topic_partitions=settings.partitions,
+    topic_replication_factor=1,
+    topic_allow_declare=True,
+    broker_commit_interval=settings.commit_interval,
+    broker_session_timeout=settings.session_timeout,
+    broker_heartbeat_interval=settings.heartbeat_interval,
+    broker_rebalance_timeout=settings.rebalance_timeout,
+    consumer_auto_offset_reset="earliest",
+    table_standby_replicas=0,
+    web_host=settings.web_host,
+    web_port=settings.web_port,
+    web_bind=settings.web_host,
+    key_serializer="raw",
+    value_serializer="raw",
+    autodiscover=False,
+)
+
+
+class Topics:
+    """Every topic weir's agents read or write, named with the configured prefix."""
+
+    def __init__(self, faust_app: faust.App, config: Settings) -> None:
+        def declare(name: str, *, compacting: bool = False) -> faust.TopicT:
+            return faust_app.topic(
+                config.topic(name),
+                partitions=config.partitions,
+                key_serializer="raw",
+                value_serializer="raw",
+                compacting=compacting or None,
+            )
+
+        self.orders = declare("orders")
+        self.items = declare("items")
+        self.item_results = declare("item-results")
+        self.aggregates = declare("aggregates")
+        self.dead_letters = declare("dead-letters")
+
+    def all(self) -> list[faust.TopicT]:
+        return [self.orders, self.items, self.item_results, self.aggregates, self.dead_letters]
+
+
+topics = Topics(app, settings)
+
+
+@app.on_worker_init.connect
+def _prepare_worker(sender: faust.App, **_: Any) -> None:
+    if settings.processing_guarantee == "exactly_once":
+        eos.wipe_local_tables(sender.conf.tabledir)
+    # Faust creates only its internal topics; a source topic missing at subscription time would never
+    # be assigned. The loop is not running yet here, so the admin call runs on a loop of its own.
+    names = [topic.get_topic_name() for topic in topics.all()]
+    failure: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            asyncio.run(ensure_topics(settings.bootstrap, names, settings.partitions))
+        except BaseException as error:
+            failure.append(error)
+
+    thread = threading.Thread(target=create, name="weir-create-topics")
+    thread.start()
+    thread.join()
+    if failure:
+        message = f"weir: could not create topics {names} on {settings.bootstrap}: {failure[0]}"
+        raise RuntimeError(message) from failure[0]
+
+
+retry_policy = RetryPolicy(
+    attempts=settings.retry_attempts,
+    backoff_ms=settings.retry_backoff_ms,
+    max_backoff_ms=settings.retry_max_backoff_ms,
+)
+
+
+class InvalidMessage(ValueError):
+    """A decoded message does not have the expected shape; the text names the field."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _headers(event: EventT) -> list[tuple[str, bytes]]:
+    raw = event.message.headers or []
+    items: Iterable[Any] = raw.items() if isinstance(raw, dict) else raw
+    return [(str(name), bytes(value) if value is not None else b"") for name, value in items]
+
+
+def decode_event(event: EventT, *, what: str) -> Any:
+    """The event's JSON value, or :class:`DecodeError` naming ``what`` was read."""
+    return loads(event.message.value, what=what, max_bytes=settings.max_message_bytes)
+
+
+EventHandler = Callable[[EventT, Any], Awaitable[None]]
+
+
+async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
+    """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
+
+    Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
+    handler (a bug, not bad input: user steps have their own retry policy) is dead-lettered too, so the
+    agent keeps running and the partition is not blocked.
+    """
+    async for event in stream.events():
+        try:
+            await handler(event, decode_event(event, what=what))
+        except DecodeError as error:
+            await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
+        except InvalidMessage as error:
+            await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
+            await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+
+
+async def send_dead_letter(event: EventT, *, reason: str, error: str, agent: str, step: str, attempts: int = 1) -> None:
+    """Publish the event's original message to the dead-letter topic, saying where and why it stopped."""
+    message = event.message
+    record = dead_letter_record(
+        reason=reason,
+        error=error,
+        agent=agent,
+        step=step,
+        attempts=attempts,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        value=message.value,
+        headers=_headers(event),
+    )
+    # Payloads stay out of INFO logs: the dead-letter topic has them.
+    log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])
+    await topics.dead_letters.send(key=message.key, value=dumps(record))
+
+
+__all__ += ["DecodeError", "Topics"]

@@ -1,0 +1,85 @@
+"""Plain aiokafka helpers for what stands outside the workers: feeding input, reading outputs (demo, tests, bench)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from app.codec import dumps
+
+__all__ = ["produce", "produce_json", "read_topic", "ensure_topics"]
+
+
+async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int) -> None:
+    """Create the topics that do not exist yet (workers declare theirs too; this avoids racing them)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, partitions, 1) for name in names if name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except Exception as error:  # created meanwhile by a worker: fine
+                if "TopicAlreadyExists" not in type(error).__name__ + str(error):
+                    raise
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], *, partition: int | None = None) -> int:
+    """Send raw (key, value) records, waiting until the broker has all of them; returns how many."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
+    await producer.start()
+    count = 0
+    try:
+        pending = []
+        for key, value in records:
+            pending.append(await producer.send(topic, value=value, key=key, partition=partition))
+            count += 1
+        await producer.flush()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return count
+
+
+async def produce_json(bootstrap: str, topic: str, records: Iterable[tuple[str, Any]]) -> int:
+    return await produce(bootstrap, topic, ((key.encode(), dumps(value)) for key, value in records))
+
+
+async def read_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    until: Callable[[list[Any]], bool],
+    timeout_s: float,
+    decode: Callable[[bytes], Any] | None = None,
+    read_committed: bool = True,
+) -> list[Any]:
+    """Read ``topic`` from the beginning (read_committed) until ``until(records)`` holds or the timeout passes."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        group_id=None,
+    )
+    await consumer.start()
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not until(records) and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                for message in messages:
+                    records.append(decode(message.value) if decode and message.value is not None else message)
+    finally:
+        await consumer.stop()
+    return records

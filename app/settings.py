@@ -1,0 +1,145 @@
+"""Every setting of weir, read once from environment variables with documented defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Settings", "load_settings", "AGENT_NAMES"]
+
+#: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
+AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
+
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        message = f"setting {name}={raw!r}: expected an integer"
+        raise ValueError(message) from None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        message = f"setting {name}={raw!r}: expected a number"
+        raise ValueError(message) from None
+
+
+def _env_str(name: str, default: str) -> str:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else raw
+
+
+def _agents_from_env() -> tuple[str, ...]:
+    raw = _env_str("WEIR_AGENTS", "all")
+    if raw == "all":
+        return AGENT_NAMES
+    chosen = tuple(sorted({name.strip() for name in raw.split(",") if name.strip()}))
+    unknown = [name for name in chosen if name not in AGENT_NAMES]
+    if unknown or not chosen:
+        message = f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {list(AGENT_NAMES)}"
+        raise ValueError(message)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Settings:
+    """weir's configuration. Each field names its environment variable and default."""
+
+    #: KAFKA_BOOTSTRAP: host:port of the broker (default: the local broker of ``make broker``).
+    bootstrap: str = "127.0.0.1:19092"
+    #: WEIR_APP_ID: prefix of the consumer group / Faust app id; the stage set is appended.
+    app_id: str = "weir"
+    #: WEIR_TOPIC_PREFIX: prefix of every topic weir declares (tests use a unique one).
+    topic_prefix: str = "weir."
+    #: WEIR_AGENTS: which agents this process runs ("all" or e.g. "items" or "splitter,aggregator").
+    agents: tuple[str, ...] = AGENT_NAMES
+    #: WEIR_DATA_DIR: where RocksDB tables live.
+    data_dir: Path = field(default_factory=lambda: _PROJECT_ROOT / ".weir" / "data")
+    #: WEIR_WEB_HOST / WEIR_WEB_PORT: the worker's web server (read-only views), local by default.
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    #: WEIR_GUARANTEE: "exactly_once" (default) or "at_least_once".
+    processing_guarantee: str = "exactly_once"
+    #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
+    partitions: int = 4
+    #: WEIR_COMMIT_INTERVAL: seconds between offset commits (= transaction length under exactly_once).
+    commit_interval: float = 0.5
+    #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
+    session_timeout: float = 10.0
+    heartbeat_interval: float = 1.0
+    rebalance_timeout: float = 20.0
+    #: WEIR_RETRY_ATTEMPTS / WEIR_RETRY_BACKOFF_MS / WEIR_RETRY_MAX_BACKOFF_MS: the default retry policy.
+    retry_attempts: int = 3
+    retry_backoff_ms: int = 100
+    retry_max_backoff_ms: int = 2000
+    #: WEIR_AGGREGATE_TIMEOUT_MS: how long a split group may stay open before it completes partial.
+    aggregate_timeout_ms: int = 30_000
+    #: WEIR_TICK_INTERVAL_MS: how often each aggregator partition checks for expired deadlines.
+    tick_interval_ms: int = 250
+    #: WEIR_DONE_RETENTION_MS: how long a completed group is remembered to count late items.
+    done_retention_ms: int = 600_000
+    #: WEIR_ITEM_CONCURRENCY: item messages one items worker processes at once.
+    item_concurrency: int = 8
+    #: WEIR_MAX_MESSAGE_BYTES: larger input messages are dead-lettered, not parsed.
+    max_message_bytes: int = 1_000_000
+    #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the demo's pricing step).
+    item_processor: str = "agents.items:price_item"
+
+    @property
+    def stage(self) -> str:
+        """The name of the stage set this process runs: 'all' or the agents joined by '+'."""
+        return "all" if self.agents == AGENT_NAMES else "+".join(self.agents)
+
+    @property
+    def group_id(self) -> str:
+        # One consumer group per stage set: Faust's assignor hands every topic of a group to every
+        # member, so processes running different agents must not share a group.
+        return f"{self.app_id}-{self.stage}"
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment (see each field of :class:`Settings`)."""
+    defaults = Settings()
+    guarantee = _env_str("WEIR_GUARANTEE", defaults.processing_guarantee)
+    if guarantee not in ("exactly_once", "at_least_once"):
+        message = f"setting WEIR_GUARANTEE={guarantee!r}: expected 'exactly_once' or 'at_least_once'"
+        raise ValueError(message)
+    return Settings(
+        bootstrap=_env_str("KAFKA_BOOTSTRAP", defaults.bootstrap),
+        app_id=_env_str("WEIR_APP_ID", defaults.app_id),
+        topic_prefix=_env_str("WEIR_TOPIC_PREFIX", defaults.topic_prefix),
+        agents=_agents_from_env(),
+        data_dir=Path(_env_str("WEIR_DATA_DIR", str(defaults.data_dir))),
+        web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
+        web_port=_env_int("WEIR_WEB_PORT", defaults.web_port),
+        processing_guarantee=guarantee,
+        partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
+        commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),
+        session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
+        heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
+        rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),
+        retry_attempts=_env_int("WEIR_RETRY_ATTEMPTS", defaults.retry_attempts),
+        retry_backoff_ms=_env_int("WEIR_RETRY_BACKOFF_MS", defaults.retry_backoff_ms),
+        retry_max_backoff_ms=_env_int("WEIR_RETRY_MAX_BACKOFF_MS", defaults.retry_max_backoff_ms),
+        aggregate_timeout_ms=_env_int("WEIR_AGGREGATE_TIMEOUT_MS", defaults.aggregate_timeout_ms),
+        tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms),
+        done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
+        item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
+        max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
+        item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
+    )

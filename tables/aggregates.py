@@ -1,0 +1,260 @@
+"""Split/aggregate state: the typed values of the aggregator tables and their pure state core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "AggregatorConfig",
+    "ItemOutcome",
+    "GroupState",
+    "DoneState",
+    "Transition",
+    "on_open",
+    "on_item",
+    "on_expire",
+    "on_late_item",
+    "deadline_bucket",
+    "merged_result",
+]
+
+COMPLETE_BY_COUNT = "count"
+COMPLETE_BY_FLAG = "flag"
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """How one aggregator decides that a group is complete."""
+
+    name: str
+    timeout_ms: int
+    complete_by: frozenset[str] = frozenset({COMPLETE_BY_COUNT, COMPLETE_BY_FLAG})
+    done_retention_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
+        if unknown or not self.complete_by:
+            message = (
+                f"aggregator {self.name!r}: complete_by must be a non-empty subset of {{'count', 'flag'}}, got {sorted(self.complete_by)}"
+            )
+            raise ValueError(message)
+        if self.timeout_ms <= 0:
+            message = f"aggregator {self.name!r}: timeout_ms must be positive, got {self.timeout_ms}"
+            raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What happened to one item: processed (ok, with its result) or failed (with its error)."""
+
+    index: int
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "ok": self.ok, "result": self.result, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ItemOutcome:
+        return cls(index=int(raw["index"]), ok=bool(raw["ok"]), result=raw.get("result"), error=raw.get("error"))
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """An open group in table ``aggregates``: the items received so far, by index, and its deadline."""
+
+    correlation_id: str
+    deadline_ms: int
+    opened_ms: int
+    expected_count: int | None = None
+    #: index of the item flagged ``last``, when one arrived
+    last_index: int | None = None
+    received: dict[int, ItemOutcome] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "correlation_id": self.correlation_id,
+            "deadline_ms": self.deadline_ms,
+            "opened_ms": self.opened_ms,
+            "expected_count": self.expected_count,
+            "last_index": self.last_index,
+            "received": [outcome.to_dict() for _, outcome in sorted(self.received.items())],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> GroupState:
+        outcomes = [ItemOutcome.from_dict(item) for item in raw.get("received", [])]
+        return cls(
+            correlation_id=str(raw["correlation_id"]),
+            deadline_ms=int(raw["deadline_ms"]),
+            opened_ms=int(raw["opened_ms"]),
+            expected_count=raw.get("expected_count"),
+            last_index=raw.get("last_index"),
+            received={outcome.index: outcome for outcome in outcomes},
+        )
+
+    def missing_indexes(self) -> list[int]:
+        upper = self.expected_count
+        if upper is None:
+            upper = max(self.received, default=-1) + 1
+        return [index for index in range(upper) if index not in self.received]
+
+
+@dataclass(frozen=True)
+class DoneState:
+    """A completed group in table ``aggregates_done``: remembered to count (never merge) late items."""
+
+    correlation_id: str
+    status: str
+    completed_ms: int
+    expires_ms: int
+    late_indexes: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "correlation_id": self.correlation_id,
+            "status": self.status,
+            "completed_ms": self.completed_ms,
+            "expires_ms": self.expires_ms,
+            "late_indexes": list(self.late_indexes),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DoneState:
+        return cls(
+            correlation_id=str(raw["correlation_id"]),
+            status=str(raw["status"]),
+            completed_ms=int(raw["completed_ms"]),
+            expires_ms=int(raw["expires_ms"]),
+            late_indexes=tuple(int(index) for index in raw.get("late_indexes", [])),
+        )
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The result of one event: the group's new state (None: delete the key), what to emit, what to refuse."""
+
+    state: GroupState | None
+    done: DoneState | None = None
+    emits: tuple[dict[str, Any], ...] = ()
+    rejected: str | None = None
+
+
+def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
+    """The index bucket a deadline falls in; ticks walk buckets, so expiry costs per expired group."""
+    return deadline_ms // bucket_ms
+
+
+def on_open(state: GroupState | None, correlation_id: str, total: int | None, deadline_ms: int, now_ms: int) -> Transition:
+    """The splitter announced a group: remember its size and deadline (a repeat changes nothing)."""
+    if state is not None:
+        if state.expected_count is None and total is not None:
+            return Transition(state=replace(state, expected_count=total, deadline_ms=deadline_ms))
+        return Transition(state=state)
+    return Transition(state=GroupState(correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=total))
+
+
+def on_item(
+    state: GroupState | None,
+    config: AggregatorConfig,
+    correlation_id: str,
+    outcome: ItemOutcome,
+    total: int | None,
+    last: bool,
+    now_ms: int,
+) -> Transition:
+    """An item's outcome arrived: merge it once by index; complete the group when its criteria hold."""
+    if state is None:
+        state = GroupState(correlation_id=correlation_id, deadline_ms=now_ms + config.timeout_ms, opened_ms=now_ms)
+    problem = _check_item(state, config, outcome.index, total, last)
+    if problem is not None:
+        return Transition(state=state, rejected=problem)
+    if outcome.index in state.received:
+        return Transition(state=state)  # redelivered: merged once already
+    expected = state.expected_count
+    if expected is None and total is not None and COMPLETE_BY_COUNT in config.complete_by:
+        expected = total
+    last_index = state.last_index
+    if last:
+        last_index = outcome.index
+        if COMPLETE_BY_FLAG in config.complete_by:
+            expected = outcome.index + 1
+    received = dict(state.received)
+    received[outcome.index] = outcome
+    updated = replace(state, expected_count=expected, last_index=last_index, received=received)
+    if expected is not None and len(received) >= expected and all(index in received for index in range(expected)):
+        reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
+        return _complete(updated, config, "complete", reason, now_ms)
+    return Transition(state=updated)
+
+
+def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> Transition:
+    """A tick: a group past its deadline completes partial, naming what is missing; others stay."""
+    if state is None or state.deadline_ms > now_ms:
+        return Transition(state=state)
+    return _complete(state, config, "partial", "timeout", now_ms)
+
+
+def on_late_item(done: DoneState, index: int) -> DoneState:
+    """An item for a completed group: counted once by index, never merged."""
+    if index in done.late_indexes:
+        return done
+    return DoneState(
+        correlation_id=done.correlation_id,
+        status=done.status,
+        completed_ms=done.completed_ms,
+        expires_ms=done.expires_ms,
+        late_indexes=tuple(sorted((*done.late_indexes, index))),
+    )
+
+
+def merged_result(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> dict[str, Any]:
+    """The aggregate a group emits: per item ok / failed (with error) / missing."""
+    missing = state.missing_indexes()
+    upper = max([*state.received, *missing], default=-1) + 1
+    items: list[dict[str, Any]] = []
+    for index in range(upper):
+        outcome = state.received.get(index)
+        if outcome is None:
+            items.append({"index": index, "status": "missing"})
+        elif outcome.ok:
+            items.append({"index": index, "status": "ok", "result": outcome.result})
+        else:
+            items.append({"index": index, "status": "failed", "error": outcome.error})
+    return {
+        "correlation_id": state.correlation_id,
+        "aggregator": config.name,
+        "status": status,
+        "reason": reason,
+        "expected_count": state.expected_count,
+        "items": items,
+        "missing": missing,
+        "failed": [index for index, outcome in sorted(state.received.items()) if not outcome.ok],
+        "opened_ms": state.opened_ms,
+        "completed_ms": now_ms,
+    }
+
+
+def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> Transition:
+    done = DoneState(
+        correlation_id=state.correlation_id,
+        status=status,
+        completed_ms=now_ms,
+        expires_ms=now_ms + config.done_retention_ms,
+    )
+    return Transition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),))
+
+
+def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: int | None, last: bool) -> str | None:
+    where = f"aggregator {config.name!r}: item {index} of group {state.correlation_id!r}"
+    if index < 0:
+        return f"{where} has a negative index"
+    if total is not None and state.expected_count is not None and total != state.expected_count:
+        return f"{where} has total {total}, but the group expects {state.expected_count}"
+    if state.expected_count is not None and index >= state.expected_count:
+        return f"{where} is out of range: the group expects {state.expected_count} items (indexes 0..{state.expected_count - 1})"
+    if last and state.last_index is not None and state.last_index != index:
+        return f"{where} is flagged last, but item {state.last_index} was already flagged last"
+    return None

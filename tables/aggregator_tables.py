@@ -1,0 +1,42 @@
+"""The aggregator's tables: open groups, completed groups, and the deadline index that ticks walk."""
+
+from __future__ import annotations
+
+import faust
+
+from app.core import app, settings
+
+__all__ = ["open_groups", "done_groups", "deadlines"]
+
+
+def _table(name: str, help_text: str) -> faust.Table:  # type: ignore[type-arg]
+    return app.Table(
+        name,
+        default=None,
+        partitions=settings.partitions,
+        schema=faust.Schema(key_serializer="json", value_serializer="json"),
+        help=help_text,
+        changelog_topic=app.topic(
+            settings.topic(f"{name}-changelog"),
+            partitions=settings.partitions,
+            compacting=True,
+            key_serializer="json",
+            value_serializer="json",
+        ),
+    )
+
+
+open_groups = _table(
+    "aggregates",
+    "Open split groups by correlation id: items received by index (ok/failed), expected count, deadline "
+    "(value: tables.aggregates.GroupState).",
+)
+done_groups = _table(
+    "aggregates_done",
+    "Completed groups, kept for the done retention to count late items, which are never merged (value: tables.aggregates.DoneState).",
+)
+deadlines = _table(
+    "aggregate_deadlines",
+    "Deadline index: '<partition>:<second>' -> [kind, correlation id] due in that second, and "
+    "'<partition>:next', the first second not yet fully walked by the ticks.",
+)
