@@ -52,7 +52,7 @@ def _index_deadline(partition: int, kind: str, correlation_id: str, due_ms: int)
         deadlines[key] = entries
 
 
-async def _apply(event: EventT, correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
+async def _apply(event: EventT[bytes], correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
     partition = event.message.partition
     if transition.rejected is not None:
         await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=AGENT, step="merge")
@@ -75,7 +75,7 @@ def _load(correlation_id: str) -> GroupState | None:
     return None if raw is None else GroupState.from_dict(raw)
 
 
-async def _on_message(event: EventT, message: dict[str, Any], now: int) -> None:
+async def _on_message(event: EventT[bytes], message: dict[str, Any], now: int) -> None:
     global late_items_total
     correlation_id = message.get("correlation_id")
     if not isinstance(correlation_id, str) or not correlation_id:
@@ -91,7 +91,7 @@ async def _on_message(event: EventT, message: dict[str, Any], now: int) -> None:
         if done_groups.get(correlation_id) is not None:
             return  # a redelivered open of a completed group
         previous = _load(correlation_id)
-        await _apply(event, correlation_id, on_open(previous, correlation_id, total, deadline_ms, now), previous)
+        await _apply(event, correlation_id, on_open(previous, correlation_id, total, deadline_ms, now, config=CONFIG), previous)
         return
     if kind != "item":
         raise InvalidMessage(f"aggregator: field 'kind' must be 'open', 'item' or 'tick', got {kind!r}")
@@ -113,7 +113,7 @@ async def _on_message(event: EventT, message: dict[str, Any], now: int) -> None:
     await _apply(event, correlation_id, transition, previous)
 
 
-async def _on_tick(event: EventT, now: int) -> None:
+async def _on_tick(event: EventT[bytes], now: int) -> None:
     """Walks the deadline buckets from the last walked second to now: work per due entry, not per open group."""
     partition = event.message.partition
     next_key = f"{partition}:next"
@@ -152,7 +152,7 @@ async def _on_tick(event: EventT, now: int) -> None:
         deadlines[next_key] = current
 
 
-async def _handle(event: EventT, message: Any) -> None:
+async def _handle(event: EventT[bytes], message: Any) -> None:
     if not isinstance(message, dict):
         raise InvalidMessage(f"aggregator: a message must be a JSON object, got {type(message).__name__}")
     now = now_ms()
@@ -168,7 +168,6 @@ async def aggregator(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="aggregator: message", handler=_handle)
 
 
-@app.timer(interval=settings.tick_interval_ms / 1000)
 async def send_ticks() -> None:
     """Each aggregator worker ticks the partitions it owns; the tick is handled in stream order."""
     topic_name = topics.item_results.get_topic_name()
@@ -178,3 +177,6 @@ async def send_ticks() -> None:
             await topics.item_results.send(value=dumps({"kind": "tick"}), partition=partition)
     except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
         log.debug("tick skipped: %s", error)
+
+
+app.timer(interval=settings.tick_interval_ms / 1000)(send_ticks)

@@ -79,7 +79,7 @@ async def items(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="items: item", handler=_process_item)
 
 
-async def _process_item(event: EventT, raw: Any) -> None:
+async def _process_item(event: EventT[bytes], raw: Any) -> None:
     correlation_id, index, total, last, payload = parse_item(raw)
     outcome = await run_with_retry(retry_policy, lambda: _process(payload))
     if not outcome.ok:

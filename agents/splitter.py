@@ -7,31 +7,12 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from app.codec import dumps
-from app.core import InvalidMessage, app, handle_events, now_ms, settings, topics
+from app.core import app, handle_events, now_ms, settings, topics
+from app.split import split_order
 
-__all__ = ["split_order", "MAX_ITEMS_PER_ORDER"]
+__all__ = ["splitter"]
 
-MAX_ITEMS_PER_ORDER = 10_000
 AGENT = "splitter"
-
-
-def split_order(order: Any) -> tuple[str, list[Any]]:
-    """The order's correlation id and its items, or :class:`InvalidMessage` naming what is wrong."""
-    if not isinstance(order, dict):
-        message = f"splitter: an order must be a JSON object, got {type(order).__name__}"
-        raise InvalidMessage(message)
-    order_id = order.get("order_id")
-    if not isinstance(order_id, str) or not order_id:
-        message = f"splitter: field 'order_id' must be a non-empty string, got {order_id!r}"
-        raise InvalidMessage(message)
-    items = order.get("items")
-    if not isinstance(items, list) or not items:
-        message = f"splitter: order {order_id!r} field 'items' must be a non-empty list, got {type(items).__name__}"
-        raise InvalidMessage(message)
-    if len(items) > MAX_ITEMS_PER_ORDER:
-        message = f"splitter: order {order_id!r} has {len(items)} items, more than the limit of {MAX_ITEMS_PER_ORDER}"
-        raise InvalidMessage(message)
-    return order_id, items
 
 
 @app.agent(topics.orders)
@@ -44,7 +25,7 @@ async def splitter(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="splitter: order", handler=_split)
 
 
-async def _split(event: EventT, order: Any) -> None:
+async def _split(event: EventT[bytes], order: Any) -> None:
     order_id, items = split_order(order)
     total = len(items)
     opened = {"kind": "open", "correlation_id": order_id, "total": total, "deadline_ms": now_ms() + settings.aggregate_timeout_ms}

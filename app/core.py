@@ -17,6 +17,7 @@ from app.codec import DecodeError, dumps, loads
 from app.errors import RetryPolicy, dead_letter_record, describe_error
 from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
+from app.split import InvalidMessage
 
 __all__ = ["app", "settings", "topics", "retry_policy", "now_ms", "decode_event", "handle_events", "send_dead_letter", "InvalidMessage"]
 
@@ -77,7 +78,7 @@ topics = Topics(app, settings)
 
 
 @app.on_worker_init.connect
-def _prepare_worker(sender: faust.App, **_: Any) -> None:
+def _prepare_worker(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
     if settings.processing_guarantee == "exactly_once":
         eos.wipe_local_tables(sender.conf.tabledir)
     # Faust creates only its internal topics; a source topic missing at subscription time would never
@@ -106,26 +107,22 @@ retry_policy = RetryPolicy(
 )
 
 
-class InvalidMessage(ValueError):
-    """A decoded message does not have the expected shape; the text names the field."""
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _headers(event: EventT) -> list[tuple[str, bytes]]:
+def _headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
     raw = event.message.headers or []
     items: Iterable[Any] = raw.items() if isinstance(raw, dict) else raw
     return [(str(name), bytes(value) if value is not None else b"") for name, value in items]
 
 
-def decode_event(event: EventT, *, what: str) -> Any:
+def decode_event(event: EventT[bytes], *, what: str) -> Any:
     """The event's JSON value, or :class:`DecodeError` naming ``what`` was read."""
     return loads(event.message.value, what=what, max_bytes=settings.max_message_bytes)
 
 
-EventHandler = Callable[[EventT, Any], Awaitable[None]]
+EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 
 
 async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
@@ -149,7 +146,7 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
             await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
 
 
-async def send_dead_letter(event: EventT, *, reason: str, error: str, agent: str, step: str, attempts: int = 1) -> None:
+async def send_dead_letter(event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1) -> None:
     """Publish the event's original message to the dead-letter topic, saying where and why it stopped."""
     message = event.message
     record = dead_letter_record(

@@ -1,7 +1,7 @@
 """Exactly-once on Faust, made sound: transaction routing by source partition and a fresh local state.
 
 Faust (0.15) implements exactly-once with one transactional producer per assigned source partition
-(Kafka's EOS v1) but has two gaps that lose or duplicate data under a crash:
+(Kafka's EOS v1) but has gaps that lose or duplicate data under a crash:
 
 * it picks the transaction of a send by the *destination* partition (faust-streaming/faust#517), so an
   output to another topic or partition lands in a transaction that commits without the source offset,
@@ -9,6 +9,8 @@ Faust (0.15) implements exactly-once with one transactional producer per assigne
   event's source partition, which is the one that commits its offset;
 * it commits a transaction without draining its own send buffer, where table changelog writes wait, so
   a changelog write could fall into the next transaction; we drain the buffer before every commit;
+* it never restores a table partition taken over from a crashed worker (see
+  :class:`WeirConsumerThread`);
 * its RocksDB files keep writes of transactions that later aborted (a SIGKILL between a table write and
   the commit): the restarted worker would skip work it never committed. Like Kafka Streams after an
   unclean shutdown, a worker under exactly_once starts from an empty local store and restores it from
@@ -21,9 +23,10 @@ import logging
 import shutil
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
+from aiokafka.errors import ProducerFenced
 from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
@@ -35,7 +38,22 @@ log = logging.getLogger(__name__)
 
 
 class WeirTransactionManager(TransactionManager):
-    """Faust's transaction manager with sends routed to the source partition's transaction."""
+    """Faust's transaction manager with one transaction per source partition that every send joins.
+
+    A transactional id is ``<app id>-<n>p-<partition>`` where ``n`` is the topic's partition count: the
+    topics one worker consumes, and its tables' changelogs, are co-partitioned (the assignor gives
+    partition ``i`` of all of them to the same member), so partition ``i`` of all of them shares one
+    transaction, the one that also commits their offsets. Faust's own grouping reads the assignor's
+    topic groups, which are empty for a stage without tables (a KeyError on the first send).
+    """
+
+    def _transactional_id(self, topic: str, partition: int) -> str:
+        partition_count = self.app.consumer.topic_partitions(topic) or 0
+        return f"{self.app.conf.id}-{partition_count}p-{partition}"
+
+    def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
+        assignor = self.app.assignor
+        return {self._transactional_id(tp.topic, tp.partition) for tp in tps if not assignor.is_standby(tp)}
 
     async def send(
         self,
@@ -49,24 +67,71 @@ class WeirTransactionManager(TransactionManager):
         transactional_id: str | None = None,
     ) -> Awaitable[RecordMetadata]:
         event = faust.current_event()
-        if event is None:
-            # Buffered table changelog writes arrive here without an event; they go to the source
-            # partition's number in a topic co-partitioned with it, which is the same transaction.
-            return await super().send(topic, key, value, partition, timestamp, headers)
-        source: TP = event.message.tp
-        group = self.app.assignor.group_for_topic(source.topic)
-        source_transaction = f"{self.app.conf.id}-{group}-{source.partition}"
-        return await self.producer.send(topic, key, value, partition, timestamp, headers, transactional_id=source_transaction)
+        if event is not None:
+            source: TP = event.message.tp
+            owner = self._transactional_id(source.topic, source.partition)
+        else:
+            # Buffered table changelog writes (and timer sends) come without an event: they name their
+            # partition, which is the source partition's number in a co-partitioned topic.
+            destination = self.consumer.key_partition(topic, key, partition)
+            owner = self._transactional_id(topic, destination if destination is not None else partition or 0)
+        return await self.producer.send(topic, key, value, partition, timestamp, headers, transactional_id=owner)
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
         # Table changelog writes wait in Faust's send buffer: they belong to this transaction.
         await self.app.producer.buffer.flush()
-        return await super().commit(offsets, start_new_transaction=start_new_transaction)
+        by_transaction: dict[str, dict[TP, int]] = {}
+        for tp, offset in offsets.items():
+            by_transaction.setdefault(self._transactional_id(tp.topic, tp.partition), {})[tp] = offset
+        try:
+            for transactional_id, transaction_offsets in by_transaction.items():
+                await self._commit_one(transactional_id, transaction_offsets, start_new_transaction)
+        except ProducerFenced as fenced:
+            # Another worker owns these partitions now: this one must not go on with stale state.
+            log.warning("producer fenced: %s", fenced)
+            await self.app.crash(fenced)
+        return True
+
+    async def _commit_one(self, transactional_id: str, offsets: Mapping[TP, int], start_new_transaction: bool) -> None:
+        # Faust's commit_transactions fails when a transaction is not open (a second commit during
+        # shutdown, after one that did not start a new transaction): open one for the offsets then.
+        producer = cast(aiokafka_driver.Producer, self.producer)
+        async with producer._trn_locks[transactional_id]:
+            transaction_producer = producer._transaction_producers.get(transactional_id)
+            if transaction_producer is None:
+                log.warning("no transaction %s to commit %s in: they will be processed again", transactional_id, offsets)
+                return
+            if not transaction_producer._txn_manager.is_in_transaction():
+                await transaction_producer.begin_transaction()
+            await transaction_producer.send_offsets_to_transaction(offsets, self.app.conf.id)
+            await transaction_producer.commit_transaction()
+            if start_new_transaction:
+                await transaction_producer.begin_transaction()
+
+
+class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    """Faust's consumer thread, asking the broker for the end of a changelog before restoring it.
+
+    Under exactly_once Faust took the "highwater" of a changelog from the last stable offset the
+    consumer has *seen in a fetch*: unknown (-1) for a partition just taken over, so recovery read
+    nothing and the new owner started from an empty table (completed groups completed again). A
+    read_committed consumer's ``end_offsets`` is the last stable offset, from the broker.
+    """
+
+    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
+        consumer = self._ensure_consumer()
+        return cast(Mapping[TP, int], await consumer.end_offsets(partitions))
+
+
+class WeirConsumer(aiokafka_driver.Consumer):
+    def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
+        return WeirConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
 def install() -> None:
-    """Make every Faust app in this process use :class:`WeirTransactionManager`."""
+    """Make every Faust app in this process use weir's transaction manager and consumer."""
     aiokafka_driver.Transport.TransactionManager = WeirTransactionManager
+    aiokafka_driver.Transport.Consumer = WeirConsumer
 
 
 def wipe_local_tables(tabledir: Path) -> None:

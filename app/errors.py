@@ -29,7 +29,7 @@ class RetryPolicy:
 
     def delay_ms(self, failed_attempt: int) -> int:
         """The wait after the ``failed_attempt``-th try (1-based) before the next one."""
-        return min(self.max_backoff_ms, self.backoff_ms * 2 ** (failed_attempt - 1))
+        return int(min(self.max_backoff_ms, self.backoff_ms * 2 ** (failed_attempt - 1)))
 
 
 @dataclass(frozen=True)

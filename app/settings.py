@@ -99,8 +99,8 @@ class Settings:
 
     @property
     def stage(self) -> str:
-        """The name of the stage set this process runs: 'all' or the agents joined by '+'."""
-        return "all" if self.agents == AGENT_NAMES else "+".join(self.agents)
+        """The name of the stage set this process runs: "all" or the agents joined by "_"."""
+        return "all" if self.agents == AGENT_NAMES else "_".join(self.agents)
 
     @property
     def group_id(self) -> str:

@@ -147,13 +147,21 @@ def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
     return deadline_ms // bucket_ms
 
 
-def on_open(state: GroupState | None, correlation_id: str, total: int | None, deadline_ms: int, now_ms: int) -> Transition:
-    """The splitter announced a group: remember its size and deadline (a repeat changes nothing)."""
+def on_open(
+    state: GroupState | None, correlation_id: str, total: int | None, deadline_ms: int, now_ms: int, *, config: AggregatorConfig
+) -> Transition:
+    """The splitter announced a group: remember its deadline, and its size when completing by count.
+
+    A repeat changes nothing. A flag-only aggregator ignores the announced total: its count comes from
+    the item flagged last.
+    """
+    counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
     if state is not None:
-        if state.expected_count is None and total is not None:
-            return Transition(state=replace(state, expected_count=total, deadline_ms=deadline_ms))
+        if state.expected_count is None and counted_total is not None:
+            return Transition(state=replace(state, expected_count=counted_total, deadline_ms=deadline_ms))
         return Transition(state=state)
-    return Transition(state=GroupState(correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=total))
+    fresh = GroupState(correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=counted_total)
+    return Transition(state=fresh)
 
 
 def on_item(
@@ -166,16 +174,17 @@ def on_item(
     now_ms: int,
 ) -> Transition:
     """An item's outcome arrived: merge it once by index; complete the group when its criteria hold."""
-    if state is None:
-        state = GroupState(correlation_id=correlation_id, deadline_ms=now_ms + config.timeout_ms, opened_ms=now_ms)
-    problem = _check_item(state, config, outcome.index, total, last)
+    group = state or GroupState(correlation_id=correlation_id, deadline_ms=now_ms + config.timeout_ms, opened_ms=now_ms)
+    counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
+    problem = _check_item(group, config, outcome.index, counted_total, last)
     if problem is not None:
-        return Transition(state=state, rejected=problem)
-    if outcome.index in state.received:
+        return Transition(state=state, rejected=problem)  # a refused item leaves no trace, not even a new group
+    if outcome.index in group.received:
         return Transition(state=state)  # redelivered: merged once already
+    state = group
     expected = state.expected_count
-    if expected is None and total is not None and COMPLETE_BY_COUNT in config.complete_by:
-        expected = total
+    if expected is None and counted_total is not None:
+        expected = counted_total
     last_index = state.last_index
     if last:
         last_index = outcome.index
@@ -233,6 +242,7 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
         "missing": missing,
         "failed": [index for index, outcome in sorted(state.received.items()) if not outcome.ok],
         "opened_ms": state.opened_ms,
+        "deadline_ms": state.deadline_ms,
         "completed_ms": now_ms,
     }
 
@@ -251,10 +261,17 @@ def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: 
     where = f"aggregator {config.name!r}: item {index} of group {state.correlation_id!r}"
     if index < 0:
         return f"{where} has a negative index"
+    if total is not None and total <= 0:
+        return f"{where} has total {total}, but a group has at least one item"
     if total is not None and state.expected_count is not None and total != state.expected_count:
         return f"{where} has total {total}, but the group expects {state.expected_count}"
-    if state.expected_count is not None and index >= state.expected_count:
-        return f"{where} is out of range: the group expects {state.expected_count} items (indexes 0..{state.expected_count - 1})"
+    expected = state.expected_count if state.expected_count is not None else total
+    if expected is not None and index >= expected:
+        return f"{where} is out of range: the group expects {expected} items (indexes 0..{expected - 1})"
     if last and state.last_index is not None and state.last_index != index:
         return f"{where} is flagged last, but item {state.last_index} was already flagged last"
+    if last and COMPLETE_BY_FLAG in config.complete_by:
+        beyond = [received for received in state.received if received > index]
+        if beyond:
+            return f"{where} is flagged last, but items {beyond} with higher indexes already arrived"
     return None

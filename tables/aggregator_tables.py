@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
+from faust.types import TableT
 
 from app.core import app, settings
 
 __all__ = ["open_groups", "done_groups", "deadlines"]
 
 
-def _table(name: str, help_text: str) -> faust.Table:  # type: ignore[type-arg]
+def _table(name: str, help_text: str) -> TableT[str, Any]:
     return app.Table(
         name,
         default=None,

@@ -1,0 +1,133 @@
+"""`make demo`: the split/aggregate pipeline on a file of orders, with workers as separate processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.kafka_io import ensure_topics, produce, read_topic
+from app.settings import load_settings
+from app.split import InvalidMessage, split_order
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"
+#: The demo's processes: one runs the splitter and the aggregator, two share the item work.
+STAGES = ("splitter,aggregator", "items", "items")
+
+
+def _start_workers(env: dict[str, str], log_dir: Path) -> list[subprocess.Popen[bytes]]:
+    faust = Path(sys.executable).parent / "faust"
+    processes = []
+    for number, agents in enumerate(STAGES):
+        port = 6066 + number
+        log = (log_dir / f"worker-{number}.log").open("wb")
+        command = [str(faust), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(port)]
+        worker_env = {**env, "WEIR_AGENTS": agents, "WEIR_WEB_PORT": str(port), "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
+        processes.append(subprocess.Popen(command, cwd=ROOT, env=worker_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        print(f"  worker {number}: agents={agents:<20} pid={processes[-1].pid} web=http://127.0.0.1:{port}/ log={log.name}")
+    return processes
+
+
+def _stop_workers(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _read_lines(path: Path) -> tuple[list[tuple[bytes, bytes]], set[str]]:
+    records, order_ids = [], set()
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            order_id, _ = split_order(orjson.loads(line))
+            order_ids.add(order_id)
+        except (orjson.JSONDecodeError, InvalidMessage):
+            order_id = f"line-{number}"  # sent as is: the splitter dead-letters it with a reason
+        records.append((order_id.encode(), line))
+    return records, order_ids
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    statuses = Counter(item["status"] for item in result["items"])
+    total_cents = sum(item["result"]["price_cents"] for item in result["items"] if item["status"] == "ok")
+    detail = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
+    print(f"  {result['correlation_id']:<12} {result['status']:<8} {detail:<22} total {total_cents / 100:8.2f}")
+    for item in result["items"]:
+        if item["status"] == "failed":
+            print(f"      item {item['index']}: {item['error']}")
+
+
+async def _run(orders_path: Path, timeout_s: float) -> int:
+    settings = load_settings()
+    run_id = uuid.uuid4().hex[:6]
+    prefix = f"demo-{run_id}."
+    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"demo-{run_id}", "PYTHONPATH": str(ROOT)}
+    records, order_ids = _read_lines(orders_path)
+    names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
+    await ensure_topics(settings.bootstrap, names, settings.partitions)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))
+    print(f"weir demo: {len(records)} lines from {orders_path} ({len(order_ids)} orders), broker {settings.bootstrap}")
+    processes = _start_workers(env, log_dir)
+    try:
+        started = time.monotonic()
+        await produce(settings.bootstrap, f"{prefix}orders", records)
+        print(f"sent {len(records)} lines to {prefix}orders; waiting for results...")
+        seen: dict[str, dict[str, Any]] = {}
+
+        def progress(rows: list[Any]) -> bool:
+            for row in rows[len(seen) :]:
+                seen.setdefault(row["correlation_id"], row)
+            return len(seen) >= len(order_ids)
+
+        results = await read_topic(settings.bootstrap, f"{prefix}aggregates", until=progress, timeout_s=timeout_s, decode=orjson.loads)
+        elapsed = time.monotonic() - started
+        by_id = {result["correlation_id"]: result for result in results}
+        for order_id in sorted(by_id, key=lambda name: (len(name), name)):
+            _print_result(by_id[order_id])
+        letters = await read_topic(
+            settings.bootstrap, f"{prefix}dead-letters", until=lambda rows: False, timeout_s=2.0, decode=orjson.loads
+        )
+        statuses = Counter(result["status"] for result in by_id.values())
+        failed_items = sum(len(result["failed"]) for result in by_id.values())
+        print("\nsummary")
+        print(f"  orders completed   {len(by_id)} of {len(order_ids)} in {elapsed:.1f}s ({dict(statuses)})")
+        print(f"  items failed       {failed_items} (each also dead-lettered)")
+        print(f"  dead letters       {len(letters)}: {dict(Counter(letter['reason'] for letter in letters))}")
+        print(f"  worker logs        {log_dir}")
+        return 0 if len(by_id) == len(order_ids) else 1
+    finally:
+        _stop_workers(processes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="JSON-lines file of orders")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every result")
+    args = parser.parse_args()
+    try:
+        sys.exit(asyncio.run(_run(args.orders, args.timeout)))
+    except KeyboardInterrupt:
+        print("\ninterrupted: workers stopped")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

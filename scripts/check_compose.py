@@ -1,0 +1,287 @@
+"""Validate docker/compose.yaml without a Docker engine (or any Docker client).
+
+    python scripts/check_compose.py [docker/compose.yaml]
+
+Checks what would otherwise only fail at ``docker compose up``: every service has an image or a build whose
+context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
+for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, a ``kafka``
+service, published ports bound to the loopback address only, named volumes declared. Prints
+``compose ok: N services`` or one line per problem, and exits 1 on problems.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - reported by main()
+    yaml = None
+
+__all__ = ["check_compose", "check_config", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_COMPOSE = ROOT / "docker" / "compose.yaml"
+BROKER_SERVICE = "kafka"
+_DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
+
+
+def _agent_names() -> tuple[str, ...]:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from app.settings import AGENT_NAMES
+
+    return AGENT_NAMES
+
+
+def check_compose(path: Path | str, *, base_dir: Path | str | None = None, agent_names: Iterable[str] | None = None) -> list[str]:
+    """The problems of the compose file at ``path`` (empty when it is fine).
+
+    Relative build paths resolve against ``base_dir`` (default: the compose file's folder, as Compose does).
+    """
+    if yaml is None:
+        raise RuntimeError("check_compose needs PyYAML: pip install pyyaml")
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        return [f"{path}: cannot read: {error}"]
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        return [f"{path}: not valid YAML: {error}"]
+    return check_config(config, base_dir=Path(base_dir) if base_dir is not None else path.parent, agent_names=agent_names)
+
+
+def check_config(config: Any, *, base_dir: Path, agent_names: Iterable[str] | None = None) -> list[str]:
+    """The problems of an already parsed compose document."""
+    if not isinstance(config, Mapping):
+        return ["the file is not a mapping with a 'services' key"]
+    services = config.get("services")
+    if not isinstance(services, Mapping) or not services:
+        return ["no 'services' mapping"]
+    declared_volumes = config.get("volumes") or {}
+    if not isinstance(declared_volumes, Mapping):
+        return ["top-level 'volumes' is not a mapping"]
+    agents = tuple(agent_names) if agent_names is not None else _agent_names()
+
+    errors: list[str] = []
+    for name, service in services.items():
+        if not isinstance(service, Mapping):
+            errors.append(f"service {name}: not a mapping")
+            continue
+        errors += [f"service {name}: {problem}" for problem in _check_service(service, services, declared_volumes, base_dir)]
+        errors += [f"service {name}: {problem}" for problem in _check_weir_env(service, agents)]
+
+    if BROKER_SERVICE not in services:
+        errors.append(f"no '{BROKER_SERVICE}' service (the broker the workers' KAFKA_BOOTSTRAP points to)")
+    for agent in agents:
+        service = services.get(agent)
+        if not isinstance(service, Mapping):
+            errors.append(f"no service for agent '{agent}' (expected a service named '{agent}' with WEIR_AGENTS={agent})")
+            continue
+        value = _environment(service).get("WEIR_AGENTS")
+        if value != agent:
+            errors.append(f"service {agent}: WEIR_AGENTS is {value!r}, expected {agent!r}")
+    return errors
+
+
+def _check_service(
+    service: Mapping[str, Any], services: Mapping[str, Any], declared_volumes: Mapping[str, Any], base_dir: Path
+) -> list[str]:
+    errors: list[str] = []
+    if "image" not in service and "build" not in service:
+        errors.append("has neither 'image' nor 'build'")
+    if "build" in service:
+        errors += _check_build(service["build"], base_dir)
+    errors += _check_depends_on(service.get("depends_on"), services)
+    errors += _check_ports(service.get("ports"), _replicas(service))
+    errors += _check_volumes(service.get("volumes"), declared_volumes)
+    if _replicas(service) > 1 and "container_name" in service:
+        errors.append("sets container_name and deploy.replicas > 1 (container names must be unique)")
+    return errors
+
+
+def _check_build(build: Any, base_dir: Path) -> list[str]:
+    if isinstance(build, str):
+        build = {"context": build}
+    if not isinstance(build, Mapping):
+        return ["'build' is neither a path nor a mapping"]
+    context_value = str(build.get("context", "."))
+    if "://" in context_value or context_value.startswith("git@"):
+        return []  # a remote context: nothing to find on disk
+    context = (base_dir / context_value).resolve()
+    if not context.is_dir():
+        return [f"build context {context_value!r} is not a folder ({context})"]
+    if "dockerfile_inline" in build:
+        return []
+    dockerfile_value = str(build.get("dockerfile", "Dockerfile"))
+    dockerfile = (context / dockerfile_value).resolve()
+    if not dockerfile.is_file():
+        return [f"dockerfile {dockerfile_value!r} not found in build context {context_value!r} ({dockerfile})"]
+    return []
+
+
+def _check_depends_on(depends_on: Any, services: Mapping[str, Any]) -> list[str]:
+    if depends_on is None:
+        return []
+    if isinstance(depends_on, list):
+        wanted: dict[Any, Any] = {name: {} for name in depends_on}
+    elif isinstance(depends_on, Mapping):
+        wanted = dict(depends_on)
+    else:
+        return ["'depends_on' is neither a list nor a mapping"]
+    errors: list[str] = []
+    for target, spec in wanted.items():
+        if target not in services:
+            errors.append(f"depends_on names unknown service {target!r}")
+            continue
+        condition = spec.get("condition", "service_started") if isinstance(spec, Mapping) else "service_started"
+        if condition not in _DEPENDS_CONDITIONS:
+            errors.append(f"depends_on {target}: unknown condition {condition!r}")
+        elif condition == "service_healthy":
+            healthcheck = services[target].get("healthcheck") if isinstance(services[target], Mapping) else None
+            if not isinstance(healthcheck, Mapping) or healthcheck.get("disable") or "test" not in healthcheck:
+                errors.append(f"depends_on {target} with service_healthy, but {target} has no healthcheck")
+    return errors
+
+
+def _replicas(service: Mapping[str, Any]) -> int:
+    deploy = service.get("deploy")
+    replicas = deploy.get("replicas", 1) if isinstance(deploy, Mapping) else service.get("scale", 1)
+    try:
+        return int(replicas)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _parse_port(entry: Any) -> tuple[str, str] | None:
+    """(host ip, host port) of a published port; '' for what the entry leaves out. None if unparsable."""
+    if isinstance(entry, int):
+        return "", ""
+    if isinstance(entry, Mapping):
+        return str(entry.get("host_ip", "")), str(entry.get("published", ""))
+    if not isinstance(entry, str):
+        return None
+    spec = entry.split("/", 1)[0]
+    if spec.startswith("["):  # [::1]:6066:6066
+        host, _, rest = spec[1:].partition("]")
+        parts = rest.lstrip(":").split(":")
+        return host, parts[0] if len(parts) == 2 else ""
+    parts = spec.split(":")
+    if len(parts) == 1:
+        return "", ""
+    if len(parts) == 2:
+        return "", parts[0]
+    if len(parts) == 3:
+        return parts[0], parts[1]
+    return None
+
+
+def _check_ports(ports: Any, replicas: int) -> list[str]:
+    if ports is None:
+        return []
+    if not isinstance(ports, list):
+        return ["'ports' is not a list"]
+    errors: list[str] = []
+    for entry in ports:
+        parsed = _parse_port(entry)
+        if parsed is None:
+            errors.append(f"cannot parse port {entry!r}")
+            continue
+        host_ip, host_port = parsed
+        if not host_ip or not _is_loopback(host_ip):
+            bound = host_ip or "every interface"
+            errors.append(f"port {entry!r} is published on {bound}: bind it to 127.0.0.1 (e.g. '127.0.0.1:6066:6066')")
+        if replicas > 1 and host_port and "-" not in host_port:
+            errors.append(f"port {entry!r} publishes fixed host port {host_port} with {replicas} replicas")
+    return errors
+
+
+def _check_volumes(volumes: Any, declared: Mapping[str, Any]) -> list[str]:
+    if volumes is None:
+        return []
+    if not isinstance(volumes, list):
+        return ["'volumes' is not a list"]
+    errors: list[str] = []
+    for entry in volumes:
+        if isinstance(entry, Mapping):
+            source = entry.get("source") if entry.get("type", "volume") == "volume" else None
+        elif isinstance(entry, str):
+            parts = entry.split(":")
+            source = parts[0] if len(parts) > 1 else None  # "/path" alone is an anonymous volume
+        else:
+            errors.append(f"cannot parse volume {entry!r}")
+            continue
+        if not source or source.startswith((".", "/", "~", "$")):
+            continue  # anonymous volume or bind mount
+        if source not in declared:
+            errors.append(f"named volume {source!r} is not declared under the top-level 'volumes'")
+    return errors
+
+
+def _environment(service: Mapping[str, Any]) -> dict[str, str | None]:
+    env = service.get("environment")
+    if isinstance(env, Mapping):
+        return {str(key): None if value is None else str(value) for key, value in env.items()}
+    if isinstance(env, list):
+        result: dict[str, str | None] = {}
+        for item in env:
+            key, sep, value = str(item).partition("=")
+            result[key] = value if sep else None
+        return result
+    return {}
+
+
+def _check_weir_env(service: Mapping[str, Any], agents: tuple[str, ...]) -> list[str]:
+    env = _environment(service)
+    if "WEIR_AGENTS" not in env:
+        return []
+    errors: list[str] = []
+    raw = env["WEIR_AGENTS"] or ""
+    chosen = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in agents]
+    if raw != "all" and (unknown or not chosen):
+        errors.append(f"WEIR_AGENTS={raw!r} names unknown agent(s) {unknown}; expected 'all' or some of {list(agents)}")
+    bootstrap = env.get("KAFKA_BOOTSTRAP") or ""
+    host = bootstrap.rpartition(":")[0]
+    if not bootstrap:
+        errors.append("runs agents but sets no KAFKA_BOOTSTRAP (the default 127.0.0.1:19092 is the container itself)")
+    elif _is_loopback(host):
+        errors.append(f"KAFKA_BOOTSTRAP={bootstrap!r} points at the container itself, not the broker service")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    if yaml is None:
+        print("check_compose: PyYAML is required (pip install pyyaml)", file=sys.stderr)
+        return 2
+    path = Path(args[0]) if args else DEFAULT_COMPOSE
+    errors = check_compose(path)
+    if errors:
+        for error in errors:
+            print(f"compose: {error}", file=sys.stderr)
+        print(f"compose: {len(errors)} problem(s) in {path}", file=sys.stderr)
+        return 1
+    services = yaml.safe_load(path.read_text(encoding="utf-8"))["services"]
+    print(f"compose ok: {len(services)} services")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

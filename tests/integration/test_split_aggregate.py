@@ -1,0 +1,200 @@
+"""Split/aggregate end to end: real broker, real `faust worker` processes, outputs read read_committed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+
+from app.kafka_io import ensure_topics, produce, produce_json, read_topic
+from tests.integration.conftest import Pipeline
+
+pytestmark = pytest.mark.integration
+
+TOPICS = ("orders", "items", "item-results", "aggregates", "dead-letters")
+
+
+def make_orders(count: int, *, seed: int, max_items: int = 20, sleep_s: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    orders = {}
+    for number in range(count):
+        size = rng.randint(1, max_items)
+        orders[f"order-{number}"] = [{"value": f"{number}/{index}", "sleep_s": sleep_s} for index in range(size)]
+    return orders
+
+
+def create_topics(pipeline: Pipeline) -> None:
+    asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in TOPICS], 4))
+
+
+def send_orders(pipeline: Pipeline, orders: dict[str, list[dict[str, Any]]]) -> None:
+    records = [(order_id, {"order_id": order_id, "items": items}) for order_id, items in orders.items()]
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("orders"), records))
+
+
+def read_json(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float, settle_s: float = 0.0) -> list[dict[str, Any]]:
+    """Every record of ``topic`` once ``expected`` are there (then ``settle_s`` more to catch duplicates)."""
+    records = asyncio.run(
+        read_topic(
+            pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: len(rows) >= expected, timeout_s=timeout_s, decode=orjson.loads
+        )
+    )
+    if settle_s:
+        time.sleep(settle_s)
+        records = asyncio.run(
+            read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=3.0, decode=orjson.loads)
+        )
+    return records
+
+
+def assert_complete_once(results: list[dict[str, Any]], orders: dict[str, list[dict[str, Any]]]) -> None:
+    counts = Counter(result["correlation_id"] for result in results)
+    duplicated = {order_id: count for order_id, count in counts.items() if count > 1}
+    missing = sorted(set(orders) - set(counts))
+    assert not duplicated, f"orders completed more than once: {dict(list(duplicated.items())[:10])}"
+    assert not missing, f"{len(missing)} orders never completed, e.g. {missing[:10]}"
+    for result in results:
+        items = orders[result["correlation_id"]]
+        assert result["status"] == "complete", result
+        assert [item["status"] for item in result["items"]] == ["ok"] * len(items)
+        assert [item["result"]["value"] for item in result["items"]] == [item["value"] for item in items]
+
+
+def test_thousand_orders_complete_once_across_two_item_workers(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    orders = make_orders(1000, seed=7)
+    workers = [pipeline.start_worker("splitter,aggregator"), pipeline.start_worker("items"), pipeline.start_worker("items")]
+    for worker in workers:
+        worker.wait_ready()
+    send_orders(pipeline, orders)
+    results = read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=2)
+    assert_complete_once(results, orders)
+    pids = {item["result"]["pid"] for result in results for item in result["items"]}
+    assert len(pids) == 2, f"items should have been processed by both item workers, saw pids {pids}"
+
+
+def test_items_of_one_order_are_processed_in_parallel(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    orders = {"slow-order": [{"value": index, "sleep_s": 1.0} for index in range(10)]}
+    workers = [pipeline.start_worker("splitter,aggregator"), pipeline.start_worker("items"), pipeline.start_worker("items")]
+    for worker in workers:
+        worker.wait_ready()
+    send_orders(pipeline, orders)
+    [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=60)
+    windows = [(item["result"]["started"], item["result"]["finished"]) for item in result["items"]]
+    assert all(finished - started >= 1.0 for started, finished in windows)
+    # The most items whose processing windows overlap at one instant: 1 would mean sequential processing.
+    most_at_once = max(sum(1 for start, end in windows if start <= instant < end) for instant, _ in windows)
+    assert most_at_once >= 5, f"item windows barely overlap (at most {most_at_once} at once): {windows}"
+    span = max(end for _, end in windows) - min(start for start, _ in windows)
+    assert span < 5.0, f"10 one-second items took {span:.1f}s of processing span"
+
+
+def test_group_with_a_lost_item_completes_partial_at_its_deadline(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    worker = pipeline.start_worker("all")
+    worker.wait_ready()
+    deadline_ms = int(time.time() * 1000) + 3000
+    opened = {"kind": "open", "correlation_id": "gappy", "total": 3, "deadline_ms": deadline_ms}
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("item-results"), [("gappy", opened)]))
+    # Items 0 and 2 reach the item workers; item 1 is lost on the way.
+    items = [("gappy#0", {"correlation_id": "gappy", "index": 0, "total": 3, "payload": {"value": "a"}})]
+    items.append(("gappy#2", {"correlation_id": "gappy", "index": 2, "total": 3, "last": True, "payload": {"value": "c"}}))
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("items"), items))
+    [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=30)
+    assert result["status"] == "partial"
+    assert result["reason"] == "timeout"
+    assert result["missing"] == [1]
+    assert [item["status"] for item in result["items"]] == ["ok", "missing", "ok"]
+    assert result["deadline_ms"] == deadline_ms
+    assert 0 <= result["completed_ms"] - deadline_ms < 1000, "the timeout must fire within 1 s after the deadline"
+
+
+def test_poisoned_item_is_retried_dead_lettered_and_reported(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    worker = pipeline.start_worker("all", WEIR_RETRY_ATTEMPTS=3)
+    worker.wait_ready()
+    orders = {"with-poison": [{"value": "fine"}, {"value": "bad", "poison": True}, {"value": "also fine"}]}
+    send_orders(pipeline, orders)
+    [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=30)
+    assert result["status"] == "complete"
+    assert [item["status"] for item in result["items"]] == ["ok", "failed", "ok"]
+    assert result["failed"] == [1]
+    assert "poisoned item 'bad'" in result["items"][1]["error"]
+    [letter] = read_json(pipeline, "dead-letters", expected=1, timeout_s=10)
+    assert (letter["reason"], letter["agent"], letter["step"], letter["attempts"]) == ("failed", "items", "process", 3)
+    assert letter["origin"]["topic"] == pipeline.topic("items")
+    original = orjson.loads(letter["value"]["text"])
+    assert (original["correlation_id"], original["index"]) == ("with-poison", 1)
+
+
+def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    worker = pipeline.start_worker("all")
+    worker.wait_ready()
+    bad_records: list[tuple[bytes | None, bytes | None]] = [
+        (b"broken", b'{"order_id": "x", "items": ['),
+        (b"not-utf8", b"\xff\xfe\x00garbage"),
+        (b"array", b"[1, 2, 3]"),
+        (b"no-items", b'{"order_id": "no-items"}'),
+        (b"wrong-type", b'{"order_id": 17, "items": [{"value": 1}]}'),
+        (b"empty", b'{"order_id": "empty", "items": []}'),
+        (b"tombstone", None),
+    ]
+    good = make_orders(20, seed=3, max_items=5)
+    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("orders"), bad_records))
+    send_orders(pipeline, good)
+    # A malformed item message straight onto the items topic, and one to the aggregator.
+    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("items"), [(b"k", b'{"correlation_id": "z", "index": -1}')]))
+    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("item-results"), [(b"k", b'{"kind": "item", "correlation_id": "z"}')]))
+    results = read_json(pipeline, "aggregates", expected=len(good), timeout_s=60)
+    assert_complete_once(results, good)
+    letters = read_json(pipeline, "dead-letters", expected=len(bad_records) + 2, timeout_s=20)
+    by_key = {(letter["key"]["text"] or letter["key"]["base64"]): letter for letter in letters}
+    assert len(letters) == len(bad_records) + 2
+    assert by_key["broken"]["reason"] == "undecodable"
+    assert "not valid JSON" in by_key["broken"]["error"]
+    assert by_key["not-utf8"]["reason"] == "undecodable"
+    assert by_key["not-utf8"]["value"]["base64"]
+    assert by_key["array"]["reason"] == "invalid"
+    assert "JSON object" in by_key["array"]["error"]
+    assert by_key["no-items"]["reason"] == "invalid"
+    assert "'items'" in by_key["no-items"]["error"]
+    assert by_key["wrong-type"]["reason"] == "invalid"
+    assert "'order_id'" in by_key["wrong-type"]["error"]
+    assert by_key["empty"]["reason"] == "invalid"
+    assert by_key["tombstone"]["reason"] == "undecodable"
+    assert "tombstone" in by_key["tombstone"]["error"]
+    assert {letter["agent"] for letter in letters} == {"splitter", "items", "aggregator"}
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee: str) -> None:
+    """Two workers run every agent; one is SIGKILLed while orders flow. Under exactly_once no order's
+    result is visible twice to a read_committed consumer; under at_least_once none is lost (duplicates
+    of a result are allowed there and counted)."""
+    create_topics(pipeline)
+    orders = make_orders(400, seed=11, max_items=10, sleep_s=0.01)
+    # A long group timeout: the takeover (session timeout, rebalance, changelog restore) must not turn a
+    # slow order into a partial one; this test is about loss and duplication.
+    settings = {"WEIR_GUARANTEE": guarantee, "WEIR_AGGREGATE_TIMEOUT_MS": 180_000}
+    first = pipeline.start_worker("all", **settings)
+    second = pipeline.start_worker("all", **settings)
+    first.wait_ready()
+    second.wait_ready()
+    send_orders(pipeline, orders)
+    # Kill once some results are out, so that the victim holds partitions mid-stream.
+    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
+    assert len(partial) >= 60
+    second.kill()
+    results = read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3)
+    if guarantee == "exactly_once":
+        assert_complete_once(results, orders)
+    else:
+        unique = {result["correlation_id"]: result for result in results}
+        assert_complete_once(list(unique.values()), orders)

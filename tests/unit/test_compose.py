@@ -1,0 +1,131 @@
+"""scripts/check_compose.py: the real docker/compose.yaml passes, broken copies of it are reported."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from app.settings import AGENT_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKER_DIR = COMPOSE.parent
+
+
+def _load_checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_compose", ROOT / "scripts" / "check_compose.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("check_compose", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+checker = _load_checker()
+
+
+def _real() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def _check_copy(tmp_path: Path, data: dict[str, Any]) -> list[str]:
+    """Write ``data`` as a compose file in a temp folder and check it as if it sat in docker/."""
+    path = tmp_path / "compose.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    errors: list[str] = checker.check_compose(path, base_dir=DOCKER_DIR)
+    return errors
+
+
+def _check_text(tmp_path: Path, old: str, new: str) -> list[str]:
+    """Check a textual edit of the real file (anchors and comments kept)."""
+    text = COMPOSE.read_text(encoding="utf-8")
+    assert old in text, f"{old!r} no longer in {COMPOSE}; update the test"
+    path = tmp_path / "compose.yaml"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    errors: list[str] = checker.check_compose(path, base_dir=DOCKER_DIR)
+    return errors
+
+
+def test_real_compose_file_passes() -> None:
+    assert checker.check_compose(COMPOSE) == []
+
+
+def test_real_compose_file_has_one_service_per_agent_and_a_healthy_broker() -> None:
+    services = _real()["services"]
+    for agent in AGENT_NAMES:
+        assert checker._environment(services[agent])["WEIR_AGENTS"] == agent
+        assert services[agent]["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert services["items"]["deploy"]["replicas"] == 2
+    assert services["kafka"]["image"] == "apache/kafka:4.1.1"
+
+
+def test_main_prints_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert checker.main([str(COMPOSE)]) == 0
+    assert capsys.readouterr().out.strip() == f"compose ok: {len(_real()['services'])} services"
+
+
+def test_missing_agent_service_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    del data["services"]["items"]
+    errors = _check_copy(tmp_path, data)
+    assert any("no service for agent 'items'" in error for error in errors), errors
+
+
+def test_wrong_weir_agents_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["splitter"]["environment"]["WEIR_AGENTS"] = "items"
+    errors = _check_copy(tmp_path, data)
+    assert any("service splitter: WEIR_AGENTS is 'items'" in error for error in errors), errors
+
+
+def test_unknown_depends_on_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["aggregator"]["depends_on"] = {"zookeeper": {"condition": "service_started"}}
+    errors = _check_copy(tmp_path, data)
+    assert any("service aggregator: depends_on names unknown service 'zookeeper'" in error for error in errors), errors
+
+
+def test_port_on_every_interface_is_reported(tmp_path: Path) -> None:
+    errors = _check_text(tmp_path, '"127.0.0.1:6066:6066"', '"0.0.0.0:6066:6066"')
+    assert any("service aggregator: port '0.0.0.0:6066:6066' is published on 0.0.0.0" in error for error in errors), errors
+
+
+def test_port_without_host_address_is_reported(tmp_path: Path) -> None:
+    errors = _check_text(tmp_path, '"127.0.0.1:6066:6066"', '"6066:6066"')
+    assert any("published on every interface" in error for error in errors), errors
+
+
+def test_missing_dockerfile_and_undeclared_volume_are_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["splitter"]["build"] = {"context": "..", "dockerfile": "docker/Nope.Dockerfile"}
+    del data["volumes"]["aggregator-data"]
+    errors = _check_copy(tmp_path, data)
+    assert any("service splitter: dockerfile 'docker/Nope.Dockerfile' not found" in error for error in errors), errors
+    assert any("service aggregator: named volume 'aggregator-data' is not declared" in error for error in errors), errors
+
+
+def test_missing_broker_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    del data["services"]["kafka"]
+    errors = _check_copy(tmp_path, data)
+    assert any("no 'kafka' service" in error for error in errors), errors
+    assert any("depends_on names unknown service 'kafka'" in error for error in errors), errors
+
+
+def test_main_fails_on_a_broken_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _real()
+    del data["services"]["aggregator"]
+    path = tmp_path / "docker" / "compose.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert checker.main([str(path)]) == 1
+    assert "no service for agent 'aggregator'" in capsys.readouterr().err
