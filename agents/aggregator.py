@@ -8,7 +8,7 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from app.codec import dumps
-from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, topics
+from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, signals, topics
 from tables.aggregates import (
     AggregatorConfig,
     DoneState,
@@ -174,7 +174,7 @@ async def send_ticks() -> None:
     try:
         owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name]
         for partition in owned:
-            await topics.item_results.send(value=dumps({"kind": "tick"}), partition=partition)
+            await signals.send(topic_name, dumps({"kind": "tick"}), partition)
     except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
         log.debug("tick skipped: %s", error)
 

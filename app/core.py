@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import faust
+from aiokafka import AIOKafkaProducer
 from faust.types import EventT, StreamT
 
 from app import eos
@@ -19,7 +20,7 @@ from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
 
-__all__ = ["app", "settings", "topics", "retry_policy", "now_ms", "decode_event", "handle_events", "send_dead_letter", "InvalidMessage"]
+__all__ = ["app", "settings", "topics", "retry_policy", "now_ms", "decode_event", "handle_events", "send_dead_letter", "InvalidMessage", "signals"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,39 @@ retry_policy = RetryPolicy(
     backoff_ms=settings.retry_backoff_ms,
     max_backoff_ms=settings.retry_max_backoff_ms,
 )
+
+
+class SignalSender:
+    """Sends control signals (ticks) with a plain producer, outside any transaction.
+
+    A tick sent inside the exactly_once transaction of the partition it targets would only become
+    visible when that transaction commits, which happens when the partition processes a record: an idle
+    partition would never see its ticks, and its deadlines would never fire. Ticks carry no data and
+    are idempotent, so they need no transaction.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._producer: AIOKafkaProducer | None = None
+
+    async def send(self, topic: str, value: bytes, partition: int) -> None:
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks=1, linger_ms=0)
+            await self._producer.start()
+        await self._producer.send(topic, value=value, partition=partition)
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+
+signals = SignalSender(settings.bootstrap)
+
+
+@app.on_before_shutdown.connect
+async def _stop_signals(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
+    await signals.stop()
 
 
 def now_ms() -> int:

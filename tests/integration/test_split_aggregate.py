@@ -198,3 +198,61 @@ def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee
     else:
         unique = {result["correlation_id"]: result for result in results}
         assert_complete_once(list(unique.values()), orders)
+
+
+def read_changelog(pipeline: Pipeline, table: str, key: str) -> list[Any]:
+    """The values a table's changelog (its durable contents) holds for ``key``, oldest first."""
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda rows: False, timeout_s=3.0))
+    return [None if record.value is None else orjson.loads(record.value) for record in records if orjson.loads(record.key) == key]
+
+
+def test_late_items_are_counted_by_index_and_never_merged(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    worker = pipeline.start_worker("all")
+    worker.wait_ready()
+    deadline_ms = int(time.time() * 1000) + 2000
+    opened = {"kind": "open", "correlation_id": "slowpoke", "total": 2, "deadline_ms": deadline_ms}
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("item-results"), [("slowpoke", opened)]))
+    [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=30)
+    assert (result["status"], result["missing"]) == ("partial", [0, 1])
+    late = [
+        (f"slowpoke#{index}", {"correlation_id": "slowpoke", "index": index, "total": 2, "payload": {"value": index}})
+        for index in (1, 1, 0)
+    ]
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("items"), late))
+    deadline = time.monotonic() + 30
+    done: list[Any] = []
+    while time.monotonic() < deadline:
+        done = read_changelog(pipeline, "aggregates_done", "slowpoke")
+        if done and done[-1]["late_indexes"] == [0, 1]:
+            break
+    assert done, "the completed group is not in table aggregates_done"
+    assert done[-1]["late_indexes"] == [0, 1], f"late items are counted once by index: {done[-1]}"
+    assert len(read_json(pipeline, "aggregates", expected=2, timeout_s=3)) == 1, "a late item must not complete the group again"
+
+
+def test_a_deadline_survives_a_worker_crash(pipeline: Pipeline) -> None:
+    """The deadline lives in the table: a group whose deadline passes while its worker is down
+    completes as soon as the partition has an owner again."""
+    create_topics(pipeline)
+    worker = pipeline.start_worker("all")
+    worker.wait_ready()
+    deadline_ms = int(time.time() * 1000) + 6000
+    opened = {"kind": "open", "correlation_id": "orphan", "total": 2, "deadline_ms": deadline_ms}
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("item-results"), [("orphan", opened)]))
+    item = {"correlation_id": "orphan", "index": 0, "total": 2, "payload": {"value": "kept"}}
+    asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("items"), [("orphan#0", item)]))
+    # Wait until the group state is durable (in the committed changelog), then crash.
+    until = time.monotonic() + 20
+    while time.monotonic() < until and not any(value and value["received"] for value in read_changelog(pipeline, "aggregates", "orphan")):
+        time.sleep(0.2)
+    worker.kill()
+    assert not read_json(pipeline, "aggregates", expected=1, timeout_s=1), "completed before the crash: the test proves nothing"
+    time.sleep(max(0.0, deadline_ms / 1000 - time.time()) + 1)
+    restarted = pipeline.start_worker("all")
+    restarted.wait_ready()
+    [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=30)
+    assert (result["status"], result["reason"], result["missing"]) == ("partial", "timeout", [1])
+    assert result["items"][0] == {"index": 0, "status": "ok", "result": result["items"][0]["result"]}
+    assert result["items"][0]["result"]["value"] == "kept"
+    assert result["completed_ms"] > deadline_ms
