@@ -33,17 +33,19 @@ broker-wipe: ## stop the local Apache Kafka and delete its data
 	scripts/broker.sh wipe
 
 demo: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (ORDERS=file to use yours)
-	scripts/broker.sh start
-	$(BIN)/python -m app.demo $(if $(ORDERS),--orders $(ORDERS),)
+	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
+	scripts/broker.sh start || exit 1; \
+	$(BIN)/python -m app.demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
+	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on the package
-	$(BIN)/ruff check app agents tables tests bench
-	$(BIN)/ruff format --check app agents tables tests bench
+	$(BIN)/ruff check app agents tables tests bench scripts
+	$(BIN)/ruff format --check app agents tables tests bench scripts
 	$(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(BIN)/ruff check --fix app agents tables tests bench
-	$(BIN)/ruff format app agents tables tests bench
+	$(BIN)/ruff check --fix app agents tables tests bench scripts
+	$(BIN)/ruff format app agents tables tests bench scripts
 
 test-unit: $(STAMP) ## unit and property tests (no broker)
 	$(BIN)/pytest tests/unit

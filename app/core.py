@@ -20,7 +20,18 @@ from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
 
-__all__ = ["app", "settings", "topics", "retry_policy", "now_ms", "decode_event", "handle_events", "send_dead_letter", "InvalidMessage", "signals"]
+__all__ = [
+    "app",
+    "settings",
+    "topics",
+    "retry_policy",
+    "now_ms",
+    "decode_event",
+    "handle_events",
+    "send_dead_letter",
+    "InvalidMessage",
+    "signals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +60,7 @@ app = faust.App(
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,
+    Table="app.eos:WeirTable",
 )
 
 
@@ -141,11 +153,47 @@ async def _stop_signals(sender: Any, /, *_: Any, signal: Any = None, **__: Any) 
     await signals.stop()
 
 
+def dump_tasks(*_: Any) -> None:
+    """Log what every asyncio task of this worker waits on, down its await chain (``kill -USR1 <pid>``)."""
+    lines = []
+    for task in asyncio.all_tasks():
+        lines.append(f"--- {task.get_name()}")
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            else:
+                lines.append(f"    awaiting {awaited!r:.200}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    try:
+        consumer: Any = app.consumer
+        kafka = consumer._thread._consumer
+        lines.append(f"assigned: {sorted(map(str, consumer.assignment()))}")
+        lines.append(f"faust active: {sorted(map(str, consumer._active_partitions or ()))}")
+        lines.append(f"faust paused: {sorted(map(str, consumer._paused_partitions))}")
+        lines.append(f"kafka paused: {sorted(map(str, kafka.paused()))}")
+        lines.append(f"flow control active: {app.flow_control.is_active()}")
+        lines.append(f"gate: active={eos.gate._active} open={eos.gate._open.is_set()}")
+    except Exception as error:  # diagnostics only
+        lines.append(f"(consumer state unavailable: {error!r})")
+    log.warning("asyncio tasks:\n%s", "\n".join(lines))
+
+
+async def _install_task_dump() -> None:
+    import signal as signals_module
+
+    asyncio.get_running_loop().add_signal_handler(signals_module.SIGUSR1, dump_tasks)
+
+
+app.task(_install_task_dump)
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
+def message_headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
     raw = event.message.headers or []
     items: Iterable[Any] = raw.items() if isinstance(raw, dict) else raw
     return [(str(name), bytes(value) if value is not None else b"") for name, value in items]
@@ -167,17 +215,27 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     agent keeps running and the partition is not blocked.
     """
     async for event in stream.events():
-        try:
-            await handler(event, decode_event(event, what=what))
-        except DecodeError as error:
-            await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
-        except InvalidMessage as error:
-            await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
-            await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+        async with eos.event_scope(event):
+            try:
+                await handler(event, decode_event(event, what=what))
+            except DecodeError as error:
+                await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
+            except InvalidMessage as error:
+                await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
+                await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+            # Acked inside the scope: the commit that covers this offset also covers all it produced.
+            event.ack()
+
+
+async def send_dead_letter_record(record: dict[str, Any]) -> None:
+    """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`."""
+    log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
+    key = record["key"]["text"]
+    await topics.dead_letters.send(key=key.encode() if key is not None else None, value=dumps(record))
 
 
 async def send_dead_letter(event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1) -> None:
@@ -194,7 +252,7 @@ async def send_dead_letter(event: EventT[bytes], *, reason: str, error: str, age
         offset=message.offset,
         key=message.key,
         value=message.value,
-        headers=_headers(event),
+        headers=message_headers(event),
     )
     # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])

@@ -11,6 +11,8 @@ Faust (0.15) implements exactly-once with one transactional producer per assigne
   a changelog write could fall into the next transaction; we drain the buffer before every commit;
 * it never restores a table partition taken over from a crashed worker (see
   :class:`WeirConsumerThread`);
+* it commits on a timer in the middle of events, splitting an event's effects over two transactions
+  (see :class:`CommitGate`);
 * its RocksDB files keep writes of transactions that later aborted (a SIGKILL between a table write and
   the commit): the restarted worker would skip work it never committed. Like Kafka Streams after an
   unclean shutdown, a worker under exactly_once starts from an empty local store and restores it from
@@ -19,9 +21,12 @@ Faust (0.15) implements exactly-once with one transactional producer per assigne
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import logging
 import shutil
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,10 +34,10 @@ import faust
 from aiokafka.errors import ProducerFenced
 from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import TP
-from faust.types.tuples import RecordMetadata
+from faust.types import TP, EventT
+from faust.types.tuples import FutureMessage, RecordMetadata
 
-__all__ = ["WeirTransactionManager", "install", "wipe_local_tables"]
+__all__ = ["WeirTransactionManager", "WeirTable", "event_scope", "gate", "install", "wipe_local_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,12 @@ class WeirTransactionManager(TransactionManager):
         return await self.producer.send(topic, key, value, partition, timestamp, headers, transactional_id=owner)
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        # Table changelog writes wait in Faust's send buffer: they belong to this transaction.
+        async with gate.committing():
+            return await self._commit(offsets, start_new_transaction)
+
+    async def _commit(self, offsets: Mapping[TP, int], start_new_transaction: bool) -> bool:
+        # Events delivered their own changelog writes (event_scope); a write made outside an event
+        # would still wait in Faust's buffer, and belongs to this transaction.
         await self.app.producer.buffer.flush()
         by_transaction: dict[str, dict[TP, int]] = {}
         for tp, offset in offsets.items():
@@ -126,6 +136,100 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 class WeirConsumer(aiokafka_driver.Consumer):
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return WeirConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class CommitGate:
+    """Commits happen between events, never in the middle of one.
+
+    Faust commits on a timer while agents keep processing. Under exactly_once that splits an event's
+    effects across two transactions: the changelog write of a table update in one, the result it sent
+    in the next; a crash between them commits half of the event (a completed group whose result is
+    never sent, or an offset committed without its state). Every event is processed, its changelog
+    writes delivered and its offset acked inside :meth:`processing`; a commit waits in
+    :meth:`committing` until no event is in flight and holds new ones back until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @contextlib.asynccontextmanager
+    async def processing(self) -> AsyncIterator[None]:
+        await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def committing(self) -> AsyncIterator[None]:
+        self._open.clear()
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._idle.wait()), timeout=10.0)
+            except TimeoutError:
+                log.warning("commit waits for %d event(s) still being processed", self._active)
+                await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+
+gate = CommitGate()
+_changelog_sends: contextvars.ContextVar[list[FutureMessage] | None] = contextvars.ContextVar("weir_changelog_sends", default=None)
+
+
+class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
+    """A Faust table whose changelog writes the current event can wait for (see :func:`changelog_delivered`)."""
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> FutureMessage:
+        sent: FutureMessage = super().send_changelog(*args, **kwargs)
+        pending = _changelog_sends.get()
+        if pending is not None:
+            pending.append(sent)
+        return sent
+
+
+#: How long an event waits for its table changelog writes to be delivered before the worker gives up.
+DELIVERY_TIMEOUT_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
+    """Process one event: between commits, and with its table changelog writes delivered at the end."""
+    async with gate.processing():
+        pending: list[FutureMessage] = []
+        token = _changelog_sends.set(pending)
+        try:
+            yield
+        finally:
+            _changelog_sends.reset(token)
+        if pending:
+            await _await_deliveries(event, pending)
+
+
+async def _await_deliveries(event: EventT[bytes], pending: list[FutureMessage]) -> None:
+    done, undelivered = await asyncio.wait(pending, timeout=DELIVERY_TIMEOUT_S)
+    failed = [future for future in done if future.exception() is not None]
+    if not undelivered and not failed:
+        return
+    tp = event.message.tp
+    app = event.app
+    if tp not in app.consumer.assignment():
+        # Revoked meanwhile: its transaction died with its producer, and the new owner redoes the event.
+        log.info("changelog writes of %s@%s dropped: the partition was revoked", tp, event.message.offset)
+        return
+    problem = failed[0].exception() if failed else TimeoutError(f"not delivered in {DELIVERY_TIMEOUT_S}s")
+    message = f"table changelog writes of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
+    log.error(message)
+    await app.crash(RuntimeError(message))
 
 
 def install() -> None:

@@ -10,6 +10,8 @@ __all__ = ["Settings", "load_settings", "AGENT_NAMES"]
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
+#: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``.
+OPTIONAL_AGENT_NAMES: tuple[str, ...] = ("flows",)
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +48,10 @@ def _agents_from_env() -> tuple[str, ...]:
     if raw == "all":
         return AGENT_NAMES
     chosen = tuple(sorted({name.strip() for name in raw.split(",") if name.strip()}))
-    unknown = [name for name in chosen if name not in AGENT_NAMES]
+    unknown = [name for name in chosen if name not in AGENT_NAMES + OPTIONAL_AGENT_NAMES]
     if unknown or not chosen:
-        message = f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {list(AGENT_NAMES)}"
+        known = list(AGENT_NAMES + OPTIONAL_AGENT_NAMES)
+        message = f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {known}"
         raise ValueError(message)
     return chosen
 
@@ -96,6 +99,8 @@ class Settings:
     max_message_bytes: int = 1_000_000
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the demo's pricing step).
     item_processor: str = "agents.items:price_item"
+    #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
+    flows_module: str = ""
 
     @property
     def stage(self) -> str:
@@ -142,4 +147,5 @@ def load_settings() -> Settings:
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
+        flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
     )

@@ -1,0 +1,402 @@
+"""Flows compiled into Faust agents: one per flow (its source and resume topics), one per barrier.
+
+The flows come from the module named by ``WEIR_FLOWS`` (its ``FLOWS`` list). Each barrier has a topic
+keyed by correlation key that carries arrivals of waiting exchanges, completions of awaited flows and
+ticks, and a table keyed the same way: waits and completions of one key meet on one partition, owned by
+one worker at a time, whichever process that is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.types import EventT, StreamT, TableT
+
+from app.codec import dumps
+from app.core import InvalidMessage, app, handle_events, message_headers, now_ms, retry_policy, send_dead_letter_record, settings, signals
+from app.deadlines import DeadlineIndex
+from app.errors import dead_letter_record, run_with_retry
+from app.flows import Barrier, Exchange, Flow, FlowGraphError, Step, validate_flows
+from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
+
+__all__ = ["load_flows", "FLOWS"]
+
+log = logging.getLogger(__name__)
+
+
+def load_flows(module_name: str) -> list[Flow]:
+    """The ``FLOWS`` list of ``module_name``."""
+    if not module_name:
+        message = "WEIR_AGENTS includes 'flows' but WEIR_FLOWS names no module (expected e.g. 'myapp.flows' defining FLOWS)"
+        raise FlowGraphError(message)
+    flows = getattr(importlib.import_module(module_name), "FLOWS", None)
+    if not isinstance(flows, list | tuple) or not all(isinstance(flow, Flow) for flow in flows):
+        message = f"WEIR_FLOWS={module_name!r}: the module must define FLOWS, a list of weir Flow objects"
+        raise FlowGraphError(message)
+    return list(flows)
+
+
+def _topic(name: str) -> faust.TopicT:
+    return app.topic(settings.topic(name), partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
+
+
+def _table(name: str, help_text: str) -> TableT[str, Any]:
+    return app.Table(
+        name,
+        default=None,
+        partitions=settings.partitions,
+        schema=faust.Schema(key_serializer="json", value_serializer="json"),
+        help=help_text,
+        changelog_topic=app.topic(
+            settings.topic(f"{name}-changelog"),
+            partitions=settings.partitions,
+            compacting=True,
+            key_serializer="json",
+            value_serializer="json",
+        ),
+    )
+
+
+@dataclass
+class AwaitedBy:
+    """A barrier that awaits this flow, and how it reads its key from this flow's exchanges."""
+
+    barrier: Barrier
+    key_of: Any  # KeyExpr
+
+
+@dataclass
+class CompiledFlow:
+    flow: Flow
+    source: faust.TopicT
+    resume: faust.TopicT
+    outcomes: faust.TopicT
+    awaited_by: list[AwaitedBy] = field(default_factory=list)
+
+
+@dataclass
+class CompiledBarrier:
+    barrier: Barrier
+    owner: str
+    topic: faust.TopicT
+    table: TableT[str, Any]
+    deadlines: DeadlineIndex
+    #: how long a completion of each awaited flow is remembered (the longest timeout awaiting that flow)
+    remember_ms: dict[str, int] = field(default_factory=dict)
+
+
+FLOWS: list[Flow] = load_flows(settings.flows_module)
+_by_source = validate_flows(FLOWS)
+_flows: dict[str, CompiledFlow] = {
+    flow.name: CompiledFlow(flow, _topic(flow.source), _topic(f"flow.{flow.name}.resume"), _topic(f"flow.{flow.name}.outcomes"))
+    for flow in FLOWS
+}
+_barriers: dict[str, CompiledBarrier] = {}
+for _flow in FLOWS:
+    for _barrier in _flow.barriers():
+        _barriers[_barrier.name] = CompiledBarrier(
+            barrier=_barrier,
+            owner=_flow.name,
+            topic=_topic(f"barrier.{_barrier.name}"),
+            table=_table(
+                f"barrier-{_barrier.name}",
+                f"Barrier {_barrier.name!r} of flow {_flow.name!r}: per key, the exchanges waiting and the completions "
+                "remembered (value: tables.barrier.BarrierState).",
+            ),
+            deadlines=DeadlineIndex(
+                _table(f"barrier-{_barrier.name}-deadlines", f"Deadline index of barrier {_barrier.name!r} (app.deadlines.DeadlineIndex).")
+            ),
+        )
+        for _awaited in _barrier.awaits:
+            _target = _flows[_by_source[_awaited.source].name]
+            _target.awaited_by.append(AwaitedBy(_barrier, _barrier.key_for(_awaited)))
+for _compiled in _barriers.values():
+    for _awaited in _compiled.barrier.awaits:
+        _target_name = _by_source[_awaited.source].name
+        _compiled.remember_ms[_target_name] = max(entry.barrier.timeout_ms for entry in _flows[_target_name].awaited_by)
+
+
+def all_topics() -> list[faust.TopicT]:
+    """Every topic the flows read or write (created at worker start)."""
+    topics = [topic for compiled in _flows.values() for topic in (compiled.source, compiled.resume, compiled.outcomes)]
+    topics += [compiled.topic for compiled in _barriers.values()]
+    topics += [_topic(step.topic) for flow in FLOWS for step in flow.steps if step.kind == "to" and step.topic]
+    return topics
+
+
+# ---------------------------------------------------------------------------------------------------
+# Executions: run steps, publish outcomes.
+
+
+async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None) -> None:
+    """An execution ended: tell every barrier awaiting this flow (by the key read on entry), and the outcomes topic."""
+    keys: dict[str, str | None] = meta.get("keys", {})
+    for awaited in compiled.awaited_by:
+        key = keys.get(awaited.barrier.name)
+        if key is None:
+            continue  # the key could not be read on entry: this execution counts for no waiting exchange
+        completion = {"kind": "completion", "flow": compiled.flow.name, "outcome": outcome, "error": error}
+        await _barriers[awaited.barrier.name].topic.send(key=key.encode(), value=dumps(completion))
+    record = {
+        "flow": compiled.flow.name,
+        "exchange_id": meta["exchange_id"],
+        "outcome": outcome,
+        "error": error,
+        "keys": keys,
+        "at_ms": now_ms(),
+    }
+    await compiled.outcomes.send(key=str(meta["exchange_id"]).encode(), value=dumps(record))
+
+
+async def _fail(
+    compiled: CompiledFlow,
+    exchange: Exchange,
+    meta: dict[str, Any],
+    step: Step,
+    reason: str,
+    error: str,
+    attempts: int,
+    event: EventT[bytes],
+) -> None:
+    """The flow's error handling: a dead letter carrying the exchange, and a failed outcome."""
+    record = dead_letter_record(
+        reason=reason,
+        error=error,
+        agent=f"flow:{compiled.flow.name}",
+        step=step.name,
+        attempts=attempts,
+        topic=event.message.topic,
+        partition=event.message.partition,
+        offset=event.message.offset,
+        key=exchange.key.encode() if exchange.key is not None else None,
+        value=dumps(exchange.to_dict()),
+    )
+    await send_dead_letter_record(record)
+    await publish_outcome(compiled, meta, FAILED, error)
+
+
+def _waiting_key(barrier: Barrier, exchange: Exchange) -> tuple[str | None, str | None]:
+    """The key of a waiting exchange (read when it reaches the barrier), or why it cannot be read."""
+    values = {awaited.source: barrier.key_for(awaited)(exchange) for awaited in barrier.awaits}
+    distinct = set(values.values())
+    if None in distinct:
+        unreadable = sorted(source for source, value in values.items() if value is None)
+        return None, f"barrier {barrier.name!r}: the key for await(s) {unreadable} cannot be read from the exchange"
+    if len(distinct) > 1:
+        return None, f"barrier {barrier.name!r}: the awaits read different keys from the exchange: {values}"
+    return distinct.pop(), None
+
+
+async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, Any], start: int, event: EventT[bytes]) -> None:
+    """Run the flow's steps from ``start`` until the end, a drop, a failure, or a barrier."""
+    steps = compiled.flow.steps
+    for index in range(start, len(steps)):
+        step = steps[index]
+        if step.kind in ("process", "filter"):
+            function = step.function
+            assert function is not None
+            outcome = await run_with_retry(retry_policy, lambda function=function: function(exchange))  # type: ignore[misc]
+            if not outcome.ok:
+                error = f"flow {compiled.flow.name!r}, step {step.name!r} failed after {outcome.attempts} attempts: {outcome.error}"
+                await _fail(compiled, exchange, meta, step, "failed", error, outcome.attempts, event)
+                return
+            if step.kind == "filter" and not outcome.value:
+                await publish_outcome(compiled, meta, COMPLETED, None)  # dropped by a filter: completed
+                return
+            if step.kind == "process" and outcome.value is not None:
+                exchange.payload = outcome.value
+        elif step.kind == "to":
+            assert step.topic is not None
+            headers = [(name, value.encode()) for name, value in exchange.headers.items()]
+            record_key = exchange.key.encode() if exchange.key is not None else None
+            await _topic(step.topic).send(key=record_key, value=dumps(exchange.payload), headers=headers)
+        elif step.kind == "barrier":
+            barrier = step.barrier
+            assert barrier is not None
+            key, problem = _waiting_key(barrier, exchange)
+            if key is None:
+                await _fail(compiled, exchange, meta, step, "invalid", str(problem), 1, event)
+                return
+            arrival = {
+                "kind": "arrival",
+                "exchange_id": meta["exchange_id"],
+                "flow": compiled.flow.name,
+                "exchange": exchange.to_dict(),
+                "meta": meta,
+                "resume_step": index + 1,
+                "deadline_ms": now_ms() + barrier.timeout_ms,
+            }
+            await _barriers[barrier.name].topic.send(key=key.encode(), value=dumps(arrival))
+            return  # the execution goes on when the barrier releases it, on this flow's resume topic
+    await publish_outcome(compiled, meta, COMPLETED, None)
+
+
+def _exchange_from_event(event: EventT[bytes], body: Any) -> Exchange:
+    headers = {name: value.decode("utf-8", "replace") for name, value in message_headers(event)}
+    raw_key = event.message.key
+    key = raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else None
+    return Exchange(payload=body, headers=headers, key=key)
+
+
+def _make_flow_handler(compiled: CompiledFlow) -> Any:
+    resume_name = compiled.resume.get_topic_name()
+
+    async def handle(event: EventT[bytes], body: Any) -> None:
+        if event.message.topic == resume_name:
+            if not isinstance(body, dict) or not isinstance(body.get("exchange"), dict) or not isinstance(body.get("resume_step"), int):
+                raise InvalidMessage(f"flow {compiled.flow.name!r}: a resume message needs 'exchange', 'meta' and 'resume_step'")
+            await run_steps(compiled, Exchange.from_dict(body["exchange"]), dict(body.get("meta") or {}), body["resume_step"], event)
+            return
+        exchange = _exchange_from_event(event, body)
+        message = event.message
+        meta = {
+            "exchange_id": f"{compiled.flow.name}@{message.topic}:{message.partition}:{message.offset}",
+            # The key an awaiting barrier reads is read on entry, before any step.
+            "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
+        }
+        await run_steps(compiled, exchange, meta, 0, event)
+
+    return handle
+
+
+for _compiled_flow in _flows.values():
+    _channel = app.topic(
+        _compiled_flow.source.get_topic_name(),
+        _compiled_flow.resume.get_topic_name(),
+        partitions=settings.partitions,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+
+    async def _flow_agent(stream: StreamT[bytes], compiled: CompiledFlow = _compiled_flow) -> None:
+        await handle_events(
+            stream, agent=f"flow:{compiled.flow.name}", what=f"flow {compiled.flow.name!r}: message", handler=_make_flow_handler(compiled)
+        )
+
+    app.agent(_channel, name=f"flow-{_compiled_flow.flow.name}")(_flow_agent)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Barriers.
+
+
+async def _apply(
+    compiled: CompiledBarrier, key: str, transition: Transition, previous: BarrierState | None, event: EventT[bytes], now: int
+) -> None:
+    if transition.state is None:
+        if previous is not None:
+            del compiled.table[key]
+    elif transition.state != previous:
+        compiled.table[key] = transition.state.to_dict()
+        due = transition.state.next_due_ms()
+        if due is not None and (previous is None or previous.next_due_ms() != due):
+            compiled.deadlines.add(event.message.partition, "key", key, due)
+    owner = _flows[compiled.owner]
+    for release in transition.releases:
+        waiting = release.waiting
+        resume = {"exchange": waiting.exchange, "meta": waiting.meta, "resume_step": waiting.resume_step}
+        await owner.resume.send(key=key.encode(), value=dumps(resume))
+    for failure in transition.failures:
+        await _give_up(compiled, owner, key, failure, event)
+
+
+async def _give_up(compiled: CompiledBarrier, owner: CompiledFlow, key: str, failure: Failure, event: EventT[bytes]) -> None:
+    """A waiting exchange failed at the barrier: its own flow's error handling (dead letter, failed outcome)."""
+    waiting = failure.waiting
+    record = dead_letter_record(
+        reason=failure.reason,
+        error=failure.error,
+        agent=f"flow:{owner.flow.name}",
+        step=compiled.barrier.name,
+        attempts=1,
+        topic=event.message.topic,
+        partition=event.message.partition,
+        offset=event.message.offset,
+        key=key.encode(),
+        value=dumps(waiting.exchange),
+    )
+    record["awaiting"] = [{"flow": flow, "key": key} for flow in failure.missing]
+    await send_dead_letter_record(record)
+    await publish_outcome(owner, waiting.meta, FAILED, failure.error)
+
+
+def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
+    name = compiled.barrier.name
+
+    def load(key: str) -> BarrierState | None:
+        raw = compiled.table.get(key)
+        return None if raw is None else BarrierState.from_dict(raw)
+
+    async def handle(event: EventT[bytes], message: Any) -> None:
+        if not isinstance(message, dict):
+            raise InvalidMessage(f"barrier {name!r}: a message must be a JSON object, got {type(message).__name__}")
+        now = now_ms()
+        kind = message.get("kind")
+        if kind == "tick":
+
+            async def due(_: str, key: str) -> bool:
+                previous = load(key)
+                await _apply(compiled, key, on_tick(previous, name, now), previous, event, now)
+                return False
+
+            await compiled.deadlines.walk(event.message.partition, now, due)
+            return
+        if event.message.key is None:
+            raise InvalidMessage(f"barrier {name!r}: a {kind!r} message needs the correlation key as its Kafka key")
+        key = event.message.key.decode("utf-8", "replace")
+        previous = load(key)
+        if kind == "arrival":
+            waiting = Waiting(
+                exchange_id=str(message["exchange_id"]),
+                flow=str(message["flow"]),
+                arrived_ms=now,
+                deadline_ms=int(message["deadline_ms"]),
+                awaited=tuple(_by_source[awaited.source].name for awaited in compiled.barrier.awaits),
+                exchange=dict(message["exchange"]),
+                resume_step=int(message["resume_step"]),
+                meta=dict(message.get("meta") or {}),
+            )
+            transition = on_arrival(previous, key, waiting, name, now)
+        elif kind == "completion":
+            flow = str(message["flow"])
+            remember = compiled.remember_ms.get(flow)
+            if remember is None:
+                raise InvalidMessage(f"barrier {name!r}: a completion of flow {flow!r}, which it does not await")
+            transition = on_completion(previous, key, flow, str(message["outcome"]), message.get("error"), remember, name, now)
+        else:
+            raise InvalidMessage(f"barrier {name!r}: field 'kind' must be 'arrival', 'completion' or 'tick', got {kind!r}")
+        await _apply(compiled, key, transition, previous, event, now)
+
+    return handle
+
+
+for _compiled_barrier in _barriers.values():
+
+    async def _barrier_agent(stream: StreamT[bytes], compiled: CompiledBarrier = _compiled_barrier) -> None:
+        await handle_events(
+            stream,
+            agent=f"barrier:{compiled.barrier.name}",
+            what=f"barrier {compiled.barrier.name!r}: message",
+            handler=_make_barrier_handler(compiled),
+        )
+
+    app.agent(_compiled_barrier.topic, name=f"barrier-{_compiled_barrier.barrier.name}")(_barrier_agent)
+
+
+async def _tick_barriers() -> None:
+    """Each worker ticks the barrier partitions it owns; the tick is handled in stream order."""
+    names = {compiled.topic.get_topic_name() for compiled in _barriers.values()}
+    try:
+        owned = [tp for tp in app.consumer.assignment() if tp.topic in names]
+        for tp in owned:
+            await signals.send(tp.topic, dumps({"kind": "tick"}), tp.partition)
+    except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
+        log.debug("barrier tick skipped: %s", error)
+
+
+if _barriers:
+    app.timer(interval=settings.tick_interval_ms / 1000)(_tick_barriers)

@@ -1,0 +1,260 @@
+"""Declarative flows: a name, a source topic, steps in order (process, filter, barrier, to).
+
+    kitchen = Flow("kitchen", source="kitchen").process("cook", cook)
+    payment = Flow("payment", source="payment").process("authorize", authorize)
+    dispatch = (
+        Flow("dispatch", source="dispatch-in")
+        .process("validate", validate)
+        .barrier("await-kitchen-and-payment", correlate_by=header("order-id"),
+                 awaits=["kitchen", Await("payment", key=payload("order.id"))], timeout_ms=30 * 60_000)
+        .process("dispatch-order", dispatch_order)
+        .to("dispatched")
+    )
+
+A flow compiles into Faust agents (``agents/flows.py``). Every execution (an exchange from entering its
+flow until it leaves the last step, is dropped by a filter, or fails for good) publishes its outcome;
+barriers of other flows await those outcomes by key. Declaration errors are raised by the builder
+methods; errors of the whole graph (an await of a topic no flow reads, a flow awaiting itself, a cycle
+of waits) by :func:`validate_flows`, at worker start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Exchange",
+    "Flow",
+    "Await",
+    "Barrier",
+    "Step",
+    "KeyExpr",
+    "header",
+    "payload",
+    "FlowDeclarationError",
+    "FlowGraphError",
+    "validate_flows",
+]
+
+
+class FlowDeclarationError(ValueError):
+    """A flow or barrier is declared wrongly; raised where it is declared."""
+
+
+class FlowGraphError(ValueError):
+    """The flows together cannot run (a missing awaited flow, a self-wait, a cycle); raised at startup."""
+
+
+@dataclass
+class Exchange:
+    """What travels through a flow: the payload, headers (strings) and properties (anything JSON)."""
+
+    payload: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"payload": self.payload, "headers": dict(self.headers), "properties": dict(self.properties), "key": self.key}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Exchange:
+        return cls(
+            payload=raw.get("payload"),
+            headers=dict(raw.get("headers") or {}),
+            properties=dict(raw.get("properties") or {}),
+            key=raw.get("key"),
+        )
+
+
+@dataclass(frozen=True)
+class KeyExpr:
+    """Reads a correlation key from an exchange: a header, or a dotted path into the payload."""
+
+    description: str
+    read: Callable[[Exchange], Any]
+
+    def __call__(self, exchange: Exchange) -> str | None:
+        try:
+            value = self.read(exchange)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+        if value is None or isinstance(value, dict | list):
+            return None
+        return str(value)
+
+
+def header(name: str) -> KeyExpr:
+    """The key is the value of header ``name``."""
+    return KeyExpr(f"header {name!r}", lambda exchange: exchange.headers[name])
+
+
+def payload(path: str) -> KeyExpr:
+    """The key is the payload value at dotted ``path`` (e.g. ``"order.id"``)."""
+
+    def read(exchange: Exchange) -> Any:
+        value = exchange.payload
+        for part in path.split("."):
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        return value
+
+    return KeyExpr(f"payload {path!r}", read)
+
+
+@dataclass(frozen=True)
+class Await:
+    """One awaited flow, named by the topic it reads, optionally with a key of its own."""
+
+    source: str
+    key: KeyExpr | None = None
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A barrier step: the exchange waits until every awaited flow completed for its key."""
+
+    name: str
+    awaits: tuple[Await, ...]
+    timeout_ms: int
+    correlate_by: KeyExpr | None
+
+    def key_for(self, awaited: Await) -> KeyExpr:
+        key = awaited.key or self.correlate_by
+        assert key is not None  # checked at declaration
+        return key
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # "process", "filter", "barrier", "to"
+    name: str
+    function: Callable[[Exchange], Any] | None = None
+    barrier: Barrier | None = None
+    topic: str | None = None
+
+
+class Flow:
+    """A flow: reads one topic, runs its steps in order."""
+
+    def __init__(self, name: str, *, source: str) -> None:
+        if not name or not source:
+            message = f"flow {name!r}: a flow needs a name and a source topic, got source {source!r}"
+            raise FlowDeclarationError(message)
+        self.name = name
+        self.source = source
+        self.steps: list[Step] = []
+
+    def __repr__(self) -> str:
+        return f"<Flow {self.name!r} from {self.source!r}: {[step.name for step in self.steps]}>"
+
+    def _add(self, step: Step) -> Flow:
+        if any(existing.name == step.name for existing in self.steps):
+            message = f"flow {self.name!r}: two steps are named {step.name!r}"
+            raise FlowDeclarationError(message)
+        self.steps.append(step)
+        return self
+
+    def process(self, name: str, function: Callable[[Exchange], Any]) -> Flow:
+        """Run ``function(exchange)``; it may change the exchange, and a value it returns (not None) becomes the payload."""
+        return self._add(Step("process", name, function=function))
+
+    def filter(self, name: str, predicate: Callable[[Exchange], Any]) -> Flow:
+        """Drop the exchange when ``predicate`` is false: the execution ends, completed."""
+        return self._add(Step("filter", name, function=predicate))
+
+    def to(self, topic: str, name: str | None = None) -> Flow:
+        """Send the payload (with headers) to ``topic``."""
+        return self._add(Step("to", name or f"to-{topic}", topic=topic))
+
+    def barrier(
+        self,
+        name: str,
+        *,
+        awaits: Sequence[str | Await],
+        timeout_ms: int | None,
+        correlate_by: KeyExpr | None = None,
+    ) -> Flow:
+        """Wait until every awaited flow completed for the exchange's key, then go on unchanged."""
+        where = f"flow {self.name!r}, barrier {name!r}"
+        if not awaits:
+            message = f"{where}: a barrier needs at least one await"
+            raise FlowDeclarationError(message)
+        if timeout_ms is None or timeout_ms <= 0:
+            message = f"{where}: a timeout is mandatory and must be positive, got {timeout_ms!r}"
+            raise FlowDeclarationError(message)
+        normalized = tuple(Await(item) if isinstance(item, str) else item for item in awaits)
+        sources = [item.source for item in normalized]
+        twice = sorted({source for source in sources if sources.count(source) > 1})
+        if twice:
+            message = f"{where}: flow(s) {twice} awaited twice"
+            raise FlowDeclarationError(message)
+        keyless = [item.source for item in normalized if item.key is None and correlate_by is None]
+        if keyless:
+            message = f"{where}: await(s) of {keyless} have no key: give the barrier correlate_by= or each await a key"
+            raise FlowDeclarationError(message)
+        return self._add(Step("barrier", name, barrier=Barrier(name, normalized, timeout_ms, correlate_by)))
+
+    def barriers(self) -> list[Barrier]:
+        return [step.barrier for step in self.steps if step.barrier is not None]
+
+
+def validate_flows(flows: Sequence[Flow]) -> dict[str, Flow]:
+    """The flows by source topic, or :class:`FlowGraphError` naming the flows that cannot run together."""
+    by_source: dict[str, Flow] = {}
+    for flow in flows:
+        if flow.source in by_source:
+            message = f"flows {by_source[flow.source].name!r} and {flow.name!r} both read topic {flow.source!r}"
+            raise FlowGraphError(message)
+        by_source[flow.source] = flow
+    names = [flow.name for flow in flows]
+    if len(set(names)) != len(names):
+        message = f"flow names must be unique, got {sorted(names)}"
+        raise FlowGraphError(message)
+    waits: dict[str, set[str]] = {flow.name: set() for flow in flows}
+    for flow in flows:
+        for barrier in flow.barriers():
+            for awaited in barrier.awaits:
+                target = by_source.get(awaited.source)
+                if target is None:
+                    message = f"flow {flow.name!r}, barrier {barrier.name!r}: awaits topic {awaited.source!r}, which no flow reads"
+                    raise FlowGraphError(message)
+                if target is flow:
+                    message = f"flow {flow.name!r}, barrier {barrier.name!r}: a flow cannot await itself"
+                    raise FlowGraphError(message)
+                waits[flow.name].add(target.name)
+    cycle = _find_cycle(waits)
+    if cycle:
+        message = f"flows wait for each other in a cycle: {' -> '.join(cycle)}"
+        raise FlowGraphError(message)
+    barrier_names = [barrier.name for flow in flows for barrier in flow.barriers()]
+    if len(set(barrier_names)) != len(barrier_names):
+        message = f"barrier names must be unique across flows, got {sorted(barrier_names)}"
+        raise FlowGraphError(message)
+    return by_source
+
+
+def _find_cycle(waits: dict[str, set[str]]) -> list[str] | None:
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str) -> list[str] | None:
+        if name in visiting:
+            return [*visiting[visiting.index(name) :], name]
+        if name in done:
+            return None
+        visiting.append(name)
+        for target in sorted(waits.get(name, ())):
+            found = visit(target)
+            if found:
+                return found
+        visiting.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(waits):
+        found = visit(name)
+        if found:
+            return found
+    return None

@@ -1,0 +1,236 @@
+"""Barrier state: exchanges waiting for other flows' executions, and remembered completions, per key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "Completion",
+    "Waiting",
+    "BarrierState",
+    "Release",
+    "Failure",
+    "Transition",
+    "on_arrival",
+    "on_completion",
+    "on_tick",
+    "COMPLETED",
+    "FAILED",
+]
+
+COMPLETED = "completed"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The latest outcome of an awaited flow for this key, remembered until ``expires_ms``."""
+
+    flow: str
+    outcome: str
+    at_ms: int
+    expires_ms: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flow": self.flow, "outcome": self.outcome, "at_ms": self.at_ms, "expires_ms": self.expires_ms, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Completion:
+        return cls(str(raw["flow"]), str(raw["outcome"]), int(raw["at_ms"]), int(raw["expires_ms"]), raw.get("error"))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An exchange held at the barrier: what it still awaits, its deadline, and itself as it arrived."""
+
+    exchange_id: str
+    flow: str
+    arrived_ms: int
+    deadline_ms: int
+    awaited: tuple[str, ...]
+    exchange: dict[str, Any]
+    resume_step: int
+    satisfied: tuple[str, ...] = ()
+    #: what the waiting flow needs to finish the execution (its id, the keys read on entry)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(flow for flow in self.awaited if flow not in self.satisfied)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exchange_id": self.exchange_id,
+            "flow": self.flow,
+            "arrived_ms": self.arrived_ms,
+            "deadline_ms": self.deadline_ms,
+            "awaited": list(self.awaited),
+            "satisfied": list(self.satisfied),
+            "exchange": self.exchange,
+            "resume_step": self.resume_step,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Waiting:
+        return cls(
+            exchange_id=str(raw["exchange_id"]),
+            flow=str(raw["flow"]),
+            arrived_ms=int(raw["arrived_ms"]),
+            deadline_ms=int(raw["deadline_ms"]),
+            awaited=tuple(raw["awaited"]),
+            exchange=dict(raw["exchange"]),
+            resume_step=int(raw["resume_step"]),
+            satisfied=tuple(raw.get("satisfied", ())),
+            meta=dict(raw.get("meta") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class BarrierState:
+    """Table ``barrier-<name>`` value for one correlation key."""
+
+    key: str
+    waiting: tuple[Waiting, ...] = ()
+    completions: dict[str, Completion] = field(default_factory=dict)
+    #: exchanges that went on or failed, kept until the barrier's timeout: a redelivered arrival is ignored
+    settled: dict[str, int] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not self.waiting and not self.completions and not self.settled
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "waiting": [waiting.to_dict() for waiting in self.waiting],
+            "completions": {flow: completion.to_dict() for flow, completion in sorted(self.completions.items())},
+            "settled": dict(sorted(self.settled.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BarrierState:
+        return cls(
+            key=str(raw["key"]),
+            waiting=tuple(Waiting.from_dict(item) for item in raw.get("waiting", [])),
+            completions={flow: Completion.from_dict(item) for flow, item in raw.get("completions", {}).items()},
+            settled={exchange_id: int(until) for exchange_id, until in raw.get("settled", {}).items()},
+        )
+
+    def next_due_ms(self) -> int | None:
+        """The earliest instant a tick has work here (a deadline, or something to forget)."""
+        instants = [waiting.deadline_ms for waiting in self.waiting]
+        instants += [completion.expires_ms for completion in self.completions.values()]
+        instants += list(self.settled.values())
+        return min(instants, default=None)
+
+
+@dataclass(frozen=True)
+class Release:
+    """An exchange whose every awaited flow completed: it goes on at ``resume_step``."""
+
+    waiting: Waiting
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exchange given up: an awaited flow failed definitively, or the timeout passed."""
+
+    waiting: Waiting
+    reason: str
+    error: str
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Transition:
+    state: BarrierState | None
+    releases: tuple[Release, ...] = ()
+    failures: tuple[Failure, ...] = ()
+
+
+def _current(state: BarrierState, flow: str, now_ms: int) -> Completion | None:
+    completion = state.completions.get(flow)
+    return completion if completion is not None and completion.expires_ms > now_ms else None
+
+
+def _settle(state: BarrierState, waiting: Waiting) -> BarrierState:
+    # Remembered for another timeout past the deadline: an arrival redelivered after the exchange went
+    # on, failed, or timed out is ignored, never released or failed a second time.
+    settled_until_ms = waiting.deadline_ms + max(0, waiting.deadline_ms - waiting.arrived_ms)
+    remaining = tuple(item for item in state.waiting if item.exchange_id != waiting.exchange_id)
+    return replace(state, waiting=remaining, settled={**state.settled, waiting.exchange_id: settled_until_ms})
+
+
+def _finish(state: BarrierState) -> BarrierState | None:
+    return None if state.is_empty() else state
+
+
+def on_arrival(state: BarrierState | None, key: str, waiting: Waiting, barrier_name: str, now_ms: int) -> Transition:
+    """An exchange reached the barrier: it goes on at once if every awaited flow already completed."""
+    current = state or BarrierState(key=key)
+    if waiting.exchange_id in current.settled or any(item.exchange_id == waiting.exchange_id for item in current.waiting):
+        return Transition(state=state)  # redelivered arrival: counted once
+    satisfied: list[str] = []
+    for flow in waiting.awaited:
+        completion = _current(current, flow, now_ms)
+        if completion is None:
+            continue
+        if completion.outcome == FAILED:
+            error = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {key!r}: {completion.error}"
+            settled = _settle(current, waiting)
+            return Transition(state=_finish(settled), failures=(Failure(waiting, "awaited-failed", error, (flow,)),))
+        satisfied.append(flow)
+    arrived = replace(waiting, satisfied=tuple(satisfied))
+    if not arrived.missing:
+        return Transition(state=_finish(_settle(current, arrived)), releases=(Release(arrived),))
+    return Transition(state=replace(current, waiting=(*current.waiting, arrived)))
+
+
+def on_completion(
+    state: BarrierState | None, key: str, flow: str, outcome: str, error: str | None, remember_ms: int, barrier_name: str, now_ms: int
+) -> Transition:
+    """An awaited flow's execution ended for ``key``: remember it, and release or fail who waits for it."""
+    current = state or BarrierState(key=key)
+    completion = Completion(flow=flow, outcome=outcome, at_ms=now_ms, expires_ms=now_ms + remember_ms, error=error)
+    updated = replace(current, completions={**current.completions, flow: completion})
+    releases: list[Release] = []
+    failures: list[Failure] = []
+    for waiting in current.waiting:
+        if flow not in waiting.awaited or flow in waiting.satisfied:
+            continue
+        if outcome == FAILED:
+            message = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {key!r}: {error}"
+            failures.append(Failure(waiting, "awaited-failed", message, (flow,)))
+            updated = _settle(updated, waiting)
+            continue
+        advanced = replace(waiting, satisfied=(*waiting.satisfied, flow))
+        if advanced.missing:
+            updated = replace(
+                updated, waiting=tuple(advanced if item.exchange_id == waiting.exchange_id else item for item in updated.waiting)
+            )
+        else:
+            releases.append(Release(advanced))
+            updated = _settle(updated, advanced)
+    return Transition(state=_finish(updated), releases=tuple(releases), failures=tuple(failures))
+
+
+def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> Transition:
+    """Time passed: give up exchanges past their deadline; forget expired completions and settled ids."""
+    if state is None:
+        return Transition(state=None)
+    failures: list[Failure] = []
+    updated = state
+    for waiting in state.waiting:
+        if waiting.deadline_ms <= now_ms:
+            awaited = ", ".join(f"{flow!r} (key {state.key!r})" for flow in waiting.missing)
+            message = (
+                f"barrier {barrier_name!r}: exchange {waiting.exchange_id!r} of flow {waiting.flow!r} timed out still awaiting {awaited}"
+            )
+            failures.append(Failure(waiting, "timeout", message, waiting.missing))
+            updated = _settle(updated, waiting)
+    completions = {flow: completion for flow, completion in updated.completions.items() if completion.expires_ms > now_ms}
+    settled = {exchange_id: until for exchange_id, until in updated.settled.items() if until > now_ms}
+    updated = replace(updated, completions=completions, settled=settled)
+    return Transition(state=_finish(updated), failures=tuple(failures))

@@ -1,0 +1,217 @@
+"""The barrier end to end: real broker, real workers running the flows of tests/integration/barrier_flows.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app.kafka_io import ensure_topics, read_topic
+from tests.integration.conftest import Pipeline, Worker
+
+pytestmark = pytest.mark.integration
+
+BARRIER = "await-kitchen-and-payment"
+TOPICS = [
+    "kitchen",
+    "payment",
+    "dispatch-in",
+    "notify-in",
+    "dispatched",
+    "notified",
+    "dead-letters",
+    f"barrier.{BARRIER}",
+    "barrier.await-dispatch",
+    *[f"flow.{name}.{kind}" for name in ("kitchen", "payment", "dispatch", "notify") for kind in ("resume", "outcomes")],
+]
+
+
+def start_flows(pipeline: Pipeline, **overrides: Any) -> Worker:
+    settings = {
+        "WEIR_FLOWS": "tests.integration.barrier_flows",
+        "TEST_STEP_LOG": str(pipeline.tmp / "steps.log"),
+        "WEIR_RETRY_ATTEMPTS": 3,
+        **overrides,
+    }
+    worker = pipeline.start_worker("flows", **settings)
+    return worker
+
+
+def prepare(pipeline: Pipeline) -> None:
+    asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in TOPICS], 4))
+
+
+def send(pipeline: Pipeline, topic: str, records: list[tuple[str, dict[str, Any], dict[str, str]]]) -> None:
+    """Send (key, payload, headers) records; headers ride as Kafka headers."""
+
+    async def run() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=pipeline.bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            for key, value, headers in records:
+                encoded = [(name, text.encode()) for name, text in headers.items()]
+                await producer.send(pipeline.topic(topic), key=key.encode(), value=orjson.dumps(value), headers=encoded)
+            await producer.flush()
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+def kitchen(order_id: str, **extra: Any) -> tuple[str, dict[str, Any], dict[str, str]]:
+    return (order_id, {"order_id": order_id, **extra}, {"order-id": order_id})
+
+
+def payment(order_id: str, **extra: Any) -> tuple[str, dict[str, Any], dict[str, str]]:
+    return (order_id, {"order": {"id": order_id}, **extra}, {})
+
+
+def dispatch(order_id: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    return (order_id, {"order_id": order_id, "items": 2}, {"trace": f"t-{order_id}"})
+
+
+def read_all(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float) -> list[Any]:
+    return asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: len(rows) >= expected, timeout_s=timeout_s))
+
+
+def step_runs(pipeline: Pipeline) -> Counter[str]:
+    path = pipeline.tmp / "steps.log"
+    return Counter(path.read_text().splitlines()) if path.exists() else Counter()
+
+
+def test_exchange_waits_for_both_flows_and_goes_on_as_it_arrived(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline).wait_ready()
+    send(pipeline, "dispatch-in", [dispatch("o-1")])
+    time.sleep(3)
+    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "released before anything completed"
+    send(pipeline, "kitchen", [kitchen("o-1")])
+    time.sleep(3)
+    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "released with payment still missing"
+    send(pipeline, "payment", [payment("o-1")])
+    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
+    body = orjson.loads(message.value)
+    headers = {name: value.decode() for name, value in message.headers}
+    assert body["order_id"] == "o-1"
+    assert body["dispatched"] is True
+    assert body["stamped_ms"] is not None, "the property set before the barrier is there after it"
+    assert headers == {"trace": "t-o-1", "order-id": "o-1"}, "headers as they were on arrival"
+    runs = step_runs(pipeline)
+    assert runs["stamp o-1"] == 1, "a step before the barrier never runs twice"
+    assert runs["dispatch o-1"] == 1
+
+
+def test_completions_before_arrival_are_remembered(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline).wait_ready()
+    send(pipeline, "kitchen", [kitchen("o-2")])
+    send(pipeline, "payment", [payment("o-2")])
+    time.sleep(3)
+    sent = time.time()
+    send(pipeline, "dispatch-in", [dispatch("o-2")])
+    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
+    assert orjson.loads(message.value)["order_id"] == "o-2"
+    assert message.timestamp / 1000 - sent < 8.0, "released at once, not at the 8 s timeout"
+
+
+def test_a_retried_failure_does_not_count_and_a_definitive_one_fails_the_waiting_exchange(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline).wait_ready()
+    send(pipeline, "dispatch-in", [dispatch("retried"), dispatch("declined")])
+    send(pipeline, "kitchen", [kitchen("retried"), kitchen("declined")])
+    send(pipeline, "payment", [payment("retried", fail_times=2), payment("declined", fail=True)])
+    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
+    assert orjson.loads(message.value)["order_id"] == "retried"
+    letters = [orjson.loads(record.value) for record in read_all(pipeline, "dead-letters", expected=2, timeout_s=30)]
+    by_flow = {(letter["agent"], letter["reason"]): letter for letter in letters}
+    payment_letter = by_flow[("flow:payment", "failed")]
+    assert payment_letter["attempts"] == 3
+    assert "card declined for declined" in payment_letter["error"]
+    waiting_letter = by_flow[("flow:dispatch", "awaited-failed")]
+    assert waiting_letter["step"] == BARRIER
+    assert "'payment' failed for key 'declined'" in waiting_letter["error"]
+    time.sleep(2)
+    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1
+
+
+def test_timeout_dead_letters_names_what_was_awaited_tells_awaiting_flows_and_ignores_late_completions(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=4000).wait_ready()
+    send(pipeline, "notify-in", [("late", {"order_id": "late"}, {"order-id": "late"})])
+    send(pipeline, "dispatch-in", [dispatch("late")])
+    send(pipeline, "kitchen", [kitchen("late")])
+    letters = [orjson.loads(record.value) for record in read_all(pipeline, "dead-letters", expected=2, timeout_s=40)]
+    reasons = {(letter["agent"], letter["reason"]): letter for letter in letters}
+    timed_out = reasons[("flow:dispatch", "timeout")]
+    assert timed_out["awaiting"] == [{"flow": "payment", "key": "late"}]
+    assert "timed out still awaiting 'payment' (key 'late')" in timed_out["error"]
+    told = reasons[("flow:notify", "awaited-failed")]
+    assert "'dispatch' failed for key 'late'" in told["error"]
+    send(pipeline, "payment", [payment("late")])
+    time.sleep(4)
+    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "a late completion releases nothing"
+    assert read_all(pipeline, "notified", expected=1, timeout_s=1) == []
+
+
+def test_worker_refuses_a_graph_that_cannot_run(pipeline: Pipeline, tmp_path: Path) -> None:
+    module = tmp_path / "cyclic_flows.py"
+    module.write_text(
+        "from app.flows import Flow, header\n"
+        "FLOWS = [\n"
+        "  Flow('a', source='ta').barrier('a-waits', correlate_by=header('k'), awaits=['tb'], timeout_ms=1000),\n"
+        "  Flow('b', source='tb').barrier('b-waits', correlate_by=header('k'), awaits=['tc'], timeout_ms=1000),\n"
+        "  Flow('c', source='tc').barrier('c-waits', correlate_by=header('k'), awaits=['ta'], timeout_ms=1000),\n"
+        "]\n"
+    )
+    worker = pipeline.start_worker("flows", WEIR_FLOWS="cyclic_flows", PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[2]}")
+    assert worker.process is not None
+    assert worker.process.wait(60) != 0
+    assert "flows wait for each other in a cycle: a -> b -> c -> a" in worker.log_text()
+
+
+def test_restart_loses_nothing_and_resumes_what_ended_while_down(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    worker = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=30_000)
+    worker.wait_ready()
+    waiting = [f"r-{number}" for number in range(20)]
+    send(pipeline, "dispatch-in", [dispatch(order_id) for order_id in waiting])
+    send(pipeline, "kitchen", [kitchen(order_id) for order_id in waiting])
+    # Everything waits for payment now; make sure the waits are durable, then stop every worker.
+    time.sleep(6)
+    worker.stop()
+    restarted = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=30_000)
+    restarted.wait_ready()
+    send(pipeline, "payment", [payment(order_id) for order_id in waiting])
+    messages = read_all(pipeline, "dispatched", expected=len(waiting), timeout_s=60)
+    time.sleep(3)
+    messages = read_all(pipeline, "dispatched", expected=len(waiting) + 1, timeout_s=3)
+    counts = Counter(orjson.loads(message.value)["order_id"] for message in messages)
+    assert counts == Counter(waiting), f"each released exactly once: {counts}"
+    runs = step_runs(pipeline)
+    assert all(runs[f"stamp {order_id}"] == 1 for order_id in waiting), "steps before the barrier ran once"
+
+
+def test_two_processes_and_a_sigkill_while_exchanges_wait(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    first = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=60_000)
+    second = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=60_000)
+    first.wait_ready()
+    second.wait_ready()
+    orders = [f"m-{number}" for number in range(200)]
+    send(pipeline, "dispatch-in", [dispatch(order_id) for order_id in orders])
+    send(pipeline, "kitchen", [kitchen(order_id) for order_id in orders])
+    time.sleep(5)
+    second.kill()
+    send(pipeline, "payment", [payment(order_id) for order_id in orders])
+    messages = read_all(pipeline, "dispatched", expected=len(orders), timeout_s=120)
+    time.sleep(3)
+    messages = read_all(pipeline, "dispatched", expected=len(orders) + 1, timeout_s=3)
+    counts = Counter(orjson.loads(message.value)["order_id"] for message in messages)
+    assert counts == Counter(orders), f"lost: {sorted(set(orders) - set(counts))[:5]}, twice: {[k for k, v in counts.items() if v > 1][:5]}"

@@ -1,0 +1,78 @@
+"""The deadline index over a dict standing in for a Faust table: ticks see each due entry once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.deadlines import DeadlineIndex
+
+
+class FakeTable(dict[str, Any]):
+    pass
+
+
+def walk(index: DeadlineIndex, now_ms: int, keep: set[str]) -> list[str]:
+    seen: list[str] = []
+
+    async def handle(kind: str, key: str) -> bool:
+        seen.append(key)
+        return key in keep
+
+    asyncio.run(index.walk(0, now_ms, handle))
+    return seen
+
+
+def test_entries_come_due_in_their_second_and_kept_ones_come_again() -> None:
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    index.add(0, "group", "a", 1_500)
+    index.add(0, "group", "b", 3_200)
+    assert walk(index, 999, keep=set()) == []
+    assert walk(index, 1_000, keep={"a"}) == ["a"], "its second: handed over; the handler keeps it (not due yet)"
+    assert walk(index, 1_999, keep={"a"}) == ["a"]
+    assert walk(index, 2_000, keep=set()) == ["a"]
+    assert walk(index, 2_500, keep=set()) == []
+    assert walk(index, 3_300, keep=set()) == ["b"]
+    assert walk(index, 9_000, keep=set()) == []
+
+
+def test_an_entry_filed_for_a_second_already_walked_still_comes_due() -> None:
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    index.add(0, "group", "a", 5_000)
+    assert walk(index, 7_000, keep=set()) == ["a"]
+    index.add(0, "group", "late", 1_000)
+    assert walk(index, 7_100, keep=set()) == ["late"]
+
+
+def test_a_handler_may_file_new_entries_while_walking() -> None:
+    table = FakeTable()
+    index = DeadlineIndex(table)  # type: ignore[arg-type]
+    index.add(0, "key", "a", 1_000)
+    seen: list[str] = []
+
+    async def handle(kind: str, key: str) -> bool:
+        seen.append(key)
+        if key == "a":
+            index.add(0, "key", "a-again", 1_200)  # the bucket being walked
+        return False
+
+    asyncio.run(index.walk(0, 1_100, handle))
+    assert seen == ["a"]
+    assert walk(index, 1_300, keep=set()) == ["a-again"]
+
+
+@settings(deadline=None, database=None)
+@given(st.lists(st.integers(min_value=0, max_value=20_000), max_size=40), st.lists(st.integers(min_value=0, max_value=25_000), max_size=10))
+def test_every_entry_is_handed_over_once_at_or_after_its_second(due: list[int], ticks: list[int]) -> None:
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    for number, due_ms in enumerate(due):
+        index.add(0, "group", f"k{number}:{due_ms}", due_ms)
+    handed: list[tuple[str, int]] = []
+    for now in [*sorted(ticks), 30_000]:
+        handed += [(key, now) for key in walk(index, now, keep=set())]
+    assert sorted(key for key, _ in handed) == sorted(f"k{number}:{due_ms}" for number, due_ms in enumerate(due))
+    for key, now in handed:
+        assert int(key.split(":")[1]) // 1000 <= now // 1000

@@ -1,0 +1,90 @@
+"""Flow declarations: what the builder refuses at declaration, what validate_flows refuses at startup."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, header, payload, validate_flows
+
+
+def noop(exchange: Exchange) -> None:
+    return None
+
+
+def test_a_barrier_needs_an_await() -> None:
+    with pytest.raises(FlowDeclarationError, match="flow 'd', barrier 'b': a barrier needs at least one await"):
+        Flow("d", source="in").barrier("b", awaits=[], timeout_ms=1000, correlate_by=header("k"))
+
+
+@pytest.mark.parametrize("timeout_ms", [None, 0, -5])
+def test_a_barrier_needs_a_timeout(timeout_ms: int | None) -> None:
+    with pytest.raises(FlowDeclarationError, match="a timeout is mandatory"):
+        Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=timeout_ms, correlate_by=header("k"))
+
+
+def test_an_await_needs_a_key() -> None:
+    with pytest.raises(FlowDeclarationError, match=r"await\(s\) of \['payment'\] have no key"):
+        Flow("d", source="in").barrier("b", awaits=[Await("kitchen", key=header("k")), "payment"], timeout_ms=1000)
+
+
+def test_the_same_flow_cannot_be_awaited_twice() -> None:
+    with pytest.raises(FlowDeclarationError, match=r"flow\(s\) \['kitchen'\] awaited twice"):
+        Flow("d", source="in").barrier(
+            "b", awaits=["kitchen", Await("kitchen", key=payload("id"))], timeout_ms=1000, correlate_by=header("k")
+        )
+
+
+def test_every_await_may_have_its_own_key_without_correlate_by() -> None:
+    flow = Flow("d", source="in").barrier(
+        "b", awaits=[Await("kitchen", key=header("k")), Await("payment", key=payload("order.id"))], timeout_ms=1
+    )
+    [barrier] = flow.barriers()
+    assert [barrier.key_for(item).description for item in barrier.awaits] == ["header 'k'", "payload 'order.id'"]
+
+
+def test_an_await_of_a_topic_no_flow_reads_is_refused_at_startup() -> None:
+    flows = [Flow("d", source="in").barrier("b", awaits=["nowhere"], timeout_ms=1000, correlate_by=header("k"))]
+    with pytest.raises(FlowGraphError, match="flow 'd', barrier 'b': awaits topic 'nowhere', which no flow reads"):
+        validate_flows(flows)
+
+
+def test_a_flow_awaiting_itself_is_refused_at_startup() -> None:
+    flows = [Flow("d", source="in").barrier("b", awaits=["in"], timeout_ms=1000, correlate_by=header("k"))]
+    with pytest.raises(FlowGraphError, match="flow 'd', barrier 'b': a flow cannot await itself"):
+        validate_flows(flows)
+
+
+def test_a_cycle_of_waits_is_refused_at_startup_naming_the_flows() -> None:
+    flows = [
+        Flow("a", source="ta").barrier("wa", awaits=["tb"], timeout_ms=1000, correlate_by=header("k")),
+        Flow("b", source="tb").barrier("wb", awaits=["tc"], timeout_ms=1000, correlate_by=header("k")),
+        Flow("c", source="tc").barrier("wc", awaits=["ta"], timeout_ms=1000, correlate_by=header("k")),
+    ]
+    with pytest.raises(FlowGraphError, match="flows wait for each other in a cycle: a -> b -> c -> a"):
+        validate_flows(flows)
+
+
+def test_a_valid_graph_maps_sources_to_flows() -> None:
+    kitchen = Flow("kitchen", source="kitchen").process("cook", noop)
+    dispatch = Flow("dispatch", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1000, correlate_by=header("k"))
+    assert validate_flows([kitchen, dispatch]) == {"kitchen": kitchen, "in": dispatch}
+
+
+def test_two_flows_cannot_read_one_topic() -> None:
+    with pytest.raises(FlowGraphError, match="both read topic 'x'"):
+        validate_flows([Flow("a", source="x"), Flow("b", source="x")])
+
+
+def test_step_names_are_unique_within_a_flow() -> None:
+    with pytest.raises(FlowDeclarationError, match="two steps are named 'p'"):
+        Flow("a", source="x").process("p", noop).process("p", noop)
+
+
+def test_key_expressions_read_headers_and_payload_paths_or_give_none() -> None:
+    exchange = Exchange(payload={"order": {"id": 17, "lines": [{"sku": "v"}]}}, headers={"order-id": "o-1"})
+    assert header("order-id")(exchange) == "o-1"
+    assert header("missing")(exchange) is None
+    assert payload("order.id")(exchange) == "17"
+    assert payload("order.lines.0.sku")(exchange) == "v"
+    assert payload("order.nope")(exchange) is None
+    assert payload("order")(exchange) is None, "a key is a single value, not an object"
