@@ -9,19 +9,21 @@ from faust.types import EventT, StreamT
 
 from app.codec import dumps
 from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, signals, topics
+from app.deadlines import DeadlineIndex, deadline_bucket
 from tables.aggregates import (
     AggregatorConfig,
     DoneState,
     GroupState,
     ItemOutcome,
     Transition,
-    deadline_bucket,
     on_expire,
     on_item,
     on_late_item,
     on_open,
 )
 from tables.aggregator_tables import deadlines, done_groups, open_groups
+
+deadline_index = DeadlineIndex(deadlines)
 
 __all__ = ["CONFIG", "late_items_total"]
 
@@ -36,22 +38,6 @@ CONFIG = AggregatorConfig(
 late_items_total = 0
 
 
-def _index_deadline(partition: int, kind: str, correlation_id: str, due_ms: int) -> None:
-    next_key = f"{partition}:next"
-    next_bucket = deadlines.get(next_key)
-    bucket = deadline_bucket(due_ms)
-    if next_bucket is None:
-        deadlines[next_key] = bucket
-    elif bucket < next_bucket:
-        bucket = next_bucket  # already walked: the next tick must still see it
-    key = f"{partition}:{bucket}"
-    entries = list(deadlines.get(key) or [])
-    entry = [kind, correlation_id]
-    if entry not in entries:
-        entries.append(entry)
-        deadlines[key] = entries
-
-
 async def _apply(event: EventT[bytes], correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
     partition = event.message.partition
     if transition.rejected is not None:
@@ -62,10 +48,10 @@ async def _apply(event: EventT[bytes], correlation_id: str, transition: Transiti
     elif transition.state != previous:
         open_groups[correlation_id] = transition.state.to_dict()
         if previous is None or previous.deadline_ms != transition.state.deadline_ms:
-            _index_deadline(partition, "group", correlation_id, transition.state.deadline_ms)
+            deadline_index.add(partition, "group", correlation_id, transition.state.deadline_ms)
     if transition.done is not None:
         done_groups[correlation_id] = transition.done.to_dict()
-        _index_deadline(partition, "done", correlation_id, transition.done.expires_ms)
+        deadline_index.add(partition, "done", correlation_id, transition.done.expires_ms)
     for result in transition.emits:
         await topics.aggregates.send(key=correlation_id.encode(), value=dumps(result))
 
@@ -114,42 +100,28 @@ async def _on_message(event: EventT[bytes], message: dict[str, Any], now: int) -
 
 
 async def _on_tick(event: EventT[bytes], now: int) -> None:
-    """Walks the deadline buckets from the last walked second to now: work per due entry, not per open group."""
-    partition = event.message.partition
-    next_key = f"{partition}:next"
-    first = deadlines.get(next_key)
-    if first is None:
-        return
-    current = deadline_bucket(now)
-    for bucket in range(first, current + 1):
-        key = f"{partition}:{bucket}"
-        entries = deadlines.get(key)
-        if not entries:
-            continue
-        kept = []
-        for kind, correlation_id in entries:
-            if kind == "group":
-                state = _load(correlation_id)
-                if state is None or deadline_bucket(state.deadline_ms) > bucket:
-                    continue  # completed by count, or its deadline moved to a later bucket
-                if state.deadline_ms > now:
-                    kept.append([kind, correlation_id])
-                    continue
-                await _apply(event, correlation_id, on_expire(state, CONFIG, now), state)
-            else:
-                done_raw = done_groups.get(correlation_id)
-                if done_raw is None:
-                    continue
-                if DoneState.from_dict(done_raw).expires_ms > now:
-                    kept.append([kind, correlation_id])
-                    continue
-                del done_groups[correlation_id]
-        if kept:
-            deadlines[key] = kept
-        else:
-            del deadlines[key]
-    if current > first:
-        deadlines[next_key] = current
+    """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""
+
+    async def due(kind: str, correlation_id: str) -> bool:
+        if kind == "group":
+            state = _load(correlation_id)
+            if state is None:
+                return False  # completed by count or flag before its deadline
+            if state.deadline_ms > now:
+                # Later in this very second: look again next tick. A later second has its own entry.
+                return deadline_bucket(state.deadline_ms) <= deadline_bucket(now)
+            await _apply(event, correlation_id, on_expire(state, CONFIG, now), state)
+            return False
+        done_raw = done_groups.get(correlation_id)
+        if done_raw is None:
+            return False
+        expires_ms = DoneState.from_dict(done_raw).expires_ms
+        if expires_ms > now:
+            return deadline_bucket(expires_ms) <= deadline_bucket(now)
+        del done_groups[correlation_id]
+        return False
+
+    await deadline_index.walk(event.message.partition, now, due)
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:

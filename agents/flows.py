@@ -17,8 +17,19 @@ import faust
 from faust.types import EventT, StreamT, TableT
 
 from app.codec import dumps
-from app.core import InvalidMessage, app, handle_events, message_headers, now_ms, retry_policy, send_dead_letter_record, settings, signals
-from app.deadlines import DeadlineIndex
+from app.core import (
+    InvalidMessage,
+    app,
+    handle_events,
+    message_headers,
+    now_ms,
+    retry_policy,
+    send_dead_letter_record,
+    settings,
+    signals,
+    topics,
+)
+from app.deadlines import DeadlineIndex, deadline_bucket
 from app.errors import dead_letter_record, run_with_retry
 from app.flows import Barrier, Exchange, Flow, FlowGraphError, Step, validate_flows
 from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
@@ -127,6 +138,8 @@ def all_topics() -> list[faust.TopicT]:
     topics += [_topic(step.topic) for flow in FLOWS for step in flow.steps if step.kind == "to" and step.topic]
     return topics
 
+
+topics.extra.extend(all_topics())
 
 # ---------------------------------------------------------------------------------------------------
 # Executions: run steps, publish outcomes.
@@ -340,7 +353,15 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
 
             async def due(_: str, key: str) -> bool:
                 previous = load(key)
-                await _apply(compiled, key, on_tick(previous, name, now), previous, event, now)
+                transition = on_tick(previous, name, now)
+                await _apply(compiled, key, transition, previous, event, now)
+                next_due = transition.state.next_due_ms() if transition.state is not None else None
+                if next_due is None:
+                    return False
+                if deadline_bucket(next_due) <= deadline_bucket(now):
+                    return True  # due later in this very second: the next tick looks again
+                if transition.state == previous:
+                    compiled.deadlines.add(event.message.partition, "key", key, next_due)  # _apply files only changes
                 return False
 
             await compiled.deadlines.walk(event.message.partition, now, due)

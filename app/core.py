@@ -83,8 +83,11 @@ class Topics:
         self.aggregates = declare("aggregates")
         self.dead_letters = declare("dead-letters")
 
+        #: topics other modules declare (the flows' sources, resumes, outcomes, barriers)
+        self.extra: list[faust.TopicT] = []
+
     def all(self) -> list[faust.TopicT]:
-        return [self.orders, self.items, self.item_results, self.aggregates, self.dead_letters]
+        return [self.orders, self.items, self.item_results, self.aggregates, self.dead_letters, *self.extra]
 
 
 topics = Topics(app, settings)
@@ -175,9 +178,25 @@ def dump_tasks(*_: Any) -> None:
         lines.append(f"kafka paused: {sorted(map(str, kafka.paused()))}")
         lines.append(f"flow control active: {app.flow_control.is_active()}")
         lines.append(f"gate: active={eos.gate._active} open={eos.gate._open.is_set()}")
+        for tp in sorted(consumer._active_partitions or (), key=str):
+            position = kafka._subscription.subscription.assignment.state_value(tp)
+            lines.append(
+                f"{tp.topic}:{tp.partition} position={getattr(position, 'position', None)} "
+                f"read={consumer._read_offset.get(tp)} committed={consumer._committed_offset.get(tp)} "
+                f"acked={len(consumer._acked.get(tp) or [])} gaps={len(consumer._gap.get(tp) or [])}"
+            )
     except Exception as error:  # diagnostics only
         lines.append(f"(consumer state unavailable: {error!r})")
     log.warning("asyncio tasks:\n%s", "\n".join(lines))
+
+
+async def _heal_holes() -> None:
+    consumer = app.consumer
+    if isinstance(consumer, eos.WeirConsumer):
+        await consumer.heal_holes(settings.bootstrap)
+
+
+app.timer(interval=1.0)(_heal_holes)
 
 
 async def _install_task_dump() -> None:

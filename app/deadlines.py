@@ -21,11 +21,13 @@ def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
 class DeadlineIndex:
     """Entries ``[kind, key]`` filed by the second they fall due, per partition, in ``table``.
 
-    Keys are ``'<partition>:<second>'`` (the entries due in that second) and ``'<partition>:next'`` (the
-    first second not yet fully walked). It must be written and walked while processing an event of that
-    partition (Faust's rule for tables): the agent that owns the partition does it, on a tick. Entries
-    are not removed when their key completes early; the walk skips them, so the cost of a tick is the
-    seconds that passed plus the entries that fell due in them.
+    Table keys: ``'<partition>:next'``, the first second not yet fully walked; ``'<partition>:<second>'``,
+    how many entries were filed in that second; ``'<partition>:<second>:<n>'``, the n-th of them. Filing
+    an entry writes two small values whatever the number of entries already due in that second, and a
+    tick reads only the seconds that passed and the entries due in them. It must be written and walked
+    while processing an event of that partition (Faust's rule for tables): the agent that owns the
+    partition does it, on a tick. Entries are not removed when their key completes early; the handler
+    skips them when they come due.
     """
 
     def __init__(self, table: TableT[str, Any]) -> None:
@@ -39,33 +41,44 @@ class DeadlineIndex:
             self.table[next_key] = bucket
         elif bucket < next_bucket:
             bucket = next_bucket  # that second was walked already: the next tick must still see it
-        self._append(f"{partition}:{bucket}", [kind, key])
+        self._file(partition, bucket, [kind, key])
+
+    def _file(self, partition: int, bucket: int, entry: list[str]) -> None:
+        count_key = f"{partition}:{bucket}"
+        count = self.table.get(count_key) or 0
+        self.table[f"{count_key}:{count}"] = entry
+        self.table[count_key] = count + 1
 
     async def walk(self, partition: int, now_ms: int, handle: DueHandler) -> None:
         """Hand every entry due up to ``now_ms`` to ``handle``; drop those it does not keep.
 
-        A bucket is taken out of the table before its entries are handled, so a handler may file new
-        entries (even into the bucket being walked) without them being overwritten.
+        The walked mark moves to the current second first, so whatever a handler files meanwhile lands
+        in this second or later and is handed over on a later tick, never lost.
         """
         next_key = f"{partition}:next"
         first = self.table.get(next_key)
         if first is None:
             return
         current = deadline_bucket(now_ms)
-        for bucket in range(first, current + 1):
-            bucket_key = f"{partition}:{bucket}"
-            entries = self.table.get(bucket_key)
-            if not entries:
-                continue
-            del self.table[bucket_key]
-            for kind, key in entries:
-                if await handle(kind, key):
-                    self._append(bucket_key, [kind, key])
         if current > first:
             self.table[next_key] = current
-
-    def _append(self, bucket_key: str, entry: list[str]) -> None:
-        entries = list(self.table.get(bucket_key) or [])
-        if entry not in entries:
-            entries.append(entry)
-            self.table[bucket_key] = entries
+        for bucket in range(first, current + 1):
+            count_key = f"{partition}:{bucket}"
+            count = self.table.get(count_key) or 0
+            if not count:
+                continue
+            kept: list[list[str]] = []
+            for number in range(count):
+                entry_key = f"{count_key}:{number}"
+                entry = self.table.get(entry_key)
+                if entry is None:
+                    continue
+                del self.table[entry_key]
+                kind, key = entry
+                if await handle(kind, key):
+                    kept.append([kind, key])
+            filed_meanwhile = (self.table.get(count_key) or 0) > count
+            if not filed_meanwhile and (bucket != current or not kept):
+                del self.table[count_key]
+            for entry in kept:
+                self._file(partition, current, entry)

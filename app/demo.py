@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,6 +16,7 @@ from typing import Any
 import orjson
 
 from app.kafka_io import ensure_topics, produce, read_topic
+from app.processes import WorkerProcess
 from app.settings import load_settings
 from app.split import InvalidMessage, split_order
 
@@ -27,28 +26,14 @@ DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"
 STAGES = ("splitter,aggregator", "items", "items")
 
 
-def _start_workers(env: dict[str, str], log_dir: Path) -> list[subprocess.Popen[bytes]]:
-    faust = Path(sys.executable).parent / "faust"
-    processes = []
+def _start_workers(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
+    workers = []
     for number, agents in enumerate(STAGES):
-        port = 6066 + number
-        log = (log_dir / f"worker-{number}.log").open("wb")
-        command = [str(faust), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(port)]
-        worker_env = {**env, "WEIR_AGENTS": agents, "WEIR_WEB_PORT": str(port), "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        processes.append(subprocess.Popen(command, cwd=ROOT, env=worker_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        print(f"  worker {number}: agents={agents:<20} pid={processes[-1].pid} web=http://127.0.0.1:{port}/ log={log.name}")
-    return processes
-
-
-def _stop_workers(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
+        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=6066 + number).start()
+        workers.append(worker)
+        print(f"  worker {number}: agents={agents:<20} web=http://127.0.0.1:{worker.web_port}/ log={worker.log_path}")
+    return workers
 
 
 def _read_lines(path: Path) -> tuple[list[tuple[bytes, bytes]], set[str]]:
@@ -114,7 +99,8 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         print(f"  worker logs        {log_dir}")
         return 0 if len(by_id) == len(order_ids) else 1
     finally:
-        _stop_workers(processes)
+        for worker in processes:
+            worker.stop()
 
 
 def main() -> None:

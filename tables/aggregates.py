@@ -15,7 +15,6 @@ __all__ = [
     "on_item",
     "on_expire",
     "on_late_item",
-    "deadline_bucket",
     "merged_result",
 ]
 
@@ -140,11 +139,6 @@ class Transition:
     done: DoneState | None = None
     emits: tuple[dict[str, Any], ...] = ()
     rejected: str | None = None
-
-
-def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
-    """The index bucket a deadline falls in; ticks walk buckets, so expiry costs per expired group."""
-    return deadline_ms // bucket_ms
 
 
 def on_open(

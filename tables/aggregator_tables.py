@@ -40,6 +40,6 @@ done_groups = _table(
 )
 deadlines = _table(
     "aggregate_deadlines",
-    "Deadline index: '<partition>:<second>' -> [kind, correlation id] due in that second, and "
-    "'<partition>:next', the first second not yet fully walked by the ticks.",
+    "Deadline index of the aggregator (app.deadlines.DeadlineIndex): per partition, the entries "
+    "[kind, correlation id] due in each second, and the first second not yet walked by the ticks.",
 )

@@ -9,7 +9,7 @@ from typing import Any
 
 from app.flows import Await, Exchange, Flow, header, payload
 
-TIMEOUT_MS = int(os.environ.get("TEST_BARRIER_TIMEOUT_MS", "8000"))
+TIMEOUT_MS = int(os.environ.get("TEST_BARRIER_TIMEOUT_MS", "30000"))
 _failures_so_far: dict[str, int] = {}
 
 
@@ -18,7 +18,8 @@ def _record(step: str, exchange: Exchange) -> None:
     path = os.environ.get("TEST_STEP_LOG")
     if path:
         with Path(path).open("a") as log:
-            log.write(f"{step} {exchange.headers.get('order-id') or exchange.payload.get('order_id')}\n")
+            order = exchange.payload.get("order") or {}
+            log.write(f"{step} {exchange.headers.get('order-id') or exchange.payload.get('order_id') or order.get('id')}\n")
 
 
 def stamp(exchange: Exchange) -> None:

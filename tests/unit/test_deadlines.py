@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.deadlines import DeadlineIndex
+from app.deadlines import DeadlineIndex, deadline_bucket
 
 
 class FakeTable(dict[str, Any]):
@@ -76,3 +77,18 @@ def test_every_entry_is_handed_over_once_at_or_after_its_second(due: list[int], 
     assert sorted(key for key, _ in handed) == sorted(f"k{number}:{due_ms}" for number, due_ms in enumerate(due))
     for key, now in handed:
         assert int(key.split(":")[1]) // 1000 <= now // 1000
+
+
+@pytest.mark.parametrize(
+    ("deadline_ms", "bucket_ms", "expected"),
+    [(0, 1000, 0), (999, 1000, 0), (1000, 1000, 1), (12_345, 1000, 12), (12_345, 100, 123)],
+)
+def test_deadline_bucket(deadline_ms: int, bucket_ms: int, expected: int) -> None:
+    assert deadline_bucket(deadline_ms, bucket_ms) == expected
+
+
+@settings(deadline=None, database=None)
+@given(st.integers(min_value=0, max_value=2**53), st.integers(min_value=0, max_value=2**53))
+def test_deadline_bucket_is_monotonic(first: int, second: int) -> None:
+    low, high = sorted((first, second))
+    assert deadline_bucket(low) <= deadline_bucket(high)

@@ -19,7 +19,6 @@ from tables.aggregates import (
     GroupState,
     ItemOutcome,
     Transition,
-    deadline_bucket,
     merged_result,
     on_expire,
     on_item,
@@ -634,18 +633,3 @@ def test_config_rejects_non_positive_timeout(timeout_ms: int) -> None:
 @pytest.mark.parametrize("complete_by", [frozenset({"count"}), frozenset({"flag"}), frozenset({"count", "flag"})])
 def test_config_accepts_valid_complete_by(complete_by: frozenset[str]) -> None:
     assert AggregatorConfig(name="ok", timeout_ms=1, complete_by=complete_by).complete_by == complete_by
-
-
-@pytest.mark.parametrize(
-    ("deadline_ms", "bucket_ms", "expected"),
-    [(0, 1000, 0), (999, 1000, 0), (1000, 1000, 1), (12_345, 1000, 12), (12_345, 100, 123)],
-)
-def test_deadline_bucket(deadline_ms: int, bucket_ms: int, expected: int) -> None:
-    assert deadline_bucket(deadline_ms, bucket_ms) == expected
-
-
-@ROUND_TRIP
-@given(st.integers(min_value=0, max_value=2**53), st.integers(min_value=0, max_value=2**53))
-def test_deadline_bucket_is_monotonic(first: int, second: int) -> None:
-    low, high = sorted((first, second))
-    assert deadline_bucket(low) <= deadline_bucket(high)

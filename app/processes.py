@@ -1,0 +1,60 @@
+"""Starting and stopping `faust -A app.main worker` processes (demo, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+__all__ = ["WorkerProcess"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class WorkerProcess:
+    """One worker running the agents ``agents`` with ``env``; its output goes to ``log_path``."""
+
+    agents: str
+    env: dict[str, str]
+    log_path: Path
+    web_port: int
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> WorkerProcess:
+        faust = Path(sys.executable).parent / "faust"
+        command = [str(faust), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
+        env = {**self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port), "PYTHONPATH": str(ROOT)}
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "Worker ready" in self.log_path.read_text(errors="replace"):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                message = f"worker {self.agents} exited with {self.process.returncode}, see {self.log_path}"
+                raise RuntimeError(message)
+            time.sleep(0.2)
+        message = f"worker {self.agents} not ready after {timeout_s}s, see {self.log_path}"
+        raise RuntimeError(message)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
