@@ -59,9 +59,10 @@ test: $(STAMP) ## lint, then every test (starts the local broker itself)
 	scripts/broker.sh start
 	$(BIN)/pytest tests
 
-bench: $(STAMP) ## benchmarks: print figures (see bench/)
+bench: $(STAMP) ## benchmarks: print figures (bench/split_aggregate.py, bench/barrier.py)
 	scripts/broker.sh start
 	$(BIN)/python -m bench.split_aggregate
+	$(BIN)/python -m bench.barrier
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
 	$(BIN)/python scripts/check_compose.py docker/compose.yaml

@@ -190,15 +190,6 @@ def dump_tasks(*_: Any) -> None:
     log.warning("asyncio tasks:\n%s", "\n".join(lines))
 
 
-async def _heal_holes() -> None:
-    consumer = app.consumer
-    if isinstance(consumer, eos.WeirConsumer):
-        await consumer.heal_holes(settings.bootstrap)
-
-
-app.timer(interval=1.0)(_heal_holes)
-
-
 async def _install_task_dump() -> None:
     import signal as signals_module
 

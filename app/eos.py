@@ -134,76 +134,10 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
 
 class WeirConsumer(aiokafka_driver.Consumer):
-    """Faust's consumer that never commits past a record it did not process.
-
-    Faust's streams drop ("skip") a record fetched under an older consumer generation or while flow
-    control is off during a rebalance, expecting the seek after the rebalance to fetch it again. When
-    that seek happened first, the record is never seen again, and Faust then either commits past it
-    (a hole of one offset passes its check: the record is lost) or never commits that partition again
-    (a longer hole: under exactly_once its open transaction, with everything produced since, never
-    becomes visible). Here a commit never passes an offset that is neither acked nor known to be a
-    transaction marker, and :meth:`heal_holes` resolves such a head: markers become a gap, a skipped
-    record is fetched again by seeking back to it. Records after it are then processed a second time:
-    the state cores are idempotent, and the outputs they gave the first time are in the still-open
-    transaction of that partition, so the committed result is the same.
-    """
+    """Faust's consumer, with the consumer thread above."""
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return WeirConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    def _head_is_unexplained(self, tp: TP) -> bool:
-        acked = self._acked.get(tp)
-        committed = self._committed_offset.get(tp)
-        if not acked or committed is None or min(acked) <= committed:
-            return False
-        gap = self._gap.get(tp)
-        return not (gap and gap.overlaps_point(committed))
-
-    def _new_offset(self, tp: TP) -> int | None:
-        if self._head_is_unexplained(tp):
-            return None
-        result: int | None = super()._new_offset(tp)
-        return result
-
-    async def heal_holes(self, bootstrap: str) -> None:
-        """Resolve partitions whose commit waits on an offset no event will ever ack."""
-        stuck = [tp for tp in list(self._active_partitions or ()) if self._head_is_unexplained(tp)]
-        for tp in stuck:
-            committed = self._committed_offset.get(tp)
-            if committed is None:
-                continue
-            if any(message.tp == tp and message.offset <= committed for message in self._unacked_messages):
-                continue  # still being processed
-            first = await _first_record_at_or_after(bootstrap, tp, committed)
-            if first is None or not self._head_is_unexplained(tp):
-                continue
-            if first > committed:
-                self._gap[tp].addi(committed, first)  # only transaction markers before the first record
-            else:
-                log.warning("record %s@%s was skipped by the stream and is fetched again", tp, committed)
-                self._acked.pop(tp, None)
-                self._acked_index.pop(tp, None)
-                self._gap.pop(tp, None)
-                await self.seek(tp, committed)
-
-
-_probe: Any = None
-
-
-async def _first_record_at_or_after(bootstrap: str, tp: TP, offset: int) -> int | None:
-    """The offset of the first committed record at or after ``offset`` (None: there is none yet)."""
-    global _probe
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    if _probe is None:
-        _probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
-        await _probe.start()
-    partition = TopicPartition(tp.topic, tp.partition)
-    _probe.assign([partition])
-    _probe.seek(partition, offset)
-    records = await _probe.getmany(partition, timeout_ms=1000, max_records=1)
-    found = records.get(partition) or []
-    return found[0].offset if found else None
 
 
 class CommitGate:

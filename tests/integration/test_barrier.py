@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -217,3 +218,37 @@ def test_two_processes_and_a_sigkill_while_exchanges_wait(pipeline: Pipeline) ->
     messages = read_all(pipeline, "dispatched", expected=len(orders) + 1, timeout_s=3)
     counts = Counter(orjson.loads(message.value)["order_id"] for message in messages)
     assert counts == Counter(orders), f"lost: {sorted(set(orders) - set(counts))[:5]}, twice: {[k for k, v in counts.items() if v > 1][:5]}"
+
+
+def test_a_hundred_thousand_exchanges_wait_on_one_worker_without_tasks(pipeline: Pipeline) -> None:
+    """Waiting holds no task or thread: 100,000 exchanges wait at once, then a sample is released."""
+    prepare(pipeline)
+    worker = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=3_600_000, TEST_STEP_LOG="")
+    worker.wait_ready()
+    total = 100_000
+    send(pipeline, "dispatch-in", [dispatch(f"h-{number}") for number in range(total)])
+    waiting: dict[bytes, bool] = {}
+    seen: list[Any] = []
+
+    def all_waiting(rows: list[Any]) -> bool:
+        for row in rows[len(seen) :]:
+            waiting[row.key] = bool(row.value) and b'"waiting":[{' in row.value
+        seen[:] = rows
+        return sum(waiting.values()) >= total
+
+    changelog = pipeline.topic(f"barrier-{BARRIER}-changelog")
+    asyncio.run(read_topic(pipeline.bootstrap, changelog, until=all_waiting, timeout_s=900))
+    assert sum(waiting.values()) == total, f"only {sum(waiting.values())} of {total} exchanges are waiting in the table"
+    assert worker.process is not None
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{worker.process.pid}/status").read_text().splitlines() if ":" in line)
+    threads = int(status["Threads"].split()[0])
+    worker.process.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    tasks = worker.log_text().split("asyncio tasks:")[-1].count("\n--- ")
+    assert threads < 20, f"{threads} threads while {total} exchanges wait"
+    assert 0 < tasks < 200, f"{tasks} asyncio tasks while {total} exchanges wait"
+    sample = [f"h-{number}" for number in range(0, total, 2000)]
+    send(pipeline, "kitchen", [kitchen(order_id) for order_id in sample])
+    send(pipeline, "payment", [payment(order_id) for order_id in sample])
+    messages = read_all(pipeline, "dispatched", expected=len(sample), timeout_s=300)
+    assert sorted(orjson.loads(message.value)["order_id"] for message in messages) == sorted(sample)
