@@ -21,6 +21,7 @@ from app.core import (
     InvalidMessage,
     app,
     handle_events,
+    json_table,
     message_headers,
     now_ms,
     retry_policy,
@@ -53,23 +54,6 @@ def load_flows(module_name: str) -> list[Flow]:
 
 def _topic(name: str) -> faust.TopicT:
     return app.topic(settings.topic(name), partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
-
-
-def _table(name: str, help_text: str) -> TableT[str, Any]:
-    return app.Table(
-        name,
-        default=None,
-        partitions=settings.partitions,
-        schema=faust.Schema(key_serializer="json", value_serializer="json"),
-        help=help_text,
-        changelog_topic=app.topic(
-            settings.topic(f"{name}-changelog"),
-            partitions=settings.partitions,
-            compacting=True,
-            key_serializer="json",
-            value_serializer="json",
-        ),
-    )
 
 
 @dataclass
@@ -113,13 +97,15 @@ for _flow in FLOWS:
             barrier=_barrier,
             owner=_flow.name,
             topic=_topic(f"barrier.{_barrier.name}"),
-            table=_table(
+            table=json_table(
                 f"barrier-{_barrier.name}",
                 f"Barrier {_barrier.name!r} of flow {_flow.name!r}: per key, the exchanges waiting and the completions "
                 "remembered (value: tables.barrier.BarrierState).",
             ),
             deadlines=DeadlineIndex(
-                _table(f"barrier-{_barrier.name}-deadlines", f"Deadline index of barrier {_barrier.name!r} (app.deadlines.DeadlineIndex).")
+                json_table(
+                    f"barrier-{_barrier.name}-deadlines", f"Deadline index of barrier {_barrier.name!r} (app.deadlines.DeadlineIndex)."
+                )
             ),
         )
         for _awaited in _barrier.awaits:

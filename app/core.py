@@ -11,7 +11,7 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaProducer
-from faust.types import EventT, StreamT
+from faust.types import EventT, StreamT, TableT
 
 from app import eos
 from app.codec import DecodeError, dumps, loads
@@ -62,6 +62,28 @@ app = faust.App(
     autodiscover=False,
     Table="app.eos:WeirTable",
 )
+
+
+def json_table(name: str, help_text: str) -> TableT[str, Any]:
+    """A table with string keys and JSON values, partitioned like weir's topics.
+
+    Its changelog is named with the topic prefix, not the consumer group, so the state does not depend
+    on how stages are packed into processes.
+    """
+    return app.Table(
+        name,
+        default=None,
+        partitions=settings.partitions,
+        schema=faust.Schema(key_serializer="json", value_serializer="json"),
+        help=help_text,
+        changelog_topic=app.topic(
+            settings.topic(f"{name}-changelog"),
+            partitions=settings.partitions,
+            compacting=True,
+            key_serializer="json",
+            value_serializer="json",
+        ),
+    )
 
 
 class Topics:

