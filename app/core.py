@@ -247,6 +247,7 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     agent keeps running and the partition is not blocked.
     """
     async for event in stream.events():
+        eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
             try:
                 await handler(event, decode_event(event, what=what))

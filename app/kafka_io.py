@@ -15,19 +15,34 @@ from app.codec import dumps
 __all__ = ["produce", "produce_json", "read_topic", "ensure_topics"]
 
 
-async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int) -> None:
-    """Create the topics that do not exist yet (workers declare theirs too; this avoids racing them)."""
+async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0) -> None:
+    """Create the topics that do not exist yet, and wait until the broker lists them.
+
+    A consumer that subscribes before its topics are in the broker's metadata is assigned nothing and
+    only notices them minutes later (a just-started broker is slow to show new topics).
+    """
+    wanted = list(names)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, partitions, 1) for name in names if name not in existing]
+        missing = [NewTopic(name, partitions, 1) for name in wanted if name not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)
             except Exception as error:  # created meanwhile by a worker: fine
                 if "TopicAlreadyExists" not in type(error).__name__ + str(error):
                     raise
+        deadline = time.monotonic() + timeout_s
+        while True:
+            described = await admin.describe_topics(wanted)
+            ready = {entry["topic"] for entry in described if entry.get("error_code", 0) == 0 and entry.get("partitions")}
+            if ready >= set(wanted):
+                return
+            if time.monotonic() > deadline:
+                message = f"topics {sorted(set(wanted) - ready)} not visible on {bootstrap} after {timeout_s}s"
+                raise TimeoutError(message)
+            await asyncio.sleep(0.2)
     finally:
         await admin.close()
 
