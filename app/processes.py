@@ -30,22 +30,31 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         faust = Path(sys.executable).parent / "faust"
         command = [str(faust), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
-        env = {**self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port), "PYTHONPATH": str(ROOT)}
+        env = {"PYTHONPATH": str(ROOT), **self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port)}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if "Worker ready" in self.log_path.read_text(errors="replace"):
+            if "Worker ready" in self.log_text():
                 return
             if self.process is not None and self.process.poll() is not None:
-                message = f"worker {self.agents} exited with {self.process.returncode}, see {self.log_path}"
+                message = f"worker {self.agents} exited with {self.process.returncode} ({self.log_path}):\n{self.log_text()[-4000:]}"
                 raise RuntimeError(message)
             time.sleep(0.2)
-        message = f"worker {self.agents} not ready after {timeout_s}s, see {self.log_path}"
+        message = f"worker {self.agents} not ready after {timeout_s}s ({self.log_path}):\n{self.log_text()[-4000:]}"
         raise RuntimeError(message)
+
+    def kill(self) -> None:
+        """SIGKILL, no goodbye: what a crash looks like to the group and the broker."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -53,8 +62,7 @@ class WorkerProcess:
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+                self.kill()
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
+from app.processes import WorkerProcess
 from tests.conftest import ROOT
-
-FAUST = Path(sys.executable).parent / "faust"
 
 #: The open defect behind the SIGKILL takeover tests (see the README and the issue notes).
 KNOWN_TAKEOVER_DEFECT = (
@@ -36,53 +32,6 @@ def free_port() -> int:
 
 
 @dataclass
-class Worker:
-    """One `faust -A app.main worker` process; its log is kept for the test report."""
-
-    name: str
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
-
-    def start(self) -> Worker:
-        self._log = self.log_path.open("ab")
-        command = [str(FAUST), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(free_port())]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def wait_ready(self, timeout_s: float = 60.0, *, occurrences: int = 1) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.log_text().count("Worker ready") >= occurrences:
-                return
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"worker {self.name} exited with {self.process.returncode}:\n{self.log_text()[-4000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"worker {self.name} not ready after {timeout_s}s:\n{self.log_text()[-4000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL, no goodbye: what a crash looks like to the group and the broker."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
-@dataclass
 class Pipeline:
     """A private weir deployment for one test: its own topic prefix, app id, data dir and workers."""
 
@@ -90,7 +39,7 @@ class Pipeline:
     tmp: Path
     prefix: str
     app_id: str
-    workers: list[Worker] = field(default_factory=list)
+    workers: list[WorkerProcess] = field(default_factory=list)
 
     def topic(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -113,11 +62,12 @@ class Pipeline:
         env.update({key: str(value) for key, value in overrides.items()})
         return env
 
-    def start_worker(self, agents: str = "all", **overrides: Any) -> Worker:
+    def start_worker(self, agents: str = "all", **overrides: Any) -> WorkerProcess:
         index = len(self.workers)
         name = f"w{index}-{agents.replace(',', '+')}"
         data_dir = self.tmp / f"data-{name}"
-        worker = Worker(name, self.env(WEIR_AGENTS=agents, WEIR_DATA_DIR=data_dir, **overrides), self.tmp / f"{name}.log")
+        env = self.env(WEIR_AGENTS=agents, WEIR_DATA_DIR=data_dir, **overrides)
+        worker = WorkerProcess(agents, env, self.tmp / f"{name}.log", web_port=free_port())
         self.workers.append(worker.start())
         return worker
 
@@ -135,7 +85,7 @@ def pipeline(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureReques
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for worker in deployment.workers:
-            sys.stderr.write(f"\n----- {worker.name} log (tail) -----\n{worker.log_text()[-6000:]}\n")
+            sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{worker.log_text()[-6000:]}\n")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

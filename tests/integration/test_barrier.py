@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, read_topic
-from tests.integration.conftest import KNOWN_TAKEOVER_DEFECT, Pipeline, Worker
+from app.processes import WorkerProcess
+from tests.integration.conftest import KNOWN_TAKEOVER_DEFECT, Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ TOPICS = [
 ]
 
 
-def start_flows(pipeline: Pipeline, **overrides: Any) -> Worker:
+def start_flows(pipeline: Pipeline, **overrides: Any) -> WorkerProcess:
     settings = {
         "WEIR_FLOWS": "tests.integration.barrier_flows",
         "TEST_STEP_LOG": str(pipeline.tmp / "steps.log"),
