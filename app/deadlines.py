@@ -21,7 +21,8 @@ def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
 class DeadlineIndex:
     """Entries ``[kind, key]`` filed by the second they fall due, per partition, in ``table``.
 
-    Table keys: ``'<partition>:next'``, the first second not yet fully walked; ``'<partition>:<second>'``,
+    Table keys: ``'<partition>:next'``, the first second not yet fully walked (before the first walk: the
+    earliest second filed); ``'<partition>:walked'``, set by the first walk; ``'<partition>:<second>'``,
     how many entries were filed in that second; ``'<partition>:<second>:<n>'``, the n-th of them. Filing
     an entry writes two small values whatever the number of entries already due in that second, and a
     tick reads only the seconds that passed and the entries due in them. It must be written and walked
@@ -37,7 +38,8 @@ class DeadlineIndex:
         next_key = f"{partition}:next"
         next_bucket = self.table.get(next_key)
         bucket = deadline_bucket(due_ms)
-        if next_bucket is None:
+        if next_bucket is None or (bucket < next_bucket and not self.table.get(f"{partition}:walked")):
+            # nothing walked yet: the walk starts at the earliest entry, even one filed after a later one
             self.table[next_key] = bucket
         elif bucket < next_bucket:
             bucket = next_bucket  # that second was walked already: the next tick must still see it
@@ -60,6 +62,10 @@ class DeadlineIndex:
         if first is None:
             return
         current = deadline_bucket(now_ms)
+        if current < first:
+            return
+        if not self.table.get(f"{partition}:walked"):
+            self.table[f"{partition}:walked"] = True  # from now on the seconds before 'next' are done
         if current > first:
             self.table[next_key] = current
         for bucket in range(first, current + 1):

@@ -34,10 +34,13 @@ from typing import Any, cast
 
 import faust
 from aiokafka.errors import ProducerFenced
-from faust.transport.consumer import TransactionManager
+from faust.transport.consumer import CONSUMER_FETCHING, TransactionManager, ensure_TP
 from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import TP, EventT
-from faust.types.tuples import FutureMessage, RecordMetadata
+from faust.types import TP, EventT, Message
+from faust.types.tuples import FutureMessage, RecordMetadata, ack_lock
+from faust.utils.functional import consecutive_numbers
+from intervaltree import IntervalTree  # type: ignore[import-untyped]
+from mode import Service, ServiceT
 
 __all__ = ["WeirTransactionManager", "WeirTable", "event_scope", "gate", "install", "wipe_local_tables"]
 
@@ -148,10 +151,199 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
 
 class WeirConsumer(aiokafka_driver.Consumer):
-    """Faust's consumer, with the consumer thread above."""
+    """Faust's consumer with a delivery loop that never skips a record and never acks a stale one.
+
+    Faust's loop (``Consumer._drain_messages``) hands records to the agents one by one from a batch
+    fetched earlier. Three of its shortcuts commit offsets past records no agent handled:
+
+    * a batch fetched before a seek or a rebalance is still delivered after it; every record of it
+      moves the read offset forward, and the copies re-fetched from the sought position are then
+      dropped as already read;
+    * records of a partition paused meanwhile are dropped, though the fetch position is past them;
+    * a stream skips an event of an older generation *and acks it*, so the offset of a record the new
+      owner never handled lands among the acked ones; the commit then covers it. The head of the acked
+      list may also miss the committed offset itself (Faust tolerates a one-offset hole there).
+
+    Here every batch carries the *epoch* in which its fetch started; a seek, a rebalance or a flow stop
+    moves the epoch, and the rest of a batch from an older epoch is thrown away after rewinding the
+    fetch position of its partitions to the next offset not yet delivered (``_next``). Records of a
+    partition that is not active are not delivered and that partition is rewound the same way. An
+    offset missing between the committed or last delivered offset and the next record of a current
+    batch is a gap the commit may cover (a transaction marker, an aborted record); any other hole
+    stops the commit. Acks of an older generation are ignored: that record comes again from the
+    committed offset.
+    """
+
+    _weir_epoch = 0
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return WeirConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    @property
+    def _next(self) -> dict[TP, int]:
+        """Per stream partition: the next offset to deliver (the sought or committed one, then the last delivered + 1)."""
+        try:
+            return cast(dict[TP, int], self.__dict__["_weir_next"])
+        except KeyError:
+            self.__dict__["_weir_next"] = {}
+            return cast(dict[TP, int], self.__dict__["_weir_next"])
+
+    def _moved(self) -> None:
+        self._weir_epoch += 1
+
+    def stop_flow(self) -> None:
+        self._moved()
+        super().stop_flow()
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        self._moved()
+        self._next[partition] = offset
+        await super().seek(partition, offset)
+
+    async def perform_seek(self) -> None:
+        self._moved()
+        committed = await self.seek_to_committed()
+        positions = self._next
+        for tp, offset in committed.items():
+            # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
+            positions[ensure_TP(tp)] = offset if offset is not None and offset >= 0 else 0
+        self._read_offset.update({tp: offset if offset is not None and offset >= 0 else None for tp, offset in committed.items()})
+        self._committed_offset.update({ensure_TP(tp): offset if offset else None for tp, offset in committed.items() if offset is not None})
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        self._moved()
+        for tp in revoked:
+            self._next.pop(tp, None)
+        await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        self._moved()
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    def ack(self, message: Message) -> bool:
+        if message.generation_id != self.app.consumer_generation_id:
+            with ack_lock:
+                message.acked = True
+                self._unacked_messages.discard(message)
+            return False
+        acked: bool = super().ack(message)
+        return acked
+
+    def _new_offset(self, tp: TP) -> int | None:
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        max_offset = max(acked)
+        gaps: IntervalTree = self._gap[tp]
+        if gaps:
+            covered = sorted(gaps.overlap(0, max_offset + 1), key=lambda interval: interval.begin)
+            filled = [offset for interval in covered for offset in range(interval.begin, interval.end)]
+            if filled:
+                gaps.chop(0, max(filled[-1], max_offset) + 1)
+                index = self._acked_index[tp]
+                for offset in filled:
+                    if offset not in index:
+                        index.add(offset)
+                        acked.append(offset)
+        acked.sort()
+        committed = self._committed_offset[tp]
+        if committed is not None:
+            while acked and acked[0] < committed:  # committed already
+                self._acked_index[tp].discard(acked.pop(0))
+            if not acked or acked[0] != committed:
+                return None  # the record at the committed offset is not done yet
+        batch = next(consecutive_numbers(acked))
+        acked[: len(batch)] = []
+        self._acked_index[tp].difference_update(batch)
+        return int(batch[-1]) + 1
+
+    async def _rewind(self, partitions: set[TP]) -> None:
+        """Seek ``partitions`` back to the next offset not yet delivered.
+
+        Always right: a seek since the batch was fetched set that offset to its target, and a batch
+        fetched after such a seek has moved the fetch position past records now thrown away.
+        """
+        assigned = self.assignment()
+        for tp in partitions:
+            target = self._next.get(tp)
+            if target is None or tp not in assigned:
+                continue  # revoked meanwhile: its owner starts from the committed offset
+            try:
+                await self._seek(tp, target)
+            except Exception as exc:
+                log.info("rewind of %s to %s skipped: %r", tp, target, exc)
+
+    async def _drain_messages(self, fetcher: ServiceT) -> None:
+        callback = self.callback
+        consumer_stopped = cast(Service, self)._stopped.is_set
+        fetcher_stopped = cast(Service, fetcher)._stopped.is_set
+        positions = self._next
+        committed_offsets = self._committed_offset
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        commit_every = self._commit_every
+        since_yield = 0
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                epoch = self._weir_epoch
+                records, active = await self._wait_next_records(1.0)
+                await self.sleep(0)
+                if not records or self.should_stop:
+                    continue
+                generation = self.app.consumer_generation_id
+                stream_tps = {tp for tp in records if acks_enabled_for(tp.topic)}
+                inactive: set[TP] = set()
+                for tp, record in self.scheduler.iterate(records):
+                    since_yield += 1
+                    if since_yield > 100:
+                        await asyncio.sleep(0)
+                        since_yield = 0
+                    if epoch != self._weir_epoch or not self.flow_active or generation != self.app.consumer_generation_id:
+                        await self._rewind(stream_tps)
+                        break
+                    if tp in inactive:
+                        continue
+                    if active is not None and tp not in active and tp not in self._buffered_partitions:
+                        inactive.add(tp)
+                        await self._rewind({tp} & stream_tps)
+                        continue
+                    offset = record.offset
+                    stream = tp in stream_tps
+                    if stream:
+                        expected = positions.get(tp, committed_offsets.get(tp))
+                        if expected is not None:
+                            if offset < expected:
+                                continue  # delivered before
+                            if offset > expected:
+                                self._gap[tp].addi(expected, offset)
+                    if commit_every is not None and self._n_acked >= commit_every:
+                        self._n_acked = 0
+                        await self.commit()
+                    self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+                    before = positions.get(tp)
+                    delivery = callback(self._to_message(tp, record))
+                    outcome = await self.wait_first(delivery, self.suspend_flow.wait())
+                    if delivery not in outcome.done:
+                        await self._rewind(stream_tps)  # not delivered: the flow stopped
+                        break
+                    if stream and positions.get(tp) == before:  # unless a seek moved it meanwhile
+                        positions[tp] = offset + 1
+                    if epoch != self._weir_epoch:
+                        # delivered while a seek or a rebalance happened: the stream skips it (older
+                        # generation) or it comes again from the sought position
+                        await self._rewind(stream_tps)
+                        break
+                self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
 
 
 class CommitGate:

@@ -27,6 +27,17 @@ def walk(index: DeadlineIndex, now_ms: int, keep: set[str]) -> list[str]:
     return seen
 
 
+def test_an_earlier_entry_filed_after_a_later_one_comes_due_in_its_own_second() -> None:
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    index.add(0, "client", "idle", 60_000)
+    index.add(0, "client", "tombstone", 2_000)
+    assert walk(index, 2_100, keep=set()) == ["tombstone"]
+    index.add(0, "client", "past", 1_000)  # a second already walked: handed over by the next tick
+    assert walk(index, 2_200, keep=set()) == ["past"]
+    assert walk(index, 59_000, keep=set()) == []
+    assert walk(index, 60_000, keep=set()) == ["idle"]
+
+
 def test_entries_come_due_in_their_second_and_kept_ones_come_again() -> None:
     index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
     index.add(0, "group", "a", 1_500)
