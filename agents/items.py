@@ -8,6 +8,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
+from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
 from app.core import InvalidMessage, app, handle_events, retry_policy, send_dead_letter, settings, topics
 from app.errors import run_with_retry
@@ -15,16 +16,6 @@ from app.errors import run_with_retry
 __all__ = ["parse_item", "price_item", "load_processor", "CATALOGUE_CENTS"]
 
 AGENT = "items"
-
-#: Price per scoop of the demo's flavours, in cents.
-CATALOGUE_CENTS: dict[str, int] = {
-    "vanilla": 250,
-    "chocolate": 275,
-    "strawberry": 260,
-    "pistachio": 320,
-    "lemon": 230,
-    "mint": 255,
-}
 
 
 def price_item(payload: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from app.codec import dumps
 __all__ = ["produce", "produce_json", "read_topic", "ensure_topics"]
 
 
-async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0) -> None:
-    """Create the topics that do not exist yet, and wait until the broker lists them.
+async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0) -> dict[str, int]:
+    """Create the topics that do not exist yet, wait until the broker lists them; their partition counts.
 
     A consumer that subscribes before its topics are in the broker's metadata is assigned nothing and
     only notices them minutes later (a just-started broker is slow to show new topics).
@@ -38,7 +38,7 @@ async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *
             described = await admin.describe_topics(wanted)
             ready = {entry["topic"] for entry in described if entry.get("error_code", 0) == 0 and entry.get("partitions")}
             if ready >= set(wanted):
-                return
+                return {entry["topic"]: len(entry["partitions"]) for entry in described if entry["topic"] in ready}
             if time.monotonic() > deadline:
                 message = f"topics {sorted(set(wanted) - ready)} not visible on {bootstrap} after {timeout_s}s"
                 raise TimeoutError(message)

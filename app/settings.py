@@ -10,8 +10,10 @@ __all__ = ["Settings", "load_settings", "AGENT_NAMES"]
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
-#: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``.
-OPTIONAL_AGENT_NAMES: tuple[str, ...] = ("flows",)
+#: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
+#: "eof_filter", "eof_controller", "eof_aggregator" are the end-of-stream pipeline (agents/eof_*.py);
+#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py).
+OPTIONAL_AGENT_NAMES: tuple[str, ...] = ("flows", "eof_filter", "eof_controller", "eof_aggregator", "triggers")
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +103,25 @@ class Settings:
     item_processor: str = "agents.items:price_item"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
+    #: WEIR_EOF_MAX_BATCH_ORDERS: the EOF filter splits a batch with more valid orders than this.
+    eof_max_batch_orders: int = 50
+    #: WEIR_EOF_IDLE_TIMEOUT_MS: a client with no activity for this long is reported abandoned and cleaned up.
+    eof_idle_timeout_ms: int = 300_000
+    #: WEIR_EOF_CLOSED_RETENTION_MS: how long a finished client's tombstone absorbs late duplicates.
+    eof_closed_retention_ms: int = 60_000
+    #: WEIR_TRIGGER_BATCH_SIZE / WEIR_TRIGGER_BATCH_WAIT_MS: completion events read per batch, and the
+    #: longest wait for a batch to fill (a light load never waits longer).
+    trigger_batch_size: int = 500
+    trigger_batch_wait_ms: int = 50
+    #: WEIR_SWEEP_INTERVAL_MS / WEIR_SWEEP_GRACE_MS / WEIR_SWEEP_PAGE_SIZE: the safety sweep's period, how
+    #: long a trigger waits before the sweep looks at it, and how many triggers one sweep step reads.
+    sweep_interval_ms: int = 5_000
+    sweep_grace_ms: int = 10_000
+    sweep_page_size: int = 200
+    #: WEIR_OUTBOX_DB: the outbox database (SQLite file path, or a postgresql:// URL).
+    outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
+    #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
+    outbox_batch: int = 500
 
     @property
     def stage(self) -> str:
@@ -148,4 +169,14 @@ def load_settings() -> Settings:
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
+        eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
+        eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms),
+        eof_closed_retention_ms=_env_int("WEIR_EOF_CLOSED_RETENTION_MS", defaults.eof_closed_retention_ms),
+        trigger_batch_size=_env_int("WEIR_TRIGGER_BATCH_SIZE", defaults.trigger_batch_size),
+        trigger_batch_wait_ms=_env_int("WEIR_TRIGGER_BATCH_WAIT_MS", defaults.trigger_batch_wait_ms),
+        sweep_interval_ms=_env_int("WEIR_SWEEP_INTERVAL_MS", defaults.sweep_interval_ms),
+        sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
+        sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
+        outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
+        outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
     )

@@ -1,0 +1,168 @@
+"""The EOF gateway: sends a client's data in numbered batches, says how many, and waits for its report.
+
+Usage as a library::
+
+    async with Gateway(settings.bootstrap, settings.topic) as gateway:
+        report = await gateway.run_client("screen-1/2026-11-30", lines, batch_size=20)
+
+or from the shell, one client per JSON-lines file (the file's stem is the client id)::
+
+    python -m app.eof_gateway demo/screens/*.jsonl
+
+The gateway keeps no state of its own in Kafka: a client's batches are keyed ``<client>/<batch id>``
+(any filter worker may get any batch), the counter messages are keyed by client. When the report
+arrives it tells the controller "delivered", and the controller cleans the client up everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from app.codec import dumps
+from app.kafka_io import ensure_topics
+from app.settings import load_settings
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
+
+__all__ = ["Gateway", "batched"]
+
+
+def batched(lines: Iterable[str], batch_size: int) -> list[list[str]]:
+    """The client's lines cut into batches of ``batch_size`` (the last one shorter)."""
+    batch: list[str] = []
+    batches: list[list[str]] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == batch_size:
+            batches.append(batch)
+            batch = []
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+class Gateway:
+    """Runs clients through the EOF pipeline; any number at once, each waiting for its own report."""
+
+    def __init__(self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4) -> None:
+        self._bootstrap = bootstrap
+        self._topic = topic
+        self._partitions = partitions
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        #: reports that arrived before anyone waited for them (a client run again after a restart)
+        self._early: dict[str, dict[str, Any]] = {}
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        names = [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_REPORTS)]
+        counts = await ensure_topics(self._bootstrap, names, self._partitions)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=5)
+        await self._producer.start()
+        # read_committed: a report inside a transaction that later aborts is never seen
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed"
+        )
+        await self._consumer.start()
+        reports = self._topic(TOPIC_REPORTS)
+        partitions = [TopicPartition(reports, number) for number in range(counts[reports])]
+        self._consumer.assign(partitions)
+        # Reports of clients started after this point only: the position is fixed before anything is sent.
+        await self._consumer.seek_to_end(*partitions)
+        for partition in partitions:
+            await self._consumer.position(partition)
+        self._reader = asyncio.create_task(self._read_reports(), name="eof-gateway-reports")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                await client.stop()
+
+    async def _read_reports(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    report = json.loads(record.value) if record.value else None
+                    if not isinstance(report, dict) or "client" not in report:
+                        continue
+                    waiter = self._waiting.pop(str(report["client"]), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(report)
+                    else:
+                        self._early[str(report["client"])] = report
+
+    async def send(self, client: str, lines: Iterable[str], *, batch_size: int) -> int:
+        """Send the client's batches and its end; returns how many batches it sent."""
+        assert self._producer is not None
+        batches = batched(lines, batch_size)
+        pending = []
+        for batch_id, batch in enumerate(batches):
+            value = {"client": client, "batch_id": batch_id, "lines": batch}
+            pending.append(await self._producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
+        # The end is sent once every batch is acknowledged (the controller may still see it first: it counts by id).
+        await asyncio.gather(*pending)
+        end = {"kind": "sent", "client": client, "batches": len(batches)}
+        await self._producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(end))
+        return len(batches)
+
+    async def report(self, client: str, *, timeout_s: float) -> dict[str, Any]:
+        """Wait for the client's report, then tell the controller it was delivered."""
+        assert self._producer is not None
+        report = self._early.pop(client, None)
+        if report is None:
+            waiter = self._waiting.setdefault(client, asyncio.get_running_loop().create_future())
+            report = await asyncio.wait_for(waiter, timeout_s)
+        delivered = {"kind": "delivered", "client": client}
+        await self._producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(delivered))
+        return report
+
+    async def run_client(self, client: str, lines: Iterable[str], *, batch_size: int = 20, timeout_s: float = 300.0) -> dict[str, Any]:
+        """One client end to end: its batches, its end, its report."""
+        self._waiting.setdefault(client, asyncio.get_running_loop().create_future())
+        await self.send(client, lines, batch_size=batch_size)
+        return await self.report(client, timeout_s=timeout_s)
+
+
+async def _main(files: list[Path], batch_size: int) -> int:
+    settings = load_settings()
+    async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions) as gateway:
+        clients = {path.stem: path.read_text().splitlines() for path in files}
+        reports = await asyncio.gather(*(gateway.run_client(client, lines, batch_size=batch_size) for client, lines in clients.items()))
+    for report in reports:
+        print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run clients (one JSON-lines file each) through the EOF pipeline.")
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--batch-size", type=int, default=20)
+    arguments = parser.parse_args(argv)
+    return asyncio.run(_main(arguments.files, arguments.batch_size))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

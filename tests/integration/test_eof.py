@@ -1,0 +1,209 @@
+"""End-of-stream per client end to end: gateway, parallel filter processes, controller, aggregator, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from app.catalogue import CATALOGUE_CENTS
+from app.codec import dumps
+from app.eof_gateway import Gateway, batched
+from app.kafka_io import produce, read_topic
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, OpeningHours, filter_batch, reference_report
+from tests.integration.conftest import Pipeline
+
+pytestmark = pytest.mark.integration
+
+HOURS = OpeningHours()
+BATCH_SIZE = 5
+MAX_BATCH_ORDERS = 3  # the filter splits batches with more valid orders than this
+FLAVOURS = sorted(CATALOGUE_CENTS)
+
+
+def client_lines(rng: random.Random, client: str, batches: int, drop_rate: float) -> list[str]:
+    lines = []
+    for number in range(batches * BATCH_SIZE - rng.randint(0, BATCH_SIZE - 1)):
+        order_id = f"{client}-{number}"
+        if rng.random() < drop_rate:
+            lines.append(
+                rng.choice(
+                    [
+                        '{"order_id": "broken',
+                        json.dumps({"order_id": order_id, "time": "12:00", "items": [{"flavour": "durian", "scoops": 1}]}),
+                        json.dumps({"order_id": order_id, "time": "12:00", "items": [{"flavour": "mint", "scoops": 0}]}),
+                        json.dumps({"order_id": order_id, "time": "23:30", "items": [{"flavour": "mint", "scoops": 1}]}),
+                    ]
+                )
+            )
+        else:
+            items = [{"flavour": rng.choice(FLAVOURS), "scoops": rng.randint(1, 3)} for _ in range(rng.randint(1, 3))]
+            lines.append(json.dumps({"order_id": order_id, "time": f"{rng.randint(10, 21):02d}:{rng.randint(0, 59):02d}", "items": items}))
+    return lines
+
+
+def make_clients(seed: int, count: int) -> dict[str, list[str]]:
+    """``count`` clients with 1 to 200 batches and their own drop rate; the first drops everything."""
+    rng = random.Random(seed)
+    clients = {}
+    for number in range(count):
+        client = f"screen-{number}"
+        drop_rate = 1.0 if number == 0 else rng.choice([0.0, 0.05, 0.3, 0.7])
+        batches = 200 if number == 1 else 1 if number == 2 else rng.randint(1, 200)
+        clients[client] = client_lines(rng, client, batches, drop_rate)
+    return clients
+
+
+def start_eof_workers(pipeline: Pipeline, **env: Any) -> dict[str, Any]:
+    common = {"WEIR_EOF_MAX_BATCH_ORDERS": MAX_BATCH_ORDERS, "WEIR_EOF_CLOSED_RETENTION_MS": 2000, **env}
+    workers = {
+        "filter-a": pipeline.start_worker("eof_filter", **common),
+        "filter-b": pipeline.start_worker("eof_filter", **common),
+        "controller": pipeline.start_worker("eof_controller", **common),
+        "aggregator": pipeline.start_worker("eof_aggregator", **common),
+    }
+    for worker in workers.values():
+        worker.wait_ready()
+    return workers
+
+
+def assert_reports_exact(reports: dict[str, dict[str, Any]], clients: dict[str, list[str]]) -> None:
+    wrong = {}
+    for client, lines in clients.items():
+        report = dict(reports[client])
+        report.pop("batches", None)
+        expected = reference_report(client, lines, CATALOGUE_CENTS, HOURS)
+        if report != expected:
+            wrong[client] = (report, expected)
+    assert not wrong, f"{len(wrong)} reports differ from the sequential reference, e.g. {next(iter(wrong.items()))}"
+
+
+def last_values(pipeline: Pipeline, table: str) -> dict[str, Any]:
+    """Each key's latest value in a table's changelog (None: deleted)."""
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda _: False, timeout_s=2.0))
+    return {orjson.loads(record.key): (orjson.loads(record.value) if record.value is not None else None) for record in records}
+
+
+def assert_cleaned_up(pipeline: Pipeline, timeout_s: float = 30.0) -> None:
+    """No table keeps a finished client's keys once the tombstones' retention passed."""
+    deadline = time.monotonic() + timeout_s
+    left: dict[str, list[str]] = {}
+    while time.monotonic() < deadline:
+        left = {
+            table: [key for key, value in last_values(pipeline, table).items() if value is not None]
+            for table in ("eof_counters", "eof_totals")
+        }
+        if not any(left.values()):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"client keys still in the tables after {timeout_s}s: {left}")
+
+
+async def run_all(pipeline: Pipeline, clients: dict[str, list[str]], timeout_s: float = 240.0) -> dict[str, dict[str, Any]]:
+    async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
+        results = await asyncio.gather(
+            *(gateway.run_client(c, lines, batch_size=BATCH_SIZE, timeout_s=timeout_s) for c, lines in clients.items())
+        )
+    return {report["client"]: report for report in results}
+
+
+def test_twenty_clients_get_exact_reports_and_are_cleaned_up(pipeline: Pipeline) -> None:
+    clients = make_clients(seed=20, count=20)
+    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
+    started = time.monotonic()
+    reports = asyncio.run(run_all(pipeline, clients))
+    elapsed = time.monotonic() - started
+    batches = sum(len(batched(lines, BATCH_SIZE)) for lines in clients.values())
+    print(f"\n20 clients, {batches} batches, {sum(map(len, clients.values()))} lines: all reports in {elapsed:.1f}s")
+    assert_reports_exact(reports, clients)
+    assert reports["screen-0"]["orders"] == 0
+    assert reports["screen-0"]["status"] == "complete"
+    assert all(report["status"] == "complete" for report in reports.values())
+    assert_cleaned_up(pipeline)
+
+
+def test_idle_client_is_reported_abandoned(pipeline: Pipeline) -> None:
+    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=3000)
+    lines = client_lines(random.Random(3), "quiet", 4, 0.0)
+
+    async def scenario() -> dict[str, Any]:
+        async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
+            records = [
+                (f"quiet/{number}".encode(), dumps({"client": "quiet", "batch_id": number, "lines": batch}))
+                for number, batch in enumerate(batched(lines, BATCH_SIZE))
+            ]
+            await produce(pipeline.bootstrap, pipeline.topic(TOPIC_BATCHES), records)  # no end: the screen went quiet
+            return await gateway.report("quiet", timeout_s=60)
+
+    report = asyncio.run(scenario())
+    assert report["status"] == "abandoned"
+    assert report["batches_sent"] is None
+    assert report["batches_reported"] == 4
+    assert_cleaned_up(pipeline)
+
+
+def test_duplicated_counter_reports_and_batches_change_nothing(pipeline: Pipeline) -> None:
+    clients = make_clients(seed=7, count=8)
+    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        duplicates_batches: list[tuple[bytes, bytes]] = []
+        duplicates_reports: list[tuple[bytes, bytes]] = []
+        for client, lines in clients.items():
+            for batch_id, batch in enumerate(batched(lines, BATCH_SIZE)):
+                if batch_id % 3:
+                    continue
+                duplicates_batches.append(
+                    (f"{client}/{batch_id}".encode(), dumps({"client": client, "batch_id": batch_id, "lines": batch}))
+                )
+                outcome = filter_batch(batch_id, batch, CATALOGUE_CENTS, HOURS, MAX_BATCH_ORDERS)
+                report = {"kind": "filtered", "client": client, "batch_id": batch_id, "forwarded": len(outcome.forwarded)}
+                duplicates_reports.append((client.encode(), dumps(report)))
+                for out_id, orders in outcome.forwarded:
+                    forwarded = {"kind": "batch", "client": client, "batch_id": out_id, "orders": [order.to_dict() for order in orders]}
+                    duplicates_batches.append((client.encode(), dumps(forwarded)))
+        # Reports and forwarded batches injected *before* the real ones, then the input batches again.
+        await produce(pipeline.bootstrap, pipeline.topic(TOPIC_COUNTER), duplicates_reports)
+        await produce(
+            pipeline.bootstrap, pipeline.topic(TOPIC_AGGREGATE), [record for record in duplicates_batches if b"/" not in record[0]]
+        )
+        await produce(pipeline.bootstrap, pipeline.topic(TOPIC_BATCHES), [record for record in duplicates_batches if b"/" in record[0]])
+        reports = await run_all(pipeline, clients)
+        return reports
+
+    reports = asyncio.run(scenario())
+    assert_reports_exact(reports, clients)
+
+
+def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pipeline: Pipeline) -> None:
+    clients = make_clients(seed=11, count=12)
+    workers = start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=60_000)
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
+            runs = [
+                asyncio.create_task(gateway.run_client(client, lines, batch_size=BATCH_SIZE, timeout_s=240))
+                for client, lines in clients.items()
+            ]
+            await asyncio.sleep(4.0)
+            workers["controller"].kill()
+            workers["filter-a"].kill()
+            print("\nSIGKILLed the controller and filter-a mid-run")
+            await asyncio.sleep(1.0)
+            pipeline.start_worker(
+                "eof_controller",
+                WEIR_EOF_MAX_BATCH_ORDERS=MAX_BATCH_ORDERS,
+                WEIR_EOF_CLOSED_RETENTION_MS=2000,
+                WEIR_EOF_IDLE_TIMEOUT_MS=60_000,
+            )
+            results = await asyncio.gather(*runs)
+        return {report["client"]: report for report in results}
+
+    reports = asyncio.run(scenario())
+    assert_reports_exact(reports, clients)
+    assert_cleaned_up(pipeline)

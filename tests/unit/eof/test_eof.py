@@ -1,0 +1,225 @@
+"""Unit and property tests for the end-of-stream core in ``tables/eof.py`` (fake clock, no Kafka)."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tables.eof import (
+    ClientTotals,
+    ControllerState,
+    Emit,
+    EofConfig,
+    OpeningHours,
+    Order,
+    filter_batch,
+    on_aggregator_tick,
+    on_batch,
+    on_cleanup,
+    on_controller_tick,
+    on_delivered,
+    on_finish,
+    on_report,
+    on_sent,
+    parse_order,
+    reference_report,
+)
+
+PROPERTY = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+CATALOGUE = {"vanilla": 250, "chocolate": 275, "lemon": 230}
+HOURS = OpeningHours("10:00", "22:00")
+CONFIG = EofConfig(idle_timeout_ms=60_000, closed_retention_ms=10_000)
+
+
+def order_line(order_id: str, *, time: str = "12:30", flavour: str = "vanilla", scoops: int = 2) -> str:
+    return json.dumps({"order_id": order_id, "time": time, "items": [{"flavour": flavour, "scoops": scoops}]})
+
+
+def test_parse_order_names_each_reason_to_drop() -> None:
+    assert parse_order(order_line("o1"), CATALOGUE, HOURS) == (Order("o1", "12:30", (("vanilla", 2),)), None)
+    cases = {
+        "{not json": "broken line",
+        "[1]": "must be a JSON object",
+        order_line("o2", flavour="durian"): "unknown flavour 'durian'",
+        order_line("o3", scoops=0): "'scoops' must be a positive integer",
+        order_line("o4", scoops=-2): "'scoops' must be a positive integer",
+        order_line("o5", time="09:59"): "outside opening hours 10:00-22:00",
+        order_line("o6", time="22:00"): "outside opening hours",
+        order_line("o7", time="25:00"): "'time' must be 'HH:MM'",
+        json.dumps({"order_id": "o8", "time": "12:00", "items": []}): "'items' must be a non-empty list",
+    }
+    for line, reason in cases.items():
+        order, why = parse_order(line, CATALOGUE, HOURS)
+        assert order is None
+        assert why is not None
+        assert reason in why, (line, why)
+
+
+def test_filter_forwards_drops_or_splits_with_deterministic_ids() -> None:
+    lines = [order_line(f"o{n}") for n in range(5)] + ["broken"]
+    kept = filter_batch(7, lines, CATALOGUE, HOURS, max_batch_orders=2)
+    assert [batch_id for batch_id, _ in kept.forwarded] == ["7.0", "7.1", "7.2"]
+    assert [len(orders) for _, orders in kept.forwarded] == [2, 2, 1]
+    assert kept.dropped == [(5, kept.dropped[0][1])]
+    assert "broken line" in kept.dropped[0][1]
+    assert filter_batch(7, lines, CATALOGUE, HOURS, max_batch_orders=2) == kept
+    assert filter_batch(8, ["broken"], CATALOGUE, HOURS, max_batch_orders=2).forwarded == []
+
+
+def test_controller_finishes_once_when_every_batch_is_reported() -> None:
+    state = on_sent(None, "c", 3, now_ms=0).state
+    for batch, forwarded in [(0, 1), (2, 0)]:
+        transition = on_report(state, "c", batch, forwarded, now_ms=1)
+        assert transition.emits == []
+        state = transition.state
+    assert on_report(state, "c", 0, 1, now_ms=2).state == state  # redelivered: not counted twice
+    transition = on_report(state, "c", 1, 3, now_ms=3)
+    assert transition.emits == [Emit("aggregate", {"kind": "finish", "client": "c", "expected": 4, "batches_sent": 3})]
+    state = transition.state
+    assert state is not None
+    assert on_report(state, "c", 1, 3, now_ms=4).emits == []
+    assert on_sent(state, "c", 3, now_ms=4).emits == []
+
+
+def test_controller_rejects_contradictions() -> None:
+    state = on_sent(None, "c", 2, now_ms=0).state
+    assert "outside 0..2" in (on_report(state, "c", 2, 1, now_ms=1).rejected or "")
+    reported = on_report(state, "c", 0, 1, now_ms=1).state
+    assert "now 2" in (on_report(reported, "c", 0, 2, now_ms=2).rejected or "")
+    assert "now 5" in (on_sent(reported, "c", 5, now_ms=2).rejected or "")
+    early = on_report(None, "d", 4, 1, now_ms=0).state
+    assert "batch 4 was reported" in (on_sent(early, "d", 3, now_ms=1).rejected or "")
+
+
+def test_empty_client_finishes_with_zero_batches_and_gets_an_empty_report() -> None:
+    finish = on_sent(None, "c", 0, now_ms=0).emits
+    assert finish == [Emit("aggregate", {"kind": "finish", "client": "c", "expected": 0, "batches_sent": 0})]
+    flushed = on_finish(None, "c", 0, CATALOGUE, now_ms=1)
+    assert flushed.emits[0].value == {"client": "c", "status": "complete", "batches": 0, "orders": 0, "flavours": {}, "revenue_cents": 0}
+
+
+def test_delivered_cleans_up_and_tombstone_absorbs_late_duplicates_until_retention() -> None:
+    state = on_report(on_sent(None, "c", 1, now_ms=0).state, "c", 0, 1, now_ms=0).state
+    transition = on_delivered(state, "c", now_ms=100)
+    assert transition.emits == [Emit("aggregate", {"kind": "cleanup", "client": "c"})]
+    closed = transition.state
+    assert closed is not None
+    assert closed.closed_ms == 100
+    assert closed.reported == {}
+    assert on_report(closed, "c", 0, 1, now_ms=200).state == closed
+    assert on_delivered(closed, "c", now_ms=200).emits == []
+    assert on_controller_tick(closed, CONFIG, now_ms=100 + CONFIG.closed_retention_ms - 1).state == closed
+    assert on_controller_tick(closed, CONFIG, now_ms=100 + CONFIG.closed_retention_ms).state is None
+
+
+def test_idle_client_is_reported_abandoned_and_cleaned_up() -> None:
+    state = on_report(None, "c", 0, 1, now_ms=1_000).state
+    assert state is not None
+    assert on_controller_tick(state, CONFIG, now_ms=1_000 + CONFIG.idle_timeout_ms - 1).emits == []
+    transition = on_controller_tick(state, CONFIG, now_ms=1_000 + CONFIG.idle_timeout_ms)
+    assert [emit.to for emit in transition.emits] == ["reports", "aggregate"]
+    assert transition.emits[0].value["status"] == "abandoned"
+    assert transition.emits[0].value["batches_reported"] == 1
+    assert transition.state is not None
+    assert transition.state.outcome == "abandoned"
+
+
+def test_aggregator_counts_batches_by_id_and_rejects_one_too_many() -> None:
+    order = Order("o", "12:00", (("lemon", 3),))
+    state = on_batch(None, "c", "0.0", [order], CATALOGUE, now_ms=0).state
+    assert on_batch(state, "c", "0.0", [order], CATALOGUE, now_ms=1).state == state
+    flushed = on_finish(state, "c", 1, CATALOGUE, now_ms=2)
+    assert flushed.emits[0].value["flavours"] == {"lemon": {"scoops": 3, "revenue_cents": 690}}
+    assert "then batch '1.0' arrived" in (on_batch(flushed.state, "c", "1.0", [], CATALOGUE, now_ms=3).rejected or "")
+    told = on_finish(None, "d", 1, CATALOGUE, now_ms=0).state
+    assert "now 2" in (on_finish(told, "d", 2, CATALOGUE, now_ms=1).rejected or "")
+
+
+def test_aggregator_cleanup_leaves_a_tombstone_that_expires() -> None:
+    state = on_batch(None, "c", "0.0", [], CATALOGUE, now_ms=0).state
+    closed = on_cleanup(state, "c", now_ms=50).state
+    assert closed is not None
+    assert closed.seen == frozenset()
+    assert closed.closed_ms == 50
+    assert on_batch(closed, "c", "3.0", [], CATALOGUE, now_ms=60).state == closed
+    assert on_aggregator_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms).state is None
+
+
+def test_states_round_trip_through_json() -> None:
+    controller = ControllerState("c", 5, sent_total=3, reported={0: 1, 2: 0}, finish_sent=True)
+    assert ControllerState.from_dict(json.loads(json.dumps(controller.to_dict()))) == controller
+    totals = ClientTotals("c", 5, seen=frozenset({"0.0", "1.1"}), orders=3, scoops={"mint": 2}, expected=4)
+    assert ClientTotals.from_dict(json.loads(json.dumps(totals.to_dict()))) == totals
+
+
+clients = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=8),  # orders in the batch
+        st.floats(min_value=0.0, max_value=1.0),  # drop rate
+    ),
+    min_size=0,
+    max_size=12,
+)
+
+
+@PROPERTY
+@given(batches=clients, seed=st.integers(min_value=0, max_value=2**32 - 1), max_batch_orders=st.integers(min_value=1, max_value=4))
+def test_any_order_and_duplication_gives_the_sequential_report_exactly_once(
+    batches: list[tuple[int, float]], seed: int, max_batch_orders: int
+) -> None:
+    """The protocol end to end: shuffled, duplicated reports and batches; exactly one report, equal to the reference."""
+    rng = random.Random(seed)
+    flavours = sorted(CATALOGUE)
+    input_batches: list[list[str]] = []
+    for number, (size, drop_rate) in enumerate(batches):
+        lines = []
+        for index in range(size):
+            order_id = f"b{number}-{index}"
+            if rng.random() < drop_rate:
+                lines.append(rng.choice(["broken", order_line(order_id, flavour="durian"), order_line(order_id, time="08:00")]))
+            else:
+                lines.append(order_line(order_id, flavour=rng.choice(flavours), scoops=rng.randint(1, 4)))
+        input_batches.append(lines)
+
+    controller_inbox: list[tuple[str, Any]] = [("sent", len(input_batches))]
+    aggregator_inbox: list[tuple[str, Any]] = []
+    for batch_id, lines in enumerate(input_batches):
+        outcome = filter_batch(batch_id, lines, CATALOGUE, HOURS, max_batch_orders)
+        controller_inbox.append(("report", (batch_id, len(outcome.forwarded))))
+        aggregator_inbox.extend(("batch", forwarded) for forwarded in outcome.forwarded)
+    controller_inbox += rng.sample(controller_inbox, k=len(controller_inbox) // 2)  # redeliveries
+    aggregator_inbox += rng.sample(aggregator_inbox, k=len(aggregator_inbox) // 2)
+    rng.shuffle(controller_inbox)
+
+    controller: ControllerState | None = None
+    now = 0
+    for kind, payload in controller_inbox:
+        now += 1
+        transition = on_sent(controller, "c", payload, now) if kind == "sent" else on_report(controller, "c", *payload, now)
+        assert transition.rejected is None
+        controller = transition.state
+        aggregator_inbox.extend(("finish", emit.value["expected"]) for emit in transition.emits)
+    assert sum(1 for kind, _ in aggregator_inbox if kind == "finish") == 1
+    rng.shuffle(aggregator_inbox)
+
+    totals: ClientTotals | None = None
+    reports: list[dict[str, Any]] = []
+    for kind, payload in aggregator_inbox:
+        now += 1
+        if kind == "finish":
+            step = on_finish(totals, "c", payload, CATALOGUE, now)
+        else:
+            step = on_batch(totals, "c", payload[0], payload[1], CATALOGUE, now)
+        assert step.rejected is None
+        totals = step.state
+        reports.extend(emit.value for emit in step.emits)
+
+    expected = reference_report("c", [line for lines in input_batches for line in lines], CATALOGUE, HOURS)
+    assert len(reports) == 1
+    report = dict(reports[0])
+    assert report.pop("batches") == len({forwarded[0] for kind, forwarded in aggregator_inbox if kind == "batch"})
+    assert report == expected
