@@ -1,0 +1,74 @@
+"""`python -m app.outbox_relay`: the outbox relay as its own process; SIGTERM or SIGINT end it after the current round."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from app.kafka_io import ensure_topics
+from app.outbox import OutboxRelay, open_outbox
+from app.settings import load_settings
+
+__all__ = ["main"]
+
+log = logging.getLogger("weir.outbox")
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    settings = load_settings()
+    parser = argparse.ArgumentParser(prog="python -m app.outbox_relay", description=__doc__)
+    parser.add_argument("--db", default=settings.outbox_db, help="outbox database (default: WEIR_OUTBOX_DB = %(default)s)")
+    parser.add_argument("--topic", default=settings.topic("outbox"), help="topic of rows without one (default: %(default)s)")
+    parser.add_argument(
+        "--batch", type=int, default=settings.outbox_batch, help="rows per publish round (default: WEIR_OUTBOX_BATCH = %(default)s)"
+    )
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="name in the weir-outbox-source header; set it when several outboxes publish to one topic (default: the database file name)",
+    )
+    parser.add_argument("--bootstrap", default=settings.bootstrap, help="Kafka host:port (default: KAFKA_BOOTSTRAP = %(default)s)")
+    parser.add_argument(
+        "--partitions", type=int, default=settings.partitions, help="partitions if the topic must be created (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--safety-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a sleeping relay waits before re-checking the outbox: a safety net, not the wake mechanism (default: %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+async def _run(arguments: argparse.Namespace) -> None:
+    outbox = open_outbox(arguments.db, **({"source": arguments.source} if arguments.source else {}))
+    relay = OutboxRelay(
+        outbox,
+        bootstrap=arguments.bootstrap,
+        topic=arguments.topic,
+        batch_size=arguments.batch,
+        safety_timeout_s=arguments.safety_timeout,
+    )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, relay.stop)
+    try:
+        await ensure_topics(arguments.bootstrap, [arguments.topic], arguments.partitions)
+        await relay.run()
+    finally:
+        outbox.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    arguments = _arguments(argv)
+    asyncio.run(_run(arguments))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

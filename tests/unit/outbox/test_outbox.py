@@ -1,0 +1,402 @@
+"""The outbox without Kafka: the stream trigger's protocol under any interleaving, the SQLite store, the dedup helper."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from app.outbox import (
+    OUTBOX_ID_FIELD,
+    OUTBOX_ID_HEADER,
+    OUTBOX_SOURCE_HEADER,
+    Decision,
+    Doorbell,
+    OutboxDedup,
+    SQLiteOutbox,
+    StreamTrigger,
+    open_outbox,
+    outbox_id_of,
+    write,
+)
+
+# --------------------------------------------------------------------------------------------------
+# The stream trigger, in a simulated world of writers, signals in flight and one relay
+# --------------------------------------------------------------------------------------------------
+
+DOORBELL = -1  # a signal that, like the relay's doorbell answer, reads the newest committed id when delivered
+
+#: (kind, argument): "commit" n rows and signal their offset; "ring" n rows through the doorbell; "ring_lost"
+#: n rows whose ring found the queue full (only while another ring is queued); "stale" re-send an old offset;
+#: "deliver" the i-th signal in flight (any order); "relay" one step of the relay; "timer" the safety timer.
+Action = tuple[str, int]
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["commit", "ring", "ring_lost"]), st.integers(1, 3)),
+        st.tuples(st.sampled_from(["stale", "deliver", "relay"]), st.integers(0, 50)),
+        st.tuples(st.just("timer"), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@dataclass
+class World:
+    """Writers commit rows 1..committed; the relay has published rows 1..published."""
+
+    trigger: StreamTrigger
+    batch_size: int
+    committed: int = 0
+    published: int = 0
+    in_flight: list[int] = field(default_factory=list)
+    relay_sleeping: bool = False
+    report_due: int | None = None  # drained_through of a drained read, not yet reported
+    use_safety_timer: bool = True
+    violations: list[str] = field(default_factory=list)
+
+    def apply(self, kind: str, argument: int) -> None:
+        if kind == "commit":
+            self.committed += argument
+            self.in_flight.append(self.committed)  # writers signal after COMMIT
+        elif kind == "ring":
+            self.committed += argument
+            self.in_flight.append(DOORBELL)
+        elif kind == "ring_lost" and DOORBELL in self.in_flight:
+            self.committed += argument
+        elif kind == "stale":
+            self.in_flight.append(argument % (self.committed + 1))
+        elif kind == "deliver" and self.in_flight:
+            self.deliver(self.in_flight.pop(argument % len(self.in_flight)))
+        elif kind == "relay":
+            self.relay_step()
+        elif kind == "timer" and self.use_safety_timer:
+            self.trigger, decision = self.trigger.on_safety_timer()
+            if decision is Decision.WAKE:
+                self.relay_sleeping = False
+        if self.trigger.sleeping != self.relay_sleeping:
+            self.violations.append(f"after {kind}: the trigger thinks sleeping={self.trigger.sleeping}, the relay is {self.relay_sleeping}")
+
+    def deliver(self, offset: int) -> None:
+        if offset == DOORBELL:
+            offset = self.committed
+        self.trigger, decision = self.trigger.on_signal(offset)
+        if decision is Decision.WAKE:
+            if not self.relay_sleeping:
+                self.violations.append(f"signal {offset} woke the relay while it runs")
+            if self.committed <= self.published:
+                self.violations.append(f"signal {offset} woke the relay with nothing to publish")
+            self.relay_sleeping = False
+
+    def relay_step(self) -> None:
+        if self.relay_sleeping:
+            return
+        if self.report_due is None:  # read one batch, publish it, mark it sent
+            read = min(self.batch_size, self.committed - self.published)
+            self.published += read
+            if read < self.batch_size:
+                self.report_due = self.committed
+            return
+        self.trigger, decision = self.trigger.on_going_to_sleep(self.report_due)
+        self.report_due = None
+        if decision is Decision.SLEEP:
+            self.relay_sleeping = True
+
+    def quiesce(self) -> None:
+        """Deliver every signal in flight, then let the relay run until it sleeps; nothing may be left."""
+        while self.in_flight:
+            self.deliver(self.in_flight.pop(0))
+        steps_allowed = 2 * (self.committed // self.batch_size) + 4
+        for _ in range(steps_allowed):
+            if self.relay_sleeping:
+                break
+            self.relay_step()
+        if not self.relay_sleeping:
+            self.violations.append(f"the relay still runs after {steps_allowed} steps with everything delivered (it spins)")
+        if self.published < self.committed:
+            self.violations.append(f"lost wake-up: rows {self.published + 1}..{self.committed} unpublished while the relay sleeps")
+
+
+def simulate(trigger: StreamTrigger, steps: list[Action], batch_size: int, *, use_safety_timer: bool = True) -> World:
+    world = World(trigger=trigger, batch_size=batch_size, use_safety_timer=use_safety_timer)
+    for kind, argument in steps:
+        world.apply(kind, argument)
+    world.quiesce()
+    return world
+
+
+@settings(max_examples=600)
+@given(steps=actions, batch_size=st.integers(1, 4), use_safety_timer=st.booleans())
+def test_no_lost_wake_up_and_never_woken_while_running(steps: list[Action], batch_size: int, use_safety_timer: bool) -> None:
+    world = simulate(StreamTrigger(), steps, batch_size, use_safety_timer=use_safety_timer)
+    assert world.violations == []
+    assert world.relay_sleeping
+    assert world.published == world.committed
+
+
+class SleepsRegardless(StreamTrigger):
+    """A broken trigger: ignores signals that came while the relay ran (the classic lost wake-up)."""
+
+    def on_going_to_sleep(self, processed_offset: int) -> tuple[StreamTrigger, Decision]:
+        return replace(self, processed_offset=max(self.processed_offset, processed_offset), sleeping=True), Decision.SLEEP
+
+
+class WakesOnEverySignal(StreamTrigger):
+    """A broken trigger: wakes on any signal, running or not."""
+
+    def on_signal(self, offset: int) -> tuple[StreamTrigger, Decision]:
+        return replace(self, newest_offset=max(self.newest_offset, offset), sleeping=False), Decision.WAKE
+
+
+@pytest.mark.parametrize("broken", [SleepsRegardless(), WakesOnEverySignal()], ids=type)
+def test_the_simulation_catches_broken_triggers(broken: StreamTrigger) -> None:
+    # The property above is only worth something if it fails for a trigger that gets the protocol wrong.
+    failing = find(actions, lambda steps: bool(simulate(broken, steps, 1, use_safety_timer=False).violations))
+    assert simulate(broken, failing, 1, use_safety_timer=False).violations
+
+
+def test_trigger_events_by_hand() -> None:
+    running = StreamTrigger()
+    running, decision = running.on_signal(5)
+    assert decision is Decision.NOTHING  # running: remembered, no wake
+    running, decision = running.on_going_to_sleep(3)
+    assert decision is Decision.WAKE  # 4 and 5 are newer than what it processed
+    asleep, decision = running.on_going_to_sleep(5)
+    assert (decision, asleep.sleeping) == (Decision.SLEEP, True)
+    assert asleep.on_signal(4)[1] is Decision.NOTHING  # stale: already processed
+    woken, decision = asleep.on_signal(6)
+    assert (decision, woken.sleeping) == (Decision.WAKE, False)
+    assert woken.on_signal(7)[1] is Decision.NOTHING
+    with pytest.raises(ValueError, match="already sleeps"):
+        asleep.on_going_to_sleep(5)
+
+
+# --------------------------------------------------------------------------------------------------
+# The SQLite store
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> SQLiteOutbox:
+    store = SQLiteOutbox(tmp_path / "outbox.sqlite", source="shop")
+    with store.transaction() as transaction:
+        transaction.connection.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)")
+    return store
+
+
+def test_business_rows_and_outbox_rows_commit_together(outbox: SQLiteOutbox) -> None:
+    signalled: list[int] = []
+    with write(outbox, notify=signalled.append) as transaction:
+        transaction.connection.execute("INSERT INTO orders VALUES ('o-1', 10)")
+        first = transaction.add(b"created", key="o-1")
+        second = transaction.add_json({"order": "o-1", "total": 10}, key="o-1", headers={"trace": b"\x00\xff"})
+    assert (first, second) == (1, 2)
+    assert signalled == [2]
+    batch = outbox.fetch_batch(10)
+    assert [row.id for row in batch.rows] == [1, 2]
+    assert batch.rows[0].key == b"o-1"
+    assert batch.rows[0].value == b"created"
+    assert orjson.loads(batch.rows[1].value or b"") == {"order": "o-1", "total": 10, OUTBOX_ID_FIELD: 2}
+    assert batch.rows[1].headers == (("trace", b"\x00\xff"),)
+
+
+def test_a_failed_transaction_leaves_neither_rows_nor_signal(outbox: SQLiteOutbox) -> None:
+    signalled: list[int] = []
+
+    def place_order() -> None:
+        with write(outbox, notify=signalled.append) as transaction:
+            transaction.connection.execute("INSERT INTO orders VALUES ('o-2', 20)")
+            transaction.add(b"created", key="o-2")
+            raise RuntimeError("payment declined")
+
+    with pytest.raises(RuntimeError, match="payment declined"):
+        place_order()
+    assert signalled == []
+    assert outbox.pending_count() == 0
+    with outbox.transaction() as transaction:
+        assert transaction.connection.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+
+
+def test_the_signal_comes_after_the_commit(outbox: SQLiteOutbox) -> None:
+    seen_by_another_thread: list[int] = []
+
+    def notify(offset: int) -> None:
+        reader = threading.Thread(target=lambda: seen_by_another_thread.append(outbox.pending_count()))
+        reader.start()
+        reader.join()
+
+    with write(outbox, notify=notify) as transaction:
+        transaction.add(b"x")
+    assert seen_by_another_thread == [1]
+
+
+def test_add_json_refuses_a_payload_that_names_the_id_field(outbox: SQLiteOutbox) -> None:
+    with pytest.raises(ValueError, match=OUTBOX_ID_FIELD), outbox.transaction() as transaction:
+        transaction.add_json({OUTBOX_ID_FIELD: 7})
+    assert outbox.pending_count() == 0
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=12), batch_size=st.integers(1, 7), data=st.data())
+def test_fetch_batch_walks_the_outbox_in_id_order(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], batch_size: int, data: st.DataObject
+) -> None:
+    store = SQLiteOutbox(tmp_path_factory.mktemp("fetch") / "outbox.sqlite")
+    try:
+        for size in sizes:
+            with store.transaction() as transaction:
+                for _ in range(size):
+                    transaction.add(b"v")
+        total = sum(sizes)
+        assert store.newest_id() == total
+        published: list[int] = []
+        crashed_last_round = False
+        while True:
+            batch = store.fetch_batch(batch_size)
+            assert [row.id for row in batch.rows] == list(range(len(published) + 1, len(published) + 1 + len(batch.rows)))
+            assert batch.drained == (len(batch.rows) < batch_size)
+            if batch.drained:
+                assert batch.drained_through == total
+            elif batch.rows:
+                assert batch.drained_through == batch.rows[-1].id
+            if not batch.rows:
+                break
+            # A relay crash between publish and mark (not twice in a row, so the walk ends): the rows come again.
+            crashed_last_round = not crashed_last_round and data.draw(st.booleans(), label="crash before mark")
+            if not crashed_last_round:
+                store.mark_sent([row.id for row in batch.rows], now_ms=1)
+                published.extend(row.id for row in batch.rows)
+        assert published == list(range(1, total + 1))
+        assert store.pending_count() == 0
+    finally:
+        store.close()
+
+
+def test_ids_from_concurrent_writers_are_unique_and_dense(outbox: SQLiteOutbox) -> None:
+    per_writer = 60
+
+    def writer(name: str) -> None:
+        for index in range(per_writer):
+            with write(outbox, notify=lambda _offset: None) as transaction:
+                transaction.add(f"{name}:{index}".encode(), key=name)
+
+    threads = [threading.Thread(target=writer, args=(f"w{number}",)) for number in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = outbox.fetch_batch(1_000).rows
+    assert [row.id for row in rows] == list(range(1, 4 * per_writer + 1))
+    for name in ("w0", "w1", "w2", "w3"):  # each writer's rows keep its own order
+        assert [row.value for row in rows if row.key == name.encode()] == [f"{name}:{index}".encode() for index in range(per_writer)]
+
+
+def test_purged_ids_are_never_reused(outbox: SQLiteOutbox) -> None:
+    with outbox.transaction() as transaction:
+        for _ in range(3):
+            transaction.add(b"v")
+    outbox.mark_sent([1, 2, 3], now_ms=100)
+    assert outbox.purge_sent(sent_before_ms=101) == 3
+    assert outbox.newest_id() == 3  # the relay's high-water mark survives the purge
+    with outbox.transaction() as transaction:
+        assert transaction.add(b"w") == 4
+    assert outbox.fetch_batch(10).drained_through == 4
+
+
+def test_the_store_reopens_with_its_rows(tmp_path: Path) -> None:
+    first = SQLiteOutbox(tmp_path / "o.sqlite")
+    with first.transaction() as transaction:
+        transaction.add(b"kept")
+    first.close()
+    again = open_outbox(str(tmp_path / "o.sqlite"))
+    try:
+        assert [row.value for row in again.fetch_batch(5).rows] == [b"kept"]
+    finally:
+        again.close()
+
+
+def test_postgresql_is_an_explicit_stub() -> None:
+    with pytest.raises(NotImplementedError, match="interface stub"):
+        open_outbox("postgresql://127.0.0.1/weir")
+
+
+def test_doorbell_rings_a_listener_and_never_fails_a_writer(tmp_path: Path) -> None:
+    bell = Doorbell(tmp_path / "bell")
+    bell.ring(1)  # nobody listens: no error
+    listener = bell.listen()
+    try:
+        bell.ring(42)
+        listener.settimeout(2)
+        listener.setblocking(True)
+        assert listener.recv(64) == b"42"
+    finally:
+        listener.close()
+    bell.ring(2)  # the socket file is left behind by a dead listener: still no error
+    with pytest.raises(ValueError, match="under 100 bytes"):
+        Doorbell(tmp_path / ("x" * 120)).listen()
+
+
+def test_doorbell_survives_a_full_queue(tmp_path: Path) -> None:
+    bell = Doorbell(tmp_path / "bell")
+    listener = bell.listen()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    try:
+        for offset in range(5_000):  # far more than the queue holds: rings are dropped, never raised
+            bell.ring(offset)
+    finally:
+        listener.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The consumer-side dedup
+# --------------------------------------------------------------------------------------------------
+
+
+def headers_for(row_id: int, source: str = "shop") -> list[tuple[str, bytes]]:
+    return [("trace", b"t"), (OUTBOX_ID_HEADER, str(row_id).encode()), (OUTBOX_SOURCE_HEADER, source.encode())]
+
+
+@given(
+    row_count=st.integers(1, 60),
+    partitions=st.integers(1, 4),
+    crashes=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=5),
+)
+def test_dedup_restores_exactly_once_in_order_after_any_republishing(
+    row_count: int, partitions: int, crashes: list[tuple[int, int]]
+) -> None:
+    """A relay publishes rows 1..n in order; each crash stops after row `stop` and restarts from a row it had
+    not marked (at most `stop` + 1). Each partition sees its rows again from there."""
+    partition_of: Callable[[int], int] = lambda row_id: (row_id * 7) % partitions  # noqa: E731
+    log: list[tuple[int, int]] = []  # (partition, id) in publish order
+    position = 1
+    for stop_after, back in sorted(crashes):
+        stop = min(max(stop_after, position - 1), row_count)
+        log.extend((partition_of(row_id), row_id) for row_id in range(position, stop + 1))
+        position = max(1, stop + 1 - back)
+    log.extend((partition_of(row_id), row_id) for row_id in range(position, row_count + 1))
+
+    dedup = OutboxDedup()
+    kept = [(partition, row_id) for partition, row_id in log if dedup.is_new("t", partition, headers_for(row_id))]
+    for partition in range(partitions):
+        assert [row_id for p, row_id in kept if p == partition] == [
+            row_id for row_id in range(1, row_count + 1) if partition_of(row_id) == partition
+        ]
+    assert dedup.duplicates == len(log) - row_count
+
+
+def test_dedup_keeps_sources_apart_and_passes_foreign_messages() -> None:
+    dedup = OutboxDedup()
+    assert dedup.is_new("t", 0, headers_for(5, "a"))
+    assert dedup.is_new("t", 0, headers_for(5, "b"))  # another outbox's id 5
+    assert not dedup.is_new("t", 0, headers_for(5, "a"))
+    assert dedup.is_new("t", 0, None)
+    assert dedup.is_new("t", 0, [("other", b"1")])
+    assert outbox_id_of(headers_for(9, "a")) == ("a", 9)
+    assert dedup.duplicates == 1
