@@ -1,0 +1,381 @@
+"""Counter triggers: a batched trigger consumer keyed by parent id, and its paged safety sweep.
+
+Registrations, completions, children's final statuses and sweep ticks all travel on the ``triggers`` topic keyed by
+parent id, and every table here is keyed by parent id too: one partition owns all there is to know about a parent.
+
+Batches under exactly_once: Faust's per-event machinery (``app.core.handle_events``) is not used. The agent takes a
+batch with ``noack_take`` and splits it by source partition, since each partition has its own transaction. Each part
+runs inside one ``eos.event_scope``: no commit can start while it is processed, its table changelog writes are
+delivered before the scope ends, and every event of it is acked inside the scope, so the commit that covers one of
+its offsets covers all of them and everything they wrote and sent. While a part is processed, Faust's current event
+is set to an event of that partition: tables read and write that partition's store and changelog, and sends join
+that partition's transaction (``eos.WeirTransactionManager``). A commit may fall between two partitions' parts,
+never inside one. Events of an older consumer generation are acked without processing, as Faust's own stream does:
+the partition's new owner gets them again from the committed offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import faust
+from faust.streams import _current_event
+from faust.types import EventT, StreamT, TableT
+
+from app import eos
+from app.codec import DecodeError, dumps
+from app.core import InvalidMessage, app, decode_event, now_ms, send_dead_letter, settings, signals, topics
+from app.deadlines import DeadlineIndex, deadline_bucket
+from app.errors import describe_error
+from tables.trigger_tables import SweepQueue, child_statuses, fired_deadlines, fired_triggers, sweep_entries, trigger_states
+from tables.triggers import (
+    DEFAULT_WAKE_TOPIC,
+    TRIGGERS_TOPIC,
+    Completion,
+    FiredState,
+    TriggerConfig,
+    TriggerState,
+    Wake,
+    merge_statuses,
+    on_completion,
+    on_register,
+    on_sweep,
+    sweep_due_ms,
+)
+
+__all__ = ["CONFIG", "triggers_topic", "fired_topic", "stats"]
+
+log = logging.getLogger(__name__)
+AGENT = "triggers"
+CONFIG = TriggerConfig(name="triggers", sweep_grace_ms=settings.sweep_grace_ms, done_retention_ms=settings.done_retention_ms)
+#: A trigger the sweep found still waiting is looked at again after this long (never sooner than one sweep period).
+RECHECK_MS = max(settings.sweep_grace_ms, settings.sweep_interval_ms)
+
+
+def _topic(name: str) -> faust.TopicT:
+    return app.topic(settings.topic(name), partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
+
+
+triggers_topic = _topic(TRIGGERS_TOPIC)
+fired_topic = _topic(DEFAULT_WAKE_TOPIC)
+topics.extra.extend([triggers_topic, fired_topic])
+_wake_topics: dict[str, faust.TopicT] = {DEFAULT_WAKE_TOPIC: fired_topic}
+
+
+class CountedTable:
+    """A table seen through a write counter: every set and delete is counted (the figure: state writes per event)."""
+
+    def __init__(self, table: TableT[str, Any]) -> None:
+        self.table = table
+        self.writes = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.table.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.table[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.table[key] = value
+        self.writes += 1
+
+    def __delitem__(self, key: str) -> None:
+        del self.table[key]
+        self.writes += 1
+
+
+states = CountedTable(trigger_states)
+fired_markers = CountedTable(fired_triggers)
+statuses_view = CountedTable(child_statuses)
+_counted = [states, fired_markers, statuses_view, CountedTable(sweep_entries), CountedTable(fired_deadlines)]
+# The indexes only get, set and delete keys: the counting view stands in for the table.
+sweep_queue = SweepQueue(cast(TableT[str, Any], _counted[3]))
+fired_index = DeadlineIndex(cast(TableT[str, Any], _counted[4]))
+
+
+@dataclass
+class Stats:
+    """What this worker's trigger consumer did (logged on every sweep period; the figure: state writes per event)."""
+
+    #: registrations, completions and statuses handled (sweep ticks are not counted)
+    events: int = 0
+    batches: int = 0
+    completions: int = 0
+    fired: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        #: sets and deletes of the trigger states table, and of every trigger table (with markers, statuses, indexes)
+        state_writes = states.writes
+        table_writes = sum(table.writes for table in _counted)
+        per_event = state_writes / self.events if self.events else 0.0
+        return (
+            f"triggers stats: events={self.events} batches={self.batches} completions={self.completions} "
+            f"state_writes={state_writes} table_writes={table_writes} state_writes_per_event={per_event:.4f} "
+            f"fired={sum(self.fired.values())} fired_by={dict(sorted(self.fired.items()))}"
+        )
+
+
+stats = Stats()
+
+
+@dataclass
+class Parsed:
+    """One decoded message of the ``triggers`` topic."""
+
+    event: EventT[bytes]
+    kind: str
+    parent_id: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def _parse(event: EventT[bytes]) -> Parsed:
+    message = decode_event(event, what="triggers: message")
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"triggers: a message must be a JSON object, got {type(message).__name__}")
+    kind = message.get("kind")
+    if kind == "sweep":
+        return Parsed(event, kind)
+    if kind not in ("register", "completion", "status"):
+        raise InvalidMessage(f"triggers: field 'kind' must be 'register', 'completion', 'status' or 'sweep', got {kind!r}")
+    parent_id = message.get("parent_id")
+    if not isinstance(parent_id, str) or not parent_id:
+        raise InvalidMessage(f"triggers: {kind} needs a non-empty string 'parent_id', got {parent_id!r}")
+    if kind == "register":
+        expected = message.get("expected_count")
+        wake_topic = message.get("wake_topic", DEFAULT_WAKE_TOPIC)
+        if (
+            isinstance(expected, bool)
+            or not isinstance(expected, int)
+            or expected <= 0
+            or not isinstance(wake_topic, str)
+            or not wake_topic
+        ):
+            raise InvalidMessage(
+                f"triggers: registration of parent {parent_id!r} needs a positive integer 'expected_count' and a topic name "
+                f"'wake_topic', got {expected!r}, {wake_topic!r}"
+            )
+    else:
+        child_id, outcome = message.get("child_id"), message.get("outcome")
+        if not isinstance(child_id, str) or not child_id or not isinstance(outcome, str) or not outcome:
+            raise InvalidMessage(
+                f"triggers: {kind} of a child of parent {parent_id!r} needs non-empty strings 'child_id' and 'outcome', "
+                f"got {child_id!r}, {outcome!r}"
+            )
+    return Parsed(event, kind, parent_id, message)
+
+
+def _load_state(parent_id: str) -> TriggerState | None:
+    raw = states.get(parent_id)
+    return None if raw is None else TriggerState.from_dict(raw)
+
+
+def _load_fired(parent_id: str) -> FiredState | None:
+    raw = fired_markers.get(parent_id)
+    return None if raw is None else FiredState.from_dict(raw)
+
+
+async def _wake(parent_id: str, wake: Wake) -> None:
+    topic = _wake_topics.get(wake.topic)
+    if topic is None:
+        topic = _wake_topics[wake.topic] = _topic(wake.topic)
+    await topic.send(key=parent_id.encode(), value=dumps(wake.record))
+
+
+async def _write(
+    partition: int,
+    parent_id: str,
+    before: tuple[TriggerState | None, FiredState | None],
+    after: tuple[TriggerState | None, FiredState | None],
+    wakes: Sequence[Wake],
+) -> None:
+    """Write what changed for one parent (once, whatever the number of events that led there) and send its wakes."""
+    (state_before, fired_before), (state, fired) = before, after
+    if state != state_before:
+        if state is None:
+            if state_before is not None:
+                del states[parent_id]
+        else:
+            states[parent_id] = state.to_dict()
+    if fired != fired_before and fired is not None:
+        fired_markers[parent_id] = fired.to_dict()
+        if fired_before is None:
+            fired_index.add(partition, "fired", parent_id, fired.expires_ms)
+            stats.fired[fired.fired_by] = stats.fired.get(fired.fired_by, 0) + 1
+            if statuses_view.get(parent_id) is not None:
+                del statuses_view[parent_id]  # the fired marker answers for this parent from now on
+    for wake in wakes:
+        await _wake(parent_id, wake)
+
+
+async def _apply_parent(partition: int, parent_id: str, messages: Sequence[Parsed], now: int, newly_waiting: list[tuple[str, int]]) -> None:
+    """All messages of one parent in this batch, in arrival order, folded in memory and written once."""
+    state_before, fired_before = _load_state(parent_id), _load_fired(parent_id)
+    state, fired = state_before, fired_before
+    wakes: list[Wake] = []
+    completions: list[Completion] = []
+    statuses: list[Completion] = []
+
+    def count_completions() -> None:
+        nonlocal state, fired
+        if completions:
+            transition = on_completion(state, fired, parent_id, completions, now, config=CONFIG)
+            state, fired = transition.state, transition.fired
+            wakes.extend([transition.wake] if transition.wake is not None else [])
+            completions.clear()
+
+    for parsed in messages:
+        body = parsed.body
+        if parsed.kind == "completion":
+            completions.append(Completion(child_id=body["child_id"], outcome=body["outcome"]))
+            stats.completions += 1
+        elif parsed.kind == "status":
+            statuses.append(Completion(child_id=body["child_id"], outcome=body["outcome"]))
+        else:
+            count_completions()
+            wake_topic = body.get("wake_topic", DEFAULT_WAKE_TOPIC)
+            transition = on_register(
+                state, fired, parent_id, body["expected_count"], wake_topic, now, config=CONFIG, context=body.get("context")
+            )
+            for problem in transition.rejected:
+                await send_dead_letter(parsed.event, reason="rejected", error=problem, agent=AGENT, step="register")
+            state, fired = transition.state, transition.fired
+            wakes.extend([transition.wake] if transition.wake is not None else [])
+    count_completions()
+    if statuses and fired is None:
+        recorded = statuses_view.get(parent_id)
+        merged = merge_statuses(recorded, statuses)
+        if merged != recorded:
+            statuses_view[parent_id] = merged
+    if state is not None and state.registered and (state_before is None or not state_before.registered):
+        due = sweep_due_ms(state, CONFIG)
+        if due is not None:
+            newly_waiting.append((parent_id, due))
+    await _write(partition, parent_id, (state_before, fired_before), (state, fired), wakes)
+
+
+async def _sweep(event: EventT[bytes], now: int) -> None:
+    """One sweep step of this partition: a page of triggers past their grace, then the expired fired markers."""
+    partition = event.message.partition
+
+    async def visit(parent_id: str) -> int | None:
+        state, fired = _load_state(parent_id), _load_fired(parent_id)
+        transition = on_sweep(state, fired, statuses_view.get(parent_id) or {}, now, config=CONFIG)
+        if transition.fired is not None and fired is None:
+            log.info("triggers: the sweep fires parent %r (completion events were lost)", parent_id)
+            await _write(
+                partition, parent_id, (state, fired), (transition.state, transition.fired), [transition.wake] if transition.wake else []
+            )
+            return None
+        if transition.state is not None and transition.state.registered:
+            return now + RECHECK_MS  # children still running: look again in a later round
+        return None
+
+    more = await sweep_queue.step(partition, now, settings.sweep_page_size, visit)
+    if more:
+        # The next page comes behind whatever is queued in the partition now: the sweep yields to live traffic.
+        await signals.send(triggers_topic.get_topic_name(), dumps({"kind": "sweep"}), partition)
+
+    async def expire(_: str, parent_id: str) -> bool:
+        fired = _load_fired(parent_id)
+        if fired is None:
+            return False
+        if fired.expires_ms > now:
+            return deadline_bucket(fired.expires_ms) <= deadline_bucket(now)
+        del fired_markers[parent_id]
+        return False
+
+    await fired_index.walk(partition, now, expire)
+
+
+async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
+    partition = events[0].message.partition
+    by_parent: dict[str, list[Parsed]] = {}
+    sweep: EventT[bytes] | None = None
+    for event in events:
+        try:
+            parsed = _parse(event)
+        except DecodeError as error:
+            await send_dead_letter(event, reason="undecodable", error=str(error), agent=AGENT, step="decode")
+            continue
+        except InvalidMessage as error:
+            await send_dead_letter(event, reason="invalid", error=str(error), agent=AGENT, step="validate")
+            continue
+        if parsed.kind == "sweep":
+            sweep = event  # several sweep ticks in one batch make one step
+        else:
+            stats.events += 1
+            by_parent.setdefault(parsed.parent_id, []).append(parsed)
+    newly_waiting: list[tuple[str, int]] = []
+    for parent_id, messages in by_parent.items():
+        try:
+            await _apply_parent(partition, parent_id, messages, now, newly_waiting)
+        except Exception as error:  # a bug, not bad input: dead-letter this parent's messages, go on with the others
+            log.exception("triggers: unexpected error while handling parent %r", parent_id)
+            for parsed in messages:
+                await send_dead_letter(parsed.event, reason="error", error=describe_error(error), agent=AGENT, step="handle")
+    sweep_queue.file(partition, newly_waiting)
+    if sweep is not None:
+        try:
+            await _sweep(sweep, now)
+        except Exception as error:
+            log.exception("triggers: sweep step of partition %d failed", partition)
+            await send_dead_letter(sweep, reason="error", error=describe_error(error), agent=AGENT, step="sweep")
+
+
+async def handle_batch(events: Sequence[EventT[bytes]]) -> None:
+    """One batch: per source partition, processed, written, delivered and acked inside one exactly-once scope."""
+    now = now_ms()
+    generation = app.consumer_generation_id
+    parts: dict[int, list[EventT[bytes]]] = {}
+    for event in events:
+        eos.trace("event", event.message.tp, event.message.offset)
+        if event.message.generation_id != generation:
+            event.ack()  # of an older generation: ignored by the consumer, redelivered to the partition's owner
+            continue
+        parts.setdefault(event.message.partition, []).append(event)
+    stats.batches += 1
+    for part in parts.values():
+        async with eos.event_scope(part[-1]):
+            # Tables and sends follow Faust's current event: make it this partition's for the whole part.
+            token = _current_event.set(weakref.ref(part[-1]))
+            try:
+                await _handle_partition(part, now)
+            finally:
+                _current_event.reset(token)
+            for event in part:
+                event.ack()
+
+
+@app.agent(triggers_topic)
+async def triggers(stream: StreamT[bytes]) -> None:
+    """Reads registrations, completions, statuses and sweep ticks keyed by parent id, in batches."""
+    # Faust's StreamT does not declare noack_take (Stream has it): the batch is acked in handle_batch, inside its scope.
+    batches = cast(Any, stream).noack_take(settings.trigger_batch_size, within=settings.trigger_batch_wait_ms / 1000)
+    async for batch in batches:
+        await handle_batch(batch)
+
+
+_last_stats = ""
+
+
+async def send_sweeps() -> None:
+    """Each trigger worker sends a sweep tick to the partitions it owns; the step runs in stream order."""
+    global _last_stats
+    line = stats.line()
+    if line != _last_stats:
+        log.info("%s", line)
+        _last_stats = line
+    topic_name = triggers_topic.get_topic_name()
+    try:
+        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name]
+        for partition in owned:
+            await signals.send(topic_name, dumps({"kind": "sweep"}), partition)
+    except Exception as error:  # not assigned yet, or mid-rebalance: the next period tries again
+        log.debug("sweep tick skipped: %s", error)
+
+
+app.timer(interval=settings.sweep_interval_ms / 1000)(send_sweeps)
