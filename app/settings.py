@@ -12,8 +12,19 @@ __all__ = ["Settings", "load_settings", "AGENT_NAMES"]
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
 #: "eof_filter", "eof_controller", "eof_aggregator" are the end-of-stream pipeline (agents/eof_*.py);
-#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py).
-OPTIONAL_AGENT_NAMES: tuple[str, ...] = ("flows", "eof_filter", "eof_controller", "eof_aggregator", "triggers")
+#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "shop_*" are the
+#: ice-cream shop's stages (agents/shop_*.py).
+OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
+    "flows",
+    "eof_filter",
+    "eof_controller",
+    "eof_aggregator",
+    "triggers",
+    "shop_orders",
+    "shop_payments",
+    "shop_kitchen",
+    "shop_dispatch",
+)
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +133,14 @@ class Settings:
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
     outbox_batch: int = 500
+    #: WEIR_SHOP_CARD_REJECT_RATE: probability that the payment gateway rejects a card at capture.
+    shop_card_reject_rate: float = 0.05
+    #: WEIR_SHOP_SEED: seed of the payment gateway's decisions (a card's fate is a function of seed and order id).
+    shop_seed: int = 42
+    #: WEIR_SHOP_STOCK: scoops of each flavour in stock when the shop opens.
+    shop_stock: int = 400
+    #: WEIR_SHOP_DISPATCH_TIMEOUT_MS: how long dispatch waits for the kitchen and the payment of an order.
+    shop_dispatch_timeout_ms: int = 30_000
 
     @property
     def stage(self) -> str:
@@ -179,4 +198,8 @@ def load_settings() -> Settings:
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
+        shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
+        shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
+        shop_stock=_env_int("WEIR_SHOP_STOCK", defaults.shop_stock),
+        shop_dispatch_timeout_ms=_env_int("WEIR_SHOP_DISPATCH_TIMEOUT_MS", defaults.shop_dispatch_timeout_ms),
     )
