@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ORDERS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install broker broker-stop broker-wipe demo test test-unit test-integration lint format bench clean compose-check
+.PHONY: help install broker broker-stop broker-wipe demo demo-split test test-unit test-integration lint format bench clean compose-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,7 +32,13 @@ broker-stop: ## stop the local Apache Kafka
 broker-wipe: ## stop the local Apache Kafka and delete its data
 	scripts/broker.sh wipe
 
-demo: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (ORDERS=file to use yours)
+demo: $(STAMP) ## run the ice-cream shop on demo/shop/*.jsonl, one screen per file (ORDERS=folder to use yours)
+	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
+	scripts/broker.sh start || exit 1; \
+	$(BIN)/python -m app.shop_demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
+	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
+
+demo-split: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (ORDERS=file to use yours)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
 	$(BIN)/python -m app.demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \

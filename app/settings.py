@@ -24,6 +24,7 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "shop_payments",
     "shop_kitchen",
     "shop_dispatch",
+    "shop_reports",
 )
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -138,9 +139,23 @@ class Settings:
     #: WEIR_SHOP_SEED: seed of the payment gateway's decisions (a card's fate is a function of seed and order id).
     shop_seed: int = 42
     #: WEIR_SHOP_STOCK: scoops of each flavour in stock when the shop opens.
-    shop_stock: int = 400
+    shop_stock: int = 1000
+    #: WEIR_SHOP_STOCK_OVERRIDES: other opening stock for some flavours, e.g. "pistachio=120,mint=50".
+    shop_stock_overrides: str = ""
     #: WEIR_SHOP_DISPATCH_TIMEOUT_MS: how long dispatch waits for the kitchen and the payment of an order.
     shop_dispatch_timeout_ms: int = 30_000
+
+    def opening_stock(self, flavour: str) -> int:
+        """Scoops of ``flavour`` when the shop opens (``shop_stock`` unless overridden)."""
+        for entry in self.shop_stock_overrides.split(","):
+            name, _, count = entry.partition("=")
+            if name.strip() == flavour and count.strip():
+                try:
+                    return int(count)
+                except ValueError:
+                    message = f"setting WEIR_SHOP_STOCK_OVERRIDES={self.shop_stock_overrides!r}: {count!r} is not an integer"
+                    raise ValueError(message) from None
+        return self.shop_stock
 
     @property
     def stage(self) -> str:
@@ -201,5 +216,6 @@ def load_settings() -> Settings:
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
         shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
         shop_stock=_env_int("WEIR_SHOP_STOCK", defaults.shop_stock),
+        shop_stock_overrides=_env_str("WEIR_SHOP_STOCK_OVERRIDES", defaults.shop_stock_overrides),
         shop_dispatch_timeout_ms=_env_int("WEIR_SHOP_DISPATCH_TIMEOUT_MS", defaults.shop_dispatch_timeout_ms),
     )

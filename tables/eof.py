@@ -328,8 +328,10 @@ class ClientTotals:
     def deadline_ms(self, config: EofConfig) -> int:
         if self.closed_ms is not None:
             return self.closed_ms + config.closed_retention_ms
-        # the controller cleans an idle client up; this only catches a client it never heard of
-        return self.last_activity_ms + config.idle_timeout_ms + config.closed_retention_ms
+        # The controller cleans up an idle client (it hears of every batch a filter forwards, in the same
+        # transaction). This only drops a stray client it never heard of, long after: expiring here a
+        # client that waits for a late finish would lose its report.
+        return self.last_activity_ms + 10 * config.idle_timeout_ms + config.closed_retention_ms
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,166 @@
+"""`make demo`: the ice-cream shop, its stages as separate worker processes, one screen per order file.
+
+Each run opens a fresh shop (its own topic prefix and consumer groups): full containers, no payments.
+Prints progress while the screens serve their customers, then each screen's end-of-day report, the stock
+left and the money check; stops every worker at the end or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.kafka_io import read_topic
+from app.processes import WorkerProcess
+from app.settings import load_settings
+from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ORDERS = ROOT / "demo" / "shop"
+#: The shop's processes: two kitchen robots and two payment workers share their partitions.
+STAGES = ("shop_orders,shop_reports", "shop_payments", "shop_payments", "shop_kitchen", "shop_kitchen", "shop_dispatch")
+#: The demo's defaults (each can be overridden from the environment).
+DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
+
+
+def start_workers(env: dict[str, str], log_dir: Path, first_port: int = 6066) -> list[WorkerProcess]:
+    workers = []
+    for number, agents in enumerate(STAGES):
+        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
+        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
+        workers.append(worker)
+        print(f"  worker {number}: {agents:<26} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
+    return workers
+
+
+def _euros(cents: int) -> str:
+    return f"{cents / 100:,.2f}"
+
+
+def print_report(name: str, report: dict[str, Any]) -> None:
+    reasons = ", ".join(f"{count} {reason}" for reason, count in report["aborted_by_reason"].items()) or "none"
+    print(
+        f"  {name:<10} lines {report['lines']:>4}  served {report['served']:>4}  aborted {report['aborted']:>3} ({reasons})"
+        f"  invalid {report['invalid']:>2}  revenue {_euros(report['revenue_cents']):>10}"
+    )
+
+
+async def _progress(progress: dict[str, ScreenProgress], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with_counts = [f"{p.screen} {p.done}/{p.lines} {dict(sorted(p.by_status.items()))}" for p in progress.values()]
+        print("  ... " + " | ".join(with_counts), flush=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 3.0)
+
+
+def read_screens(orders_dir: Path) -> dict[str, list[str]]:
+    """One screen per ``*.jsonl`` file of ``orders_dir``, named after the file: its lines."""
+    files = sorted(orders_dir.glob("*.jsonl"))
+    if not files:
+        message = f"no *.jsonl order files in {orders_dir} (one file per screen)"
+        raise FileNotFoundError(message)
+    return {path.stem: path.read_text().splitlines() for path in files}
+
+
+async def run_shop(screens: dict[str, list[str]], *, bootstrap: str, topic_prefix: str, timeout_s: float) -> dict[str, Any]:
+    """Serve every screen's lines and gather the reports, the stock, the payments and the dead letters."""
+
+    def topic(name: str) -> str:
+        return f"{topic_prefix}{name}"
+
+    progress = {name: ScreenProgress(name, len(lines)) for name, lines in screens.items()}
+    stop = asyncio.Event()
+    started = time.monotonic()
+    async with Screens(bootstrap, topic) as shop:
+        reporter = asyncio.create_task(_progress(progress, stop))
+        try:
+            runs = [shop.run_screen(name, lines, progress=progress[name], timeout_s=timeout_s) for name, lines in screens.items()]
+            reports = dict(zip(screens, await asyncio.gather(*runs), strict=True))
+        finally:
+            stop.set()
+            await reporter
+    elapsed = time.monotonic() - started
+    await asyncio.sleep(1.0)  # the last settlements commit
+    return {
+        "reports": reports,
+        "progress": progress,
+        "elapsed_s": elapsed,
+        "stock": await stock_left(bootstrap, topic),
+        "payments": await payments_by_state(bootstrap, topic),
+        "dead_letters": await read_topic(bootstrap, topic("dead-letters"), until=lambda _: False, timeout_s=2.0, decode=orjson.loads),
+    }
+
+
+def print_summary(result: dict[str, Any]) -> bool:
+    print(f"\nend of day ({result['elapsed_s']:.1f}s)")
+    for name, report in result["reports"].items():
+        print_report(name, report)
+    print("\nstock left")
+    ok = True
+    for flavour, container in sorted(result["stock"].items()):
+        balanced = container["initial"] - container["delivered"] == container["available"] and not container["reserved"]
+        ok &= balanced
+        print(
+            f"  {flavour:<11} opened {container['initial']:>5}  delivered {container['delivered']:>5}  left {container['available']:>5}"
+            f"  {'ok' if balanced else 'UNBALANCED: ' + str(container['reserved'])}"
+        )
+    states = Counter(payment["state"] for payment in result["payments"].values())
+    amounts: Counter[str] = Counter()
+    for payment in result["payments"].values():
+        amounts[payment["state"]] += payment["amount_cents"]
+    revenue = sum(report["revenue_cents"] for report in result["reports"].values())
+    money_ok = amounts["committed"] == revenue and states["captured"] == 0
+    ok &= money_ok
+    print("\npayments")
+    print(f"  {dict(states)}; committed {_euros(amounts['committed'])} = revenue {_euros(revenue)}: {'ok' if money_ok else 'MISMATCH'}")
+    reasons = Counter(letter["reason"] for letter in result["dead_letters"])
+    print(f"  dead letters {len(result['dead_letters'])}: {dict(reasons)}")
+    return ok
+
+
+async def _main(orders_dir: Path, timeout_s: float) -> int:
+    settings = load_settings()
+    run_id = uuid.uuid4().hex[:6]
+    prefix = f"shop-{run_id}."
+    env = {**DEMO_ENV, **os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
+    log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
+    print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
+    workers = start_workers(env, log_dir)
+    try:
+        for worker in workers:
+            await asyncio.to_thread(worker.wait_ready, 120.0)
+        print("workers ready; the screens open")
+        result = await run_shop(read_screens(orders_dir), bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s)
+        ok = print_summary(result)
+        print(f"\nworker logs in {log_dir}")
+        return 0 if ok else 1
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="folder of JSON-lines order files, one per screen")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds a customer waits for an outcome before giving up")
+    arguments = parser.parse_args()
+    try:
+        sys.exit(asyncio.run(_main(arguments.orders, arguments.timeout)))
+    except KeyboardInterrupt:
+        print("\ninterrupted: workers stopped")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

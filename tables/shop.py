@@ -1,0 +1,519 @@
+"""The ice-cream shop's state: typed values of its tables and their pure cores (payments, stock, dispatch, reports).
+
+The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
+two-phase commit) rebuilt as streams. Every message is keyed so that one partition owns each piece of
+state: an order's payment and dispatch by order id, a flavour's stock by flavour (the token that gave one
+robot a container), a screen's report by screen. Every function here takes the state and ``now_ms`` and
+returns the new state and the messages to send; none touches Kafka or a clock, and each is idempotent
+under redelivery: a message seen before changes nothing and sends nothing it did not send the first time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "SIZES",
+    "ShopOrder",
+    "parse_shop_order",
+    "card_accepted",
+    "Send",
+    "Payment",
+    "on_capture",
+    "on_settle",
+    "Stock",
+    "on_reserve",
+    "on_release",
+    "on_deliver",
+    "Dispatch",
+    "DispatchDone",
+    "on_open",
+    "on_kitchen",
+    "on_payment",
+    "on_dispatch_tick",
+    "on_late",
+    "ScreenReport",
+    "on_outcome",
+    "on_end",
+]
+
+#: Scoops per size of an item.
+SIZES: dict[str, int] = {"small": 1, "medium": 2, "large": 3}
+
+READY = "ready"
+ABORTED = "aborted"
+INVALID = "invalid"
+
+
+@dataclass(frozen=True)
+class Send:
+    """A message to send: ``to`` names the topic ("payments", "kitchen", "dispatch", "outcomes", "screens", "transactions")."""
+
+    to: str
+    key: str
+    value: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------------- orders
+
+
+@dataclass(frozen=True)
+class ShopOrder:
+    """A valid order: its id, the card, and the scoops per flavour it needs (items merged by flavour)."""
+
+    order_id: str
+    card: str
+    scoops: dict[str, int]
+    amount_cents: int
+
+
+def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder | None, str | None]:
+    """The order on a screen's line, or ``(None, reason)``."""
+    try:
+        raw = json.loads(line)
+    except ValueError as error:
+        return None, f"broken line: {error}"
+    if not isinstance(raw, dict):
+        return None, f"an order must be a JSON object, got {type(raw).__name__}"
+    order_id, card, items = raw.get("order_id"), raw.get("card"), raw.get("items")
+    if not isinstance(order_id, str) or not order_id:
+        return None, f"'order_id' must be a non-empty string, got {order_id!r:.60}"
+    if not isinstance(card, str) or not card:
+        return None, f"order {order_id!r}: 'card' must be a non-empty string"
+    if not isinstance(items, list) or not items:
+        return None, f"order {order_id!r}: 'items' must be a non-empty list"
+    scoops: dict[str, int] = {}
+    amount = 0
+    for number, item in enumerate(items):
+        flavour = item.get("flavour") if isinstance(item, dict) else None
+        size = item.get("size") if isinstance(item, dict) else None
+        if flavour not in catalogue:
+            return None, f"order {order_id!r} item {number}: unknown flavour {flavour!r:.60}, expected one of {sorted(catalogue)}"
+        if size not in SIZES:
+            return None, f"order {order_id!r} item {number}: unknown size {size!r:.60}, expected one of {sorted(SIZES)}"
+        scoops[str(flavour)] = scoops.get(str(flavour), 0) + SIZES[str(size)]
+        amount += catalogue[str(flavour)] * SIZES[str(size)]
+    return ShopOrder(order_id, card, scoops, amount), None
+
+
+def card_accepted(seed: int, order_id: str, reject_rate: float) -> bool:
+    """The gateway's decision for an order's card: random-looking, but a function of the seed and the order."""
+    digest = hashlib.sha256(f"{seed}:{order_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 >= reject_rate
+
+
+# ----------------------------------------------------------------------------------------- payments
+
+CAPTURED = "captured"
+REJECTED = "rejected"
+COMMITTED = "committed"
+VOIDED = "voided"
+
+
+@dataclass(frozen=True)
+class Payment:
+    """One order's payment in table ``shop_payments``: captured, then committed or voided (or rejected)."""
+
+    order_id: str
+    amount_cents: int
+    state: str
+    updated_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"order_id": self.order_id, "amount_cents": self.amount_cents, "state": self.state, "updated_ms": self.updated_ms}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Payment:
+        return cls(str(raw["order_id"]), int(raw["amount_cents"]), str(raw["state"]), int(raw["updated_ms"]))
+
+
+def _transaction(payment: Payment, phase: str) -> Send:
+    value = {"order_id": payment.order_id, "phase": phase, "amount_cents": payment.amount_cents, "at_ms": payment.updated_ms}
+    return Send("transactions", payment.order_id, value)
+
+
+def on_capture(previous: Payment | None, order_id: str, amount_cents: int, accepted: bool, now_ms: int) -> tuple[Payment, list[Send]]:
+    """Phase one: capture the amount, or reject the card. A redelivered capture answers what was decided."""
+    if previous is not None:
+        return previous, []
+    payment = Payment(order_id, amount_cents, CAPTURED if accepted else REJECTED, now_ms)
+    answer = {"kind": "payment", "order_id": order_id, "ok": accepted, "reason": None if accepted else "card rejected"}
+    return payment, [_transaction(payment, payment.state), Send("dispatch", order_id, answer)]
+
+
+def on_settle(previous: Payment | None, order_id: str, commit: bool, now_ms: int) -> tuple[Payment | None, list[Send], str | None]:
+    """Phase two: commit (delivered) or void (aborted) a capture; an error when it cannot be settled that way."""
+    if previous is None:
+        return None, [], f"payments: order {order_id!r} has no capture to {'commit' if commit else 'void'}"
+    target = COMMITTED if commit else VOIDED
+    if previous.state == target or (previous.state == REJECTED and not commit):
+        return previous, [], None  # settled before (or nothing was captured)
+    if previous.state != CAPTURED:
+        return previous, [], f"payments: order {order_id!r} is {previous.state}, it cannot become {target}"
+    settled = replace(previous, state=target, updated_ms=now_ms)
+    return settled, [_transaction(settled, target)], None
+
+
+# -------------------------------------------------------------------------------------------- stock
+
+
+@dataclass(frozen=True)
+class Stock:
+    """One flavour's container in table ``shop_stock``, owned by one kitchen worker at a time."""
+
+    flavour: str
+    available: int
+    #: order id -> scoops reserved for it
+    reserved: dict[str, int] = field(default_factory=dict)
+    #: orders whose reservation failed (a redelivered reservation fails again)
+    refused: frozenset[str] = frozenset()
+    delivered: int = 0
+    initial: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flavour": self.flavour,
+            "available": self.available,
+            "reserved": dict(self.reserved),
+            "refused": sorted(self.refused),
+            "delivered": self.delivered,
+            "initial": self.initial,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Stock:
+        return cls(
+            flavour=str(raw["flavour"]),
+            available=int(raw["available"]),
+            reserved={str(order): int(scoops) for order, scoops in (raw.get("reserved") or {}).items()},
+            refused=frozenset(raw.get("refused") or ()),
+            delivered=int(raw.get("delivered") or 0),
+            initial=int(raw.get("initial") or 0),
+        )
+
+
+def on_reserve(stock: Stock, order_id: str, scoops: int) -> tuple[Stock, list[Send]]:
+    """Reserve ``scoops`` for an order, or refuse for lack of stock; never below zero."""
+    if order_id in stock.reserved or order_id in stock.refused:
+        ok = order_id in stock.reserved
+        return stock, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, ok))]
+    if scoops <= stock.available:
+        updated = replace(stock, available=stock.available - scoops, reserved={**stock.reserved, order_id: scoops})
+        return updated, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, True))]
+    refused = replace(stock, refused=stock.refused | {order_id})
+    return refused, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, False))]
+
+
+def _kitchen_answer(flavour: str, order_id: str, ok: bool) -> dict[str, Any]:
+    return {"kind": "kitchen", "order_id": order_id, "flavour": flavour, "ok": ok, "reason": None if ok else f"out of stock: {flavour}"}
+
+
+def on_release(stock: Stock, order_id: str) -> Stock:
+    """The order aborted: its reserved scoops go back into the container (and its refusal is forgotten)."""
+    scoops = stock.reserved.get(order_id)
+    reserved = {order: count for order, count in stock.reserved.items() if order != order_id}
+    available = stock.available + (scoops or 0)
+    return replace(stock, available=available, reserved=reserved, refused=stock.refused - {order_id})
+
+
+def on_deliver(stock: Stock, order_id: str) -> Stock:
+    """The order was delivered: its reserved scoops leave the shop."""
+    scoops = stock.reserved.get(order_id)
+    if scoops is None:
+        return stock  # delivered before
+    reserved = {order: count for order, count in stock.reserved.items() if order != order_id}
+    return replace(stock, reserved=reserved, delivered=stock.delivered + scoops)
+
+
+# ----------------------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """An order waiting at the dispatch barrier (table ``shop_dispatch``): the kitchen's answers and the payment's."""
+
+    order_id: str
+    ticket: str
+    screen: str
+    line: int
+    amount_cents: int
+    flavours: tuple[str, ...]
+    deadline_ms: int
+    #: flavour -> reserved (True) or refused (False)
+    kitchen: dict[str, bool] = field(default_factory=dict)
+    #: None until the payment answered; then captured (True) or rejected (False)
+    paid: bool | None = None
+    opened: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "order_id": self.order_id,
+            "ticket": self.ticket,
+            "screen": self.screen,
+            "line": self.line,
+            "amount_cents": self.amount_cents,
+            "flavours": list(self.flavours),
+            "deadline_ms": self.deadline_ms,
+            "kitchen": dict(self.kitchen),
+            "paid": self.paid,
+            "opened": self.opened,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Dispatch:
+        return cls(
+            order_id=str(raw["order_id"]),
+            ticket=str(raw["ticket"]),
+            screen=str(raw["screen"]),
+            line=int(raw["line"]),
+            amount_cents=int(raw["amount_cents"]),
+            flavours=tuple(raw["flavours"]),
+            deadline_ms=int(raw["deadline_ms"]),
+            kitchen={str(flavour): bool(ok) for flavour, ok in (raw.get("kitchen") or {}).items()},
+            paid=raw.get("paid"),
+            opened=bool(raw.get("opened", True)),
+        )
+
+
+@dataclass(frozen=True)
+class DispatchDone:
+    """A resolved order (table ``shop_dispatch``, same key): its outcome, kept to compensate late answers."""
+
+    order_id: str
+    status: str
+    reason: str | None
+    resolved_ms: int
+    #: flavours whose reservation this order still must release if it arrives late, etc.
+    settled_flavours: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "order_id": self.order_id,
+            "status": self.status,
+            "reason": self.reason,
+            "resolved_ms": self.resolved_ms,
+            "settled_flavours": list(self.settled_flavours),
+            "done": True,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DispatchDone:
+        return cls(
+            str(raw["order_id"]), str(raw["status"]), raw.get("reason"), int(raw["resolved_ms"]), tuple(raw.get("settled_flavours") or ())
+        )
+
+
+DispatchState = Dispatch | DispatchDone
+
+
+def _outcome(state: Dispatch, status: str, reason: str | None) -> list[Send]:
+    outcome = {
+        "ticket": state.ticket,
+        "screen": state.screen,
+        "line": state.line,
+        "order_id": state.order_id,
+        "status": status,
+        "reason": reason,
+        "amount_cents": state.amount_cents if status == READY else 0,
+    }
+    return [Send("outcomes", state.ticket, outcome), Send("screens", state.screen, {"kind": "outcome", **outcome})]
+
+
+def _resolve(state: Dispatch, now_ms: int, timed_out: bool = False) -> tuple[DispatchDone, list[Send]]:
+    """Both answers are in (or the deadline passed): deliver and commit, or void and restock."""
+    kitchen_ok = len(state.kitchen) == len(state.flavours) and all(state.kitchen.values())
+    sends: list[Send] = []
+    if not timed_out and kitchen_ok and state.paid:
+        sends += [Send("payments", state.order_id, {"kind": "commit", "order_id": state.order_id})]
+        sends += [
+            Send("kitchen", flavour, {"kind": "deliver", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours
+        ]
+        done = DispatchDone(state.order_id, READY, None, now_ms, tuple(state.flavours))
+        return done, sends + _outcome(state, READY, None)
+    if state.paid is False:
+        reason = "card rejected"
+    elif state.kitchen and not all(state.kitchen.values()):
+        reason = "; ".join(sorted(f"out of stock: {flavour}" for flavour, ok in state.kitchen.items() if not ok))
+    else:
+        reason = "timeout waiting for " + " and ".join(
+            part for part, missing in (("kitchen", len(state.kitchen) < len(state.flavours)), ("payment", state.paid is None)) if missing
+        )
+    if state.paid:
+        sends.append(Send("payments", state.order_id, {"kind": "void", "order_id": state.order_id}))
+    # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
+    sends += [Send("kitchen", flavour, {"kind": "release", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours]
+    done = DispatchDone(state.order_id, ABORTED, reason, now_ms, tuple(state.flavours))
+    return done, sends + _outcome(state, ABORTED, reason)
+
+
+def _ready(state: Dispatch) -> bool:
+    """Every answer is in: the payment's and one per flavour (so that releases and voids are exact)."""
+    return state.opened and state.paid is not None and len(state.kitchen) == len(state.flavours)
+
+
+def _step(state: Dispatch, now_ms: int) -> tuple[DispatchState, list[Send]]:
+    if _ready(state):
+        return _resolve(state, now_ms)
+    return state, []
+
+
+def on_open(
+    previous: DispatchState | None,
+    order: ShopOrder,
+    ticket: str,
+    screen: str,
+    line: int,
+    deadline_ms: int,
+    now_ms: int,
+) -> tuple[DispatchState, list[Send]]:
+    """The order enters the barrier (its answers may have arrived first)."""
+    if isinstance(previous, DispatchDone) or (isinstance(previous, Dispatch) and previous.opened):
+        return previous, []
+    kitchen = previous.kitchen if previous is not None else {}
+    paid = previous.paid if previous is not None else None
+    state = Dispatch(order.order_id, ticket, screen, line, order.amount_cents, tuple(sorted(order.scoops)), deadline_ms, kitchen, paid)
+    return _step(state, now_ms)
+
+
+def _placeholder(order_id: str, now_ms: int) -> Dispatch:
+    """An answer arrived before the order's open: remembered until the open comes (or never, then the tick)."""
+    return Dispatch(order_id, "", "", -1, 0, (), now_ms, opened=False)
+
+
+def on_kitchen(previous: DispatchState | None, order_id: str, flavour: str, ok: bool, now_ms: int) -> tuple[DispatchState, list[Send]]:
+    if isinstance(previous, DispatchDone):
+        return on_late(previous, "kitchen", ok, flavour)
+    state = previous if previous is not None else _placeholder(order_id, now_ms)
+    if flavour in state.kitchen:
+        return state, []
+    return _step(replace(state, kitchen={**state.kitchen, flavour: ok}), now_ms)
+
+
+def on_payment(previous: DispatchState | None, order_id: str, ok: bool, now_ms: int) -> tuple[DispatchState, list[Send]]:
+    if isinstance(previous, DispatchDone):
+        return on_late(previous, "payment", ok, None)
+    state = previous if previous is not None else _placeholder(order_id, now_ms)
+    if state.paid is not None:
+        return state, []
+    return _step(replace(state, paid=ok), now_ms)
+
+
+def on_late(done: DispatchDone, part: str, ok: bool, flavour: str | None) -> tuple[DispatchState, list[Send]]:
+    """An answer after the order was resolved (timeout): compensate, never resolve again."""
+    if done.status != ABORTED or not ok:
+        return done, []
+    if part == "payment":
+        return done, [Send("payments", done.order_id, {"kind": "void", "order_id": done.order_id})]
+    # releases were sent at resolution for every flavour; a reservation landing after its release is
+    # released again (the kitchen's release is idempotent)
+    return done, [Send("kitchen", str(flavour), {"kind": "release", "order_id": done.order_id, "flavour": flavour})]
+
+
+def on_dispatch_tick(
+    state: DispatchState, now_ms: int, done_retention_ms: int, placeholder_timeout_ms: int
+) -> tuple[DispatchState | None, list[Send]]:
+    """Deadline passed: resolve as aborted (timeout); drop a done marker after its retention."""
+    if isinstance(state, DispatchDone):
+        return (None, []) if now_ms >= state.resolved_ms + done_retention_ms else (state, [])
+    if not state.opened:
+        # answers for an order that never opened (its open was lost is impossible; a stray message)
+        return (None, []) if now_ms >= state.deadline_ms + placeholder_timeout_ms else (state, [])
+    if now_ms < state.deadline_ms:
+        return state, []
+    return _resolve(state, now_ms, timed_out=True)
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+
+@dataclass(frozen=True)
+class ScreenReport:
+    """A screen's day in table ``shop_reports``: outcomes counted once per line, until its end says how many."""
+
+    screen: str
+    lines_seen: frozenset[int] = frozenset()
+    served: int = 0
+    revenue_cents: int = 0
+    aborted: dict[str, int] = field(default_factory=dict)
+    invalid: int = 0
+    expected_lines: int | None = None
+    flushed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "screen": self.screen,
+            "lines_seen": sorted(self.lines_seen),
+            "served": self.served,
+            "revenue_cents": self.revenue_cents,
+            "aborted": dict(self.aborted),
+            "invalid": self.invalid,
+            "expected_lines": self.expected_lines,
+            "flushed": self.flushed,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ScreenReport:
+        return cls(
+            screen=str(raw["screen"]),
+            lines_seen=frozenset(int(line) for line in raw.get("lines_seen") or ()),
+            served=int(raw.get("served") or 0),
+            revenue_cents=int(raw.get("revenue_cents") or 0),
+            aborted={str(reason): int(count) for reason, count in (raw.get("aborted") or {}).items()},
+            invalid=int(raw.get("invalid") or 0),
+            expected_lines=raw.get("expected_lines"),
+            flushed=bool(raw.get("flushed")),
+        )
+
+
+def _reason_class(reason: str | None) -> str:
+    """Aborts grouped by kind: 'card rejected', 'out of stock', 'timeout'."""
+    text = reason or "unknown"
+    for kind in ("card rejected", "out of stock", "timeout"):
+        if text.startswith(kind):
+            return kind
+    return text
+
+
+def _maybe_report(state: ScreenReport) -> tuple[ScreenReport, list[Send]]:
+    if state.flushed or state.expected_lines is None or len(state.lines_seen) < state.expected_lines:
+        return state, []
+    report = {
+        "screen": state.screen,
+        "lines": state.expected_lines,
+        "served": state.served,
+        "aborted": sum(state.aborted.values()),
+        "aborted_by_reason": dict(sorted(state.aborted.items())),
+        "invalid": state.invalid,
+        "revenue_cents": state.revenue_cents,
+    }
+    return replace(state, flushed=True), [Send("reports", state.screen, report)]
+
+
+def on_outcome(
+    previous: ScreenReport | None, screen: str, line: int, status: str, reason: str | None, amount_cents: int
+) -> tuple[ScreenReport, list[Send]]:
+    """One line's outcome, counted once (by line number)."""
+    state = previous if previous is not None else ScreenReport(screen)
+    if line in state.lines_seen or state.flushed:
+        return state, []
+    state = replace(state, lines_seen=state.lines_seen | {line})
+    if status == READY:
+        state = replace(state, served=state.served + 1, revenue_cents=state.revenue_cents + amount_cents)
+    elif status == INVALID:
+        state = replace(state, invalid=state.invalid + 1)
+    else:
+        kind = _reason_class(reason)
+        state = replace(state, aborted={**state.aborted, kind: state.aborted.get(kind, 0) + 1})
+    return _maybe_report(state)
+
+
+def on_end(previous: ScreenReport | None, screen: str, lines: int) -> tuple[ScreenReport, list[Send]]:
+    """The screen's end of day: how many lines its file had (each has exactly one outcome)."""
+    state = previous if previous is not None else ScreenReport(screen)
+    if state.expected_lines is not None:
+        return state, []
+    return _maybe_report(replace(state, expected_lines=lines))

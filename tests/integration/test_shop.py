@@ -1,0 +1,147 @@
+"""The ice-cream shop end to end: screens, payments, kitchen robots, dispatch barrier, end-of-day reports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from app.catalogue import CATALOGUE_CENTS
+from app.shop_demo import STAGES, run_shop
+from scripts.make_shop_orders import order_lines
+from tables.shop import card_accepted, parse_shop_order
+from tests.integration.conftest import Pipeline
+
+pytestmark = pytest.mark.integration
+
+SEED = 99
+REJECT_RATE = 0.2
+SCARCE = 30  # pistachio scoops at opening; only the last screen orders pistachio
+SHOP_ENV = {
+    "WEIR_SHOP_SEED": SEED,
+    "WEIR_SHOP_CARD_REJECT_RATE": REJECT_RATE,
+    "WEIR_SHOP_STOCK": 100_000,
+    "WEIR_SHOP_STOCK_OVERRIDES": f"pistachio={SCARCE}",
+    "WEIR_COMMIT_INTERVAL": 0.1,
+}
+
+
+def make_screens(orders_per_screen: int, seed: int = 5) -> dict[str, list[str]]:
+    rng = random.Random(seed)
+    return {f"screen-{n}": order_lines(n, orders_per_screen, rng, scarce_screen=n == 3) for n in (1, 2, 3)}
+
+
+def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """The reports computed sequentially from the files and the seed (the scarce flavour is on one screen)."""
+    reports = {}
+    pistachio = SCARCE
+    for name, lines in screens.items():
+        served = invalid = revenue = 0
+        aborted: Counter[str] = Counter()
+        for number, text in enumerate(lines, start=1):
+            order, _ = parse_shop_order(text, CATALOGUE_CENTS)
+            if order is None:
+                invalid += 1
+                continue
+            accepted = card_accepted(SEED, f"{name}/{number}/{order.order_id}", REJECT_RATE)
+            wanted = order.scoops.get("pistachio", 0)
+            in_stock = wanted <= pistachio
+            if accepted and in_stock:
+                pistachio -= wanted
+                served += 1
+                revenue += order.amount_cents
+            else:
+                aborted["card rejected" if not accepted else "out of stock"] += 1
+        reports[name] = {
+            "lines": len(lines),
+            "served": served,
+            "aborted": sum(aborted.values()),
+            "aborted_by_reason": dict(sorted(aborted.items())),
+            "invalid": invalid,
+            "revenue_cents": revenue,
+        }
+    return reports
+
+
+def start_shop(pipeline: Pipeline) -> dict[str, list[Any]]:
+    workers: dict[str, list[Any]] = {}
+    for agents in STAGES:
+        workers.setdefault(agents, []).append(pipeline.start_worker(agents, **SHOP_ENV))
+    for group in workers.values():
+        for worker in group:
+            worker.wait_ready()
+    return workers
+
+
+def assert_invariants(result: dict[str, Any], screens: dict[str, list[str]]) -> None:
+    for name, lines in screens.items():
+        outcomes = result["progress"][name].outcomes
+        assert sorted(outcome["line"] for outcome in outcomes) == list(range(1, len(lines) + 1)), f"{name}: one outcome per line"
+        report = result["reports"][name]
+        assert report["served"] == sum(1 for outcome in outcomes if outcome["status"] == "ready")
+        assert report["invalid"] == sum(1 for outcome in outcomes if outcome["status"] == "invalid")
+        assert report["revenue_cents"] == sum(outcome["amount_cents"] for outcome in outcomes)
+    payments = result["payments"].values()
+    states = Counter(payment["state"] for payment in payments)
+    assert states["captured"] == 0, f"captures neither committed nor voided: {states}"
+    committed = sum(payment["amount_cents"] for payment in payments if payment["state"] == "committed")
+    assert committed == sum(report["revenue_cents"] for report in result["reports"].values()), "money: committed = revenue"
+    ready = sum(report["served"] for report in result["reports"].values())
+    assert states["committed"] == ready
+    for flavour, container in result["stock"].items():
+        assert container["reserved"] == {}, f"{flavour}: scoops still reserved"
+        assert container["available"] >= 0
+        assert container["initial"] - container["delivered"] == container["available"], f"stock of {flavour} does not balance"
+    invalid_letters = [letter for letter in result["dead_letters"] if letter["agent"] == "shop_orders"]
+    assert len(invalid_letters) == sum(report["invalid"] for report in result["reports"].values())
+
+
+def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) -> None:
+    screens = make_screens(40)
+    start_shop(pipeline)
+    result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
+    print(f"\n3 screens x 40 lines in {result['elapsed_s']:.1f}s: {result['reports']}")
+    assert_invariants(result, screens)
+    assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
+        name: dict(report, screen=None) for name, report in reference_reports(screens).items()
+    }
+    assert result["reports"]["screen-3"]["aborted_by_reason"].get("out of stock", 0) > 0, "the scarce flavour ran out"
+
+
+def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invariant(pipeline: Pipeline) -> None:
+    orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "300")) // 3
+    screens = make_screens(orders, seed=8)
+    workers = start_shop(pipeline)
+    done = threading.Event()
+    kills: list[str] = []
+
+    def chaos() -> None:
+        rng = random.Random(3)
+        while not done.wait(rng.uniform(4.0, 7.0)):
+            stage = rng.choice(["shop_kitchen", "shop_payments"])
+            group = workers[stage]
+            victim = group.pop(rng.randrange(len(group)))
+            victim.kill()
+            kills.append(stage)
+            group.append(pipeline.start_worker(stage, **SHOP_ENV))
+
+    killer = threading.Thread(target=chaos, daemon=True)
+    killer.start()
+    try:
+        started = time.monotonic()
+        result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=180))
+    finally:
+        done.set()
+        killer.join()
+    print(f"\n{orders * 3} orders with {len(kills)} SIGKILLs ({Counter(kills)}) in {time.monotonic() - started:.1f}s")
+    assert kills, "the run ended before any worker was killed"
+    assert_invariants(result, screens)
+    assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
+        name: dict(report, screen=None) for name, report in reference_reports(screens).items()
+    }
