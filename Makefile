@@ -57,11 +57,13 @@ test-unit: $(STAMP) ## unit and property tests (no broker)
 	$(BIN)/pytest tests/unit
 
 test-integration: $(STAMP) ## end-to-end tests on the real broker with real faust workers
+	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
 	scripts/broker.sh start
 	$(BIN)/pytest tests/integration
 
 test: $(STAMP) ## lint, then every test (starts the local broker itself)
 	$(MAKE) --no-print-directory lint
+	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
 	scripts/broker.sh start
 	$(BIN)/pytest tests
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from app import web  # noqa: F401  (the read-only /weir/ views)
 from app.core import app, settings
 
 __all__ = ["app"]

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from app.core import json_table
+from app.web import register_view
 
 __all__ = ["payments"]
 
 payments = json_table(
     "shop_payments",
     "Payments by order ticket: captured, then committed or voided, or rejected (value: tables.shop.Payment).",
+)
+
+register_view(
+    "shop_payments",
+    title="payments by state",
+    summarize=lambda value, now_ms: {"state": value["state"], "amount_cents": value["amount_cents"], "updated_ms": value["updated_ms"]},
+    group_by=lambda value: str(value["state"]),
 )

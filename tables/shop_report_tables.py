@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.core import json_table
+from app.web import register_view
 
 __all__ = ["reports"]
 
@@ -10,4 +11,18 @@ reports = json_table(
     "shop_reports",
     "Each screen's day: outcomes counted once per line, served, aborted by reason, revenue, and the "
     "number of lines its end announced (value: tables.shop.ScreenReport).",
+)
+
+register_view(
+    "shop_reports",
+    title="screens' end of day",
+    summarize=lambda value, now_ms: {
+        "lines_seen": len(value["lines_seen"]),
+        "expected_lines": value["expected_lines"],
+        "served": value["served"],
+        "aborted": sum(value["aborted"].values()),
+        "invalid": value["invalid"],
+        "revenue_cents": value["revenue_cents"],
+        "flushed": value["flushed"],
+    },
 )

@@ -1,0 +1,289 @@
+"""The /weir/ views of running workers: JSON for tools (urllib) and HTML for people (a real headless Chromium)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from app.kafka_io import ensure_topics, produce, produce_json
+from tests.conftest import ROOT
+from tests.integration.conftest import Pipeline
+
+pytestmark = pytest.mark.integration
+
+TOPICS = ("orders", "items", "item-results", "aggregates", "dead-letters")
+XSS = "<script>alert(1)</script>"
+OPEN_GROUPS = [f"g-{number}" for number in range(8)] + [XSS]
+COMPLETED_GROUP = "g-done"
+POISON = b'{"kind": "item", <script>alert(2)</script> not JSON'
+
+
+def get(url: str, *, accept: str = "application/json", method: str = "GET") -> tuple[int, Any, dict[str, str]]:
+    """Status, decoded body (JSON when it is JSON, else text) and headers of one request."""
+    request = urllib.request.Request(url, method=method, headers={"Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            status, raw, headers = response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        status, raw, headers = error.code, error.read(), dict(error.headers)
+    text = raw.decode()
+    try:
+        return status, json.loads(text), headers
+    except ValueError:
+        return status, text, headers
+
+
+def base(worker: Any) -> str:
+    return f"http://127.0.0.1:{worker.web_port}"
+
+
+def wait_for(condition: Any, *, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = condition()
+        except (OSError, KeyError, TypeError) as error:
+            last = error
+        else:
+            if last:
+                return last
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not true after {timeout_s}s (last: {last!r:.2000})")
+
+
+def owned(worker: Any, table: str) -> list[int]:
+    status, body, _ = get(f"{base(worker)}/weir/?format=json")
+    assert status == 200, body
+    return next(entry["partitions"] for entry in body["tables"] if entry["name"] == table)
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """Two aggregator workers of one group, splitting the partitions, with open and completed groups and a dead letter."""
+    unique = uuid.uuid4().hex[:8]
+    pipeline = Pipeline(bootstrap=kafka_bootstrap, tmp=tmp_path_factory.mktemp("web"), prefix=f"t{unique}.", app_id=f"t{unique}")
+    try:
+        asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in TOPICS], 4))
+        first = pipeline.start_worker("aggregator", WEIR_AGGREGATE_TIMEOUT_MS=600_000)
+        second = pipeline.start_worker("aggregator", WEIR_AGGREGATE_TIMEOUT_MS=600_000)
+        first.wait_ready()
+        second.wait_ready()
+        wait_for(
+            lambda: (
+                sorted(owned(first, "aggregates") + owned(second, "aggregates")) == [0, 1, 2, 3]
+                and owned(first, "aggregates")
+                and owned(second, "aggregates")
+            ),
+            timeout_s=90,
+            what="both workers own partitions of table aggregates",
+        )
+        deadline_ms = int(time.time() * 1000) + 600_000
+        records: list[tuple[str, Any]] = []
+        for group in [*OPEN_GROUPS, COMPLETED_GROUP]:
+            records.append((group, {"kind": "open", "correlation_id": group, "total": 3, "deadline_ms": deadline_ms}))
+            for index in (0, 2):
+                records.append((group, {"kind": "item", "correlation_id": group, "index": index, "total": 3, "ok": True, "result": index}))
+        records.append((COMPLETED_GROUP, {"kind": "item", "correlation_id": COMPLETED_GROUP, "index": 1, "total": 3, "ok": True}))
+        item_results = pipeline.topic("item-results")
+        asyncio.run(produce_json(pipeline.bootstrap, item_results, records))
+        asyncio.run(produce(pipeline.bootstrap, item_results, [(XSS.encode(), POISON)]))
+        wait_for(
+            lambda: get(f"{base(first)}/weir/tables/aggregates/?format=json")[1]["total"] == len(OPEN_GROUPS),
+            timeout_s=60,
+            what="every open group is in table aggregates",
+        )
+        yield pipeline
+    finally:
+        pipeline.stop_all()
+
+
+def test_index_lists_every_table_with_help_partitions_and_counts(deployment: Pipeline) -> None:
+    first, second = deployment.workers
+    bodies = [get(f"{base(worker)}/weir/")[1] for worker in (first, second)]
+    names = {entry["name"] for entry in bodies[0]["tables"]}
+    assert {"aggregates", "aggregates_done", "aggregate_deadlines"} <= names
+    by_name = [{entry["name"]: entry for entry in body["tables"]} for body in bodies]
+    assert "Open split groups" in by_name[0]["aggregates"]["help"]
+    assert by_name[0]["aggregates"]["view"] == "open aggregations"
+    assert sorted(by_name[0]["aggregates"]["partitions"] + by_name[1]["aggregates"]["partitions"]) == [0, 1, 2, 3]
+    assert by_name[0]["aggregates"]["keys"] + by_name[1]["aggregates"]["keys"] == len(OPEN_GROUPS)
+    assert bodies[0]["worker"] == base(first)
+    assert bodies[0]["workers"] == sorted([base(first), base(second)])
+    assert bodies[0]["group"] == f"{deployment.app_id}-aggregator"
+
+
+def test_any_worker_lists_the_whole_table_paged_and_searched(deployment: Pipeline) -> None:
+    first, second = deployment.workers
+    for worker in (first, second):
+        status, body, _ = get(f"{base(worker)}/weir/tables/aggregates/?size=4&page=1")
+        assert status == 200, body
+        assert body["total"] == len(OPEN_GROUPS)
+        assert body["complete"] is True
+        assert body["pages"] == 3
+        assert {entry["url"] for entry in body["workers"]} == {base(first), base(second)}
+        pages = [body["keys"]] + [get(f"{base(worker)}/weir/tables/aggregates/?size=4&page={page}")[1]["keys"] for page in (2, 3)]
+        keys = [row["key"] for page in pages for row in page]
+        assert keys == sorted(OPEN_GROUPS)
+        assert {row["worker"] for page in pages for row in page} == {base(first), base(second)}
+        summary = pages[0][0]["summary"]
+        assert summary["received"] == 2
+        assert summary["expected"] == 3
+        assert summary["missing"] == [1]
+        assert 500 < summary["due_in_s"] <= 600
+    status, searched, _ = get(f"{base(first)}/weir/tables/aggregates/?q=SCRIPT")
+    assert [row["key"] for row in searched["keys"]] == [XSS]
+    assert searched["total"] == 1
+    done = get(f"{base(second)}/weir/tables/aggregates_done/")[1]
+    assert [row["key"] for row in done["keys"]] == [COMPLETED_GROUP]
+    assert done["keys"][0]["summary"]["status"] == "complete"
+    assert done["groups"] == {"complete": 1}  # counted by the registered group_by, over the whole table
+
+
+def test_a_key_owned_by_another_worker_is_fetched_from_it(deployment: Pipeline) -> None:
+    first, second = deployment.workers
+    owners = {row["key"]: row["worker"] for row in get(f"{base(first)}/weir/tables/aggregates/?size=100")[1]["keys"]}
+    assert set(owners.values()) == {base(first), base(second)}
+    for key, owner in owners.items():
+        for worker in (first, second):
+            status, body, _ = get(f"{base(worker)}/weir/tables/aggregates/{quote(key, safe='')}/")
+            assert status == 200, body
+            assert body["key"] == key
+            assert body["worker"] == owner
+            assert body["served_by"] == base(worker)
+            assert body["value"]["correlation_id"] == key
+            assert [item["index"] for item in body["value"]["received"]] == [0, 2]
+            assert body["summary"]["missing"] == [1]
+
+
+def test_errors_are_structured_json_with_status_codes(deployment: Pipeline) -> None:
+    url = base(deployment.workers[0])
+    status, body, _ = get(f"{url}/weir/tables/nope/")
+    assert (status, body) == (404, {"error": "no table 'nope' on this worker", "table": "nope", "key": None})
+    status, body, _ = get(f"{url}/weir/tables/aggregates/no-such-group/")
+    assert (status, body) == (404, {"error": "key not found", "table": "aggregates", "key": "no-such-group"})
+    status, body, _ = get(f"{url}/weir/tables/aggregates/?page=zero")
+    assert status == 400
+    assert body["table"] == "aggregates"
+    assert "page='zero'" in body["error"]
+    status, body, _ = get(f"{url}/weir/tables/aggregates/?size=100000")
+    assert status == 400
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        status, body, headers = get(f"{url}/weir/tables/aggregates/g-1/", method=method)
+        assert status == 405, (method, body)
+        assert body["error"].startswith(f"method {method} not allowed")
+        assert body["table"] == "aggregates"
+        assert headers["Allow"] == "GET, HEAD"
+    # the same data as HTML, chosen by Accept or ?format=
+    status, text, headers = get(f"{url}/weir/tables/nope/", accept="text/html")
+    assert status == 404
+    assert headers["Content-Type"].startswith("text/html")
+    assert "no table &#x27;nope&#x27; on this worker" in text
+    status, body, _ = get(f"{url}/weir/tables/nope/?format=json", accept="text/html")
+    assert status == 404
+    assert body["table"] == "nope"
+
+
+def test_dead_letters_are_read_from_the_topic_decoded(deployment: Pipeline) -> None:
+    url = base(deployment.workers[1])
+    body = wait_for(
+        lambda: (answer := get(f"{url}/weir/dead-letters/?limit=10")[1])["dead_letters"] and answer,
+        timeout_s=30,
+        what="the poison message is in the dead letters",
+    )
+    assert body["topic"] == deployment.topic("dead-letters")
+    [entry] = body["dead_letters"]
+    assert entry["reason"] == "undecodable"
+    assert entry["agent"] == "aggregator"
+    assert entry["step"] == "decode"
+    assert entry["key"] == XSS
+    assert entry["value_decoded"] == POISON.decode()
+    assert entry["origin"]["topic"] == deployment.topic("item-results")
+    assert "not valid JSON" in entry["error"]
+
+
+# ------------------------------------------------------------------------------------------ Chromium
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = subprocess.run([str(ROOT / "scripts" / "chromium.sh")], capture_output=True, text=True, check=False, timeout=900)
+    if found.returncode == 2 and os.geteuid() != 0:
+        pytest.skip(f"no chromium and not root, so scripts/chromium.sh cannot install it: {found.stderr.strip()}")
+    assert found.returncode == 0, f"scripts/chromium.sh failed:\n{found.stdout}\n{found.stderr}"
+    return found.stdout.strip().splitlines()[-1]
+
+
+def chromium_run(chromium: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 0, f"{command}: {result.returncode}\n{result.stderr[-3000:]}"
+    return result
+
+
+def dump_dom(chromium: str, tmp: Path, url: str) -> str:
+    # --virtual-time-budget lets the page's own script run (the countdown) before the DOM is dumped
+    return chromium_run(chromium, tmp, "--virtual-time-budget=2000", "--dump-dom", url).stdout
+
+
+def test_a_person_sees_tables_counts_countdowns_and_escaped_keys_in_chromium(deployment: Pipeline, chromium: str, tmp_path: Path) -> None:
+    first, second = deployment.workers
+    index = dump_dom(chromium, tmp_path, f"{base(first)}/weir/")
+    for name in ("aggregates", "aggregates_done", "aggregate_deadlines"):
+        assert f'href="/weir/tables/{name}/">{name}</a>' in index
+    assert "open aggregations" in index
+    assert "Open split groups by correlation id" in index
+    assert base(second) in index
+
+    listing = dump_dom(chromium, tmp_path, f"{base(second)}/weir/tables/aggregates/")
+    assert f"{len(OPEN_GROUPS)} keys on 2 worker(s)" in listing
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in listing  # the key shows as text...
+    assert XSS not in listing  # ...and never as an element
+    assert "due in " in listing
+    assert listing.count('data-deadline-ms="') == len(OPEN_GROUPS)
+    for group in OPEN_GROUPS[:-1]:
+        assert f">{group}</a>" in listing
+
+    key_page = dump_dom(chromium, tmp_path, f"{base(first)}/weir/tables/aggregates/{quote(XSS, safe='')}/")
+    assert "<h1>&lt;script&gt;alert(1)&lt;/script&gt;</h1>" in key_page
+    assert XSS not in key_page
+    assert "missing</dt><dd>1</dd>" in key_page
+
+    dead = dump_dom(chromium, tmp_path, f"{base(first)}/weir/dead-letters/")
+    assert "undecodable" in dead
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in dead
+    assert "<script>alert(2)" not in dead
+    # only the page's own countdown script is a script element
+    assert key_page.count("<script") == listing.count("<script") == dead.count("<script") == 1
+
+    shot = tmp_path / "web-index.png"
+    chromium_run(
+        chromium, tmp_path, "--window-size=1280,720", "--hide-scrollbars", f"--screenshot={shot}", f"{base(first)}/weir/tables/aggregates/"
+    )
+    assert shot.stat().st_size > 10_000
+    readme_image = ROOT / "docs" / "web-index.png"
+    if os.environ.get("WEIR_UPDATE_SCREENSHOT") == "1" or not readme_image.exists():
+        readme_image.parent.mkdir(exist_ok=True)
+        shutil.copyfile(shot, readme_image)
