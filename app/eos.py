@@ -204,9 +204,11 @@ class WeirConsumer(aiokafka_driver.Consumer):
         self._moved()
         committed = await self.seek_to_committed()
         positions = self._next
+        acks_enabled_for = self.app.topics.acks_enabled_for
         for tp, offset in committed.items():
-            # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
-            positions[ensure_TP(tp)] = offset if offset is not None and offset >= 0 else 0
+            if acks_enabled_for(tp.topic):  # changelog positions belong to recovery, which seeks them itself
+                # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
+                positions[ensure_TP(tp)] = offset if offset is not None and offset >= 0 else 0
         self._read_offset.update({tp: offset if offset is not None and offset >= 0 else None for tp, offset in committed.items()})
         self._committed_offset.update({ensure_TP(tp): offset if offset else None for tp, offset in committed.items() if offset is not None})
 
@@ -257,16 +259,18 @@ class WeirConsumer(aiokafka_driver.Consumer):
         self._acked_index[tp].difference_update(batch)
         return int(batch[-1]) + 1
 
-    async def _rewind(self, partitions: set[TP]) -> None:
-        """Seek ``partitions`` back to the next offset not yet delivered.
+    async def _rewind(self, firsts: Mapping[TP, int]) -> None:
+        """Seek the partitions of an abandoned batch back to the next offset not yet delivered.
 
-        Always right: a seek since the batch was fetched set that offset to its target, and a batch
-        fetched after such a seek has moved the fetch position past records now thrown away.
+        ``firsts`` holds each partition's first offset in the batch: the fetch position before it, for a
+        partition with nothing delivered or sought since. Always right: a seek since the batch was fetched
+        set the offset to its target, and a batch fetched after such a seek has moved the fetch position
+        past records now thrown away (a table's changelog being restored too: recovery must see them).
         """
         assigned = self.assignment()
-        for tp in partitions:
-            target = self._next.get(tp)
-            if target is None or tp not in assigned:
+        for tp, first in firsts.items():
+            target = self._next.get(tp, first)
+            if tp not in assigned:
                 continue  # revoked meanwhile: its owner starts from the committed offset
             try:
                 await self._seek(tp, target)
@@ -291,7 +295,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 if not records or self.should_stop:
                     continue
                 generation = self.app.consumer_generation_id
-                stream_tps = {tp for tp in records if acks_enabled_for(tp.topic)}
+                firsts = {tp: batch[0].offset for tp, batch in records.items() if batch}
                 inactive: set[TP] = set()
                 for tp, record in self.scheduler.iterate(records):
                     since_yield += 1
@@ -299,23 +303,22 @@ class WeirConsumer(aiokafka_driver.Consumer):
                         await asyncio.sleep(0)
                         since_yield = 0
                     if epoch != self._weir_epoch or not self.flow_active or generation != self.app.consumer_generation_id:
-                        await self._rewind(stream_tps)
+                        await self._rewind(firsts)
                         break
                     if tp in inactive:
                         continue
                     if active is not None and tp not in active and tp not in self._buffered_partitions:
                         inactive.add(tp)
-                        await self._rewind({tp} & stream_tps)
+                        await self._rewind({tp: record.offset})
                         continue
                     offset = record.offset
-                    stream = tp in stream_tps
-                    if stream:
-                        expected = positions.get(tp, committed_offsets.get(tp))
-                        if expected is not None:
-                            if offset < expected:
-                                continue  # delivered before
-                            if offset > expected:
-                                self._gap[tp].addi(expected, offset)
+                    expected = positions.get(tp)
+                    if expected is not None and offset < expected:
+                        continue  # delivered before
+                    if acks_enabled_for(tp.topic):
+                        expected = expected if expected is not None else committed_offsets.get(tp)
+                        if expected is not None and offset > expected:
+                            self._gap[tp].addi(expected, offset)
                     if commit_every is not None and self._n_acked >= commit_every:
                         self._n_acked = 0
                         await self.commit()
@@ -324,14 +327,15 @@ class WeirConsumer(aiokafka_driver.Consumer):
                     delivery = callback(self._to_message(tp, record))
                     outcome = await self.wait_first(delivery, self.suspend_flow.wait())
                     if delivery not in outcome.done:
-                        await self._rewind(stream_tps)  # not delivered: the flow stopped
+                        firsts[tp] = offset
+                        await self._rewind(firsts)  # not delivered: the flow stopped
                         break
-                    if stream and positions.get(tp) == before:  # unless a seek moved it meanwhile
+                    if positions.get(tp) == before:  # unless a seek moved it meanwhile
                         positions[tp] = offset + 1
                     if epoch != self._weir_epoch:
                         # delivered while a seek or a rebalance happened: the stream skips it (older
                         # generation) or it comes again from the sought position
-                        await self._rewind(stream_tps)
+                        await self._rewind(firsts)
                         break
                 self.diag.unset_flag(CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
