@@ -347,7 +347,7 @@ async def handle_batch(events: Sequence[EventT[bytes]]) -> None:
             finally:
                 _current_event.reset(token)
             for event in part:
-                event.ack()
+                eos.ack_handled(event)
 
 
 @app.agent(triggers_topic)

@@ -261,7 +261,7 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
                 log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
                 await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
-            event.ack()
+            eos.ack_handled(event)
 
 
 async def send_dead_letter_record(record: dict[str, Any]) -> None:

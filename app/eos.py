@@ -42,7 +42,7 @@ from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
 
-__all__ = ["WeirTransactionManager", "WeirTable", "event_scope", "gate", "install", "wipe_local_tables"]
+__all__ = ["WeirTransactionManager", "WeirTable", "ack_handled", "event_scope", "gate", "install", "wipe_local_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +222,30 @@ class WeirConsumer(aiokafka_driver.Consumer):
         self._moved()
         await super().on_partitions_assigned(assigned, generation_id)
 
+    @property
+    def _handled(self) -> set[tuple[TP, int, int | None]]:
+        """Messages an agent finished (``ack_handled``): the only acks that count toward a commit."""
+        try:
+            return cast(set[tuple[TP, int, int | None]], self.__dict__["_weir_handled"])
+        except KeyError:
+            self.__dict__["_weir_handled"] = set()
+            return cast(set[tuple[TP, int, int | None]], self.__dict__["_weir_handled"])
+
+    def mark_handled(self, message: Message) -> None:
+        self._handled.add((message.tp, message.offset, message.generation_id))
+
     def ack(self, message: Message) -> bool:
-        if message.generation_id != self.app.consumer_generation_id:
+        # A stream acks the events it skips (an older generation, or flow control off during a rebalance)
+        # as if done: counted, the commit would cover records no agent processed. They come again from
+        # the committed offset after the rebalance's seek.
+        key = (message.tp, message.offset, message.generation_id)
+        if key not in self._handled or message.generation_id != self.app.consumer_generation_id:
+            self._handled.discard(key)
             with ack_lock:
                 message.acked = True
                 self._unacked_messages.discard(message)
             return False
+        self._handled.discard(key)
         acked: bool = super().ack(message)
         return acked
 
@@ -442,6 +460,14 @@ async def _await_deliveries(event: EventT[bytes], pending: list[FutureMessage]) 
     message = f"table changelog writes of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
     log.error(message)
     await app.crash(RuntimeError(message))
+
+
+def ack_handled(event: EventT[Any]) -> None:
+    """Ack an event its agent processed (the only kind of ack a commit counts, see :class:`WeirConsumer`)."""
+    consumer = event.app.consumer
+    if isinstance(consumer, WeirConsumer):
+        consumer.mark_handled(event.message)
+    event.ack()
 
 
 def install() -> None:

@@ -115,7 +115,7 @@ def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) 
 
 
 def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invariant(pipeline: Pipeline) -> None:
-    orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "150")) // 3
+    orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "90")) // 3
     screens = make_screens(orders, seed=8)
     # No order may time out at the barrier while a rebalance holds its partition: the reports must equal the reference.
     workers = start_shop(pipeline, WEIR_SHOP_DISPATCH_TIMEOUT_MS=600_000)
