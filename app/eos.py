@@ -304,6 +304,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         acks_enabled_for = self.app.topics.acks_enabled_for
         commit_every = self._commit_every
         since_yield = 0
+        #: per partition, a hole seen once (expected offset, offset that came): believed when seen again
+        suspects: dict[TP, tuple[int, int]] = {}
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(CONSUMER_FETCHING)
@@ -335,7 +337,21 @@ class WeirConsumer(aiokafka_driver.Consumer):
                         continue  # delivered before
                     if acks_enabled_for(tp.topic):
                         expected = expected if expected is not None else committed_offsets.get(tp)
+                        suspect = suspects.get(tp)
+                        if suspect is not None and offset < suspect[1]:
+                            log.warning("%s: offsets %s..%s were skipped by a fetch; fetched again", tp, suspect[0], suspect[1] - 1)
+                            suspects.pop(tp)
                         if expected is not None and offset > expected:
+                            if offset - expected > 1 and suspects.get(tp) != (expected, offset):
+                                # More than a transaction marker is missing: fetch again from the
+                                # expected offset before believing the hole (seen once: a fetch
+                                # position that jumped over committed records after a takeover).
+                                suspects[tp] = (expected, offset)
+                                positions[tp] = expected
+                                firsts[tp] = expected
+                                await self._rewind(firsts)
+                                break
+                            suspects.pop(tp, None)
                             self._gap[tp].addi(expected, offset)
                     if commit_every is not None and self._n_acked >= commit_every:
                         self._n_acked = 0
