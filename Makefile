@@ -67,9 +67,14 @@ test: $(STAMP) ## lint, then every test (starts the local broker itself)
 	scripts/broker.sh start
 	$(BIN)/pytest tests
 
-bench: $(STAMP) ## benchmarks: print figures (bench/split_aggregate.py, bench/barrier.py)
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams (writes bench/results.md; QUICK=1 = 1-run smoke), then the barrier
 	scripts/broker.sh start
-	$(BIN)/python -m bench.split_aggregate
+	$(BIN)/python -m bench.compare $(if $(QUICK),--quick,)
 	$(BIN)/python -m bench.barrier
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine

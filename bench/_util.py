@@ -1,0 +1,222 @@
+"""Shared pieces of the benchmarks: test messages, worker processes, CPU per process, result collectors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.processes import ROOT
+
+__all__ = [
+    "FLAVOURS",
+    "Collector",
+    "CpuMeter",
+    "Proc",
+    "broker_pid",
+    "end_offsets_total",
+    "order",
+    "percentile",
+    "record",
+]
+
+FLAVOURS = ["vanilla", "chocolate", "strawberry", "pistachio", "lemon", "mint"]
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def record(number: int) -> bytes:
+    """One of the plain test messages: JSON of 150 to 200 bytes."""
+    return orjson.dumps(
+        {
+            "order_id": f"o-{number:08d}",
+            "customer": f"c-{number % 1000:04d}",
+            "flavour": FLAVOURS[number % 6],
+            "scoops": 1 + number % 3,
+            "price_cents": 250 * (1 + number % 3),
+            "created_ms": 1_764_450_000_000 + number,
+            "note": "two spoons, no cone, extra napkins please",
+        }
+    )
+
+
+def order(number: int, items: int) -> bytes:
+    """An order of ``items`` items, keyed ``b-<number>`` (the input of both split/aggregate pipelines)."""
+    return orjson.dumps(
+        {"order_id": f"b-{number}", "items": [{"flavour": FLAVOURS[(number + i) % 6], "scoops": 1 + i % 3} for i in range(items)]}
+    )
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def broker_pid() -> int | None:
+    """The local broker's pid (scripts/broker.sh writes it), None when KAFKA_BOOTSTRAP names another broker."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        return None
+    pidfile = Path(os.environ.get("WEIR_STATE_DIR", str(ROOT / ".weir"))) / "kafka.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of the whole process (all its threads), from /proc/<pid>/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+@dataclass
+class CpuMeter:
+    """CPU used by named processes over an interval, as a percentage of one core."""
+
+    pids: dict[str, int]
+    _start: dict[str, float | None] = field(default_factory=dict)
+    _started: float = 0.0
+
+    def start(self) -> CpuMeter:
+        self._start = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._started = time.monotonic()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        elapsed = max(1e-6, time.monotonic() - self._started)
+        used: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            before, after = self._start.get(name), _cpu_seconds(pid)
+            if before is not None and after is not None:
+                used[name] = 100 * (after - before) / elapsed
+        return used
+
+
+@dataclass
+class Proc:
+    """A worker process in its own session (so stop() ends it and its children), output to ``log_path``."""
+
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> Proc:
+        self._log = self.log_path.open("ab")
+        env = {"PYTHONPATH": str(ROOT), **self.env}
+        self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            message = f"{self.command[:4]} exited with {self.process.returncode} ({self.log_path}):\n{self.log_text()[-3000:]}"
+            raise RuntimeError(message)
+
+    def wait_for_log(self, marker: str, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while marker not in self.log_text():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                message = f"{self.command[:4]}: no {marker!r} after {timeout_s}s ({self.log_path}):\n{self.log_text()[-3000:]}"
+                raise RuntimeError(message)
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+async def end_offsets_total(consumer: AIOKafkaConsumer, topic: str, partitions: int) -> int:
+    offsets = await consumer.end_offsets([TopicPartition(topic, number) for number in range(partitions)])
+    return sum(offsets.values())
+
+
+class Collector:
+    """Reads a topic from its beginning (read_committed) and notes when each key was first seen (wall clock)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.seen: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    async def start(self) -> Collector:
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            group_id=None,
+            fetch_max_wait_ms=50,
+        )
+        await consumer.start()
+        self._task = asyncio.create_task(self._run(consumer))
+        return self
+
+    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=100, max_records=5000)
+                now = time.time()
+                for messages in batch.values():
+                    for message in messages:
+                        if message.key is not None:
+                            self.seen.setdefault(message.key.decode(), now)
+                if batch:
+                    self._changed.set()
+        finally:
+            await consumer.stop()
+
+    async def wait_for(self, keys: Iterable[str], timeout_s: float, alive: Callable[[], None] | None = None) -> bool:
+        """True when every key was seen, False after the timeout; ``alive()`` may raise (a worker died)."""
+        wanted = set(keys)
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= self.seen.keys():
+            if alive is not None:
+                alive()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
