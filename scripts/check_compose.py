@@ -33,9 +33,10 @@ _DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_
 def _agent_names() -> tuple[str, ...]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from app.settings import AGENT_NAMES
+    from app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
 
-    return AGENT_NAMES
+    # "flows" runs the user's WEIR_FLOWS module: a service for it belongs to the user's own deployment.
+    return AGENT_NAMES + tuple(name for name in OPTIONAL_AGENT_NAMES if name != "flows")
 
 
 def check_compose(path: Path | str, *, base_dir: Path | str | None = None, agent_names: Iterable[str] | None = None) -> list[str]:
