@@ -8,8 +8,9 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from app.codec import dumps
-from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, signals, topics
+from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings, topics
 from app.deadlines import DeadlineIndex, deadline_bucket
+from app.ticks import tick_every
 from tables.aggregates import (
     AggregatorConfig,
     DoneState,
@@ -140,15 +141,4 @@ async def aggregator(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="aggregator: message", handler=_handle)
 
 
-async def send_ticks() -> None:
-    """Each aggregator worker ticks the partitions it owns; the tick is handled in stream order."""
-    topic_name = topics.item_results.get_topic_name()
-    try:
-        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name]
-        for partition in owned:
-            await signals.send(topic_name, dumps({"kind": "tick"}), partition)
-    except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
-        log.debug("tick skipped: %s", error)
-
-
-app.timer(interval=settings.tick_interval_ms / 1000)(send_ticks)
+tick_every(topics.item_results)

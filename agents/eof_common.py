@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-
 import faust
 
 from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
-from app.core import app, settings, signals, topics
+from app.core import app, settings, topics
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS, Emit, EofConfig, OpeningHours
 
-__all__ = ["batches_topic", "counter_topic", "aggregate_topic", "reports_topic", "CONFIG", "HOURS", "CATALOGUE", "emit", "tick_owned"]
-
-log = logging.getLogger(__name__)
+__all__ = ["batches_topic", "counter_topic", "aggregate_topic", "reports_topic", "CONFIG", "HOURS", "CATALOGUE", "emit"]
 
 
 def _topic(name: str) -> faust.TopicT:
@@ -38,14 +34,3 @@ async def emit(client: str, emits: list[Emit]) -> None:
     sent = [await targets[message.to].send(key=client.encode(), value=dumps(message.value)) for message in emits]
     for future in sent:
         await future
-
-
-async def tick_owned(topic: faust.TopicT) -> None:
-    """Send a tick to each partition of ``topic`` this worker owns (handled in stream order by its agent)."""
-    name = topic.get_topic_name()
-    try:
-        for tp in app.consumer.assignment():
-            if tp.topic == name:
-                await signals.send(name, dumps({"kind": "tick"}), tp.partition)
-    except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
-        log.debug("tick skipped: %s", error)

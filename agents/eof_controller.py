@@ -6,9 +6,10 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.eof_common import CONFIG, counter_topic, emit, tick_owned
-from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings
-from app.deadlines import DeadlineIndex, deadline_bucket
+from agents.eof_common import CONFIG, counter_topic, emit
+from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter
+from app.deadlines import DeadlineIndex
+from app.ticks import tick_every
 from tables.eof import ControllerState, ControllerTransition, on_controller_tick, on_delivered, on_report, on_sent
 from tables.eof_controller_tables import counter_deadlines, counters
 
@@ -46,19 +47,16 @@ async def _apply(event: EventT[bytes], client: str, previous: ControllerState | 
 
 
 async def _on_tick(event: EventT[bytes], now: int) -> None:
-    async def due(_kind: str, client: str) -> bool:
+    def deadline_of(client: str) -> int | None:
         state = _load(client)
-        if state is None:
-            return False
-        if state.deadline_ms(CONFIG) > now:
-            if deadline_bucket(state.deadline_ms(CONFIG)) > deadline_bucket(now):
-                deadline_index.add(event.message.partition, "client", client, state.deadline_ms(CONFIG))
-                return False
-            return True
-        await _apply(event, client, state, on_controller_tick(state, CONFIG, now))
-        return False
+        return None if state is None else state.deadline_ms(CONFIG)
 
-    await deadline_index.walk(event.message.partition, now, due)
+    async def expire(client: str) -> None:
+        state = _load(client)
+        if state is not None:
+            await _apply(event, client, state, on_controller_tick(state, CONFIG, now))
+
+    await deadline_index.walk_keys(event.message.partition, now, deadline_of, expire)
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:
@@ -90,8 +88,4 @@ async def eof_controller(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="eof controller: message", handler=_handle)
 
 
-async def _tick() -> None:
-    await tick_owned(counter_topic)
-
-
-app.timer(interval=settings.tick_interval_ms / 1000)(_tick)
+tick_every(counter_topic)

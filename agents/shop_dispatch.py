@@ -7,9 +7,9 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from agents.shop_common import send_all, shop_topics
-from app.codec import dumps
-from app.core import InvalidMessage, app, handle_events, now_ms, settings, signals
-from app.deadlines import DeadlineIndex, deadline_bucket
+from app.core import InvalidMessage, app, handle_events, now_ms, settings
+from app.deadlines import DeadlineIndex
+from app.ticks import tick_every
 from tables.shop import Dispatch, DispatchDone, DispatchState, ShopOrder, on_dispatch_tick, on_kitchen, on_open, on_payment
 from tables.shop_dispatch_tables import dispatch, dispatch_deadlines
 
@@ -47,18 +47,18 @@ async def _store(event: EventT[bytes], order_id: str, previous: DispatchState | 
 
 
 async def _on_tick(event: EventT[bytes], now: int) -> None:
-    async def due(_kind: str, order_id: str) -> bool:
+    def deadline_of(order_id: str) -> int | None:
         state = _load(order_id)
-        if state is None:
-            return False
-        if _due_ms(state) > now:
-            return deadline_bucket(_due_ms(state)) <= deadline_bucket(now)
-        updated, sends = on_dispatch_tick(state, now, settings.done_retention_ms, PLACEHOLDER_TIMEOUT_MS)
-        await _store(event, order_id, state, updated)
-        await send_all(sends)
-        return False
+        return None if state is None else _due_ms(state)
 
-    await deadline_index.walk(event.message.partition, now, due)
+    async def expire(order_id: str) -> None:
+        state = _load(order_id)
+        if state is not None:
+            updated, sends = on_dispatch_tick(state, now, settings.done_retention_ms, PLACEHOLDER_TIMEOUT_MS)
+            await _store(event, order_id, state, updated)
+            await send_all(sends)
+
+    await deadline_index.walk_keys(event.message.partition, now, deadline_of, expire)
 
 
 def _flag(message: dict[str, Any], name: str) -> bool:
@@ -112,14 +112,4 @@ async def shop_dispatch(stream: StreamT[bytes]) -> None:
     await handle_events(stream, agent=AGENT, what="shop dispatch: message", handler=_handle)
 
 
-async def _tick() -> None:
-    name = shop_topics["dispatch"].get_topic_name()
-    try:
-        for tp in app.consumer.assignment():
-            if tp.topic == name:
-                await signals.send(name, dumps({"kind": "tick"}), tp.partition)
-    except Exception:  # not assigned yet, or mid-rebalance: the next tick tries again
-        return
-
-
-app.timer(interval=settings.tick_interval_ms / 1000)(_tick)
+tick_every(shop_topics["dispatch"])

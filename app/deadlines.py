@@ -88,3 +88,31 @@ class DeadlineIndex:
                 del self.table[count_key]
             for entry in kept:
                 self._file(partition, current, entry)
+
+    async def walk_keys(
+        self,
+        partition: int,
+        now_ms: int,
+        deadline_of: Callable[[str], int | None],
+        expire: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """Walk entries that stand for keyed states whose deadline may have moved since they were filed.
+
+        ``deadline_of(key)`` is the state's current deadline (None: the key is gone, drop the entry). A
+        deadline later than this second is filed again at its own second (one entry per key at a time);
+        one later in this second is looked at again next tick; one that passed calls ``expire(key)``.
+        """
+
+        async def due(kind: str, key: str) -> bool:
+            deadline_ms = deadline_of(key)
+            if deadline_ms is None:
+                return False
+            if deadline_ms > now_ms:
+                if deadline_bucket(deadline_ms) > deadline_bucket(now_ms):
+                    self.add(partition, kind, key, deadline_ms)
+                    return False
+                return True
+            await expire(key)
+            return False
+
+        await self.walk(partition, now_ms, due)

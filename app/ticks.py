@@ -1,0 +1,37 @@
+"""Ticks: a timer sends one to each partition of a topic this worker owns; the owning agent does the work."""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+
+from app.codec import dumps
+from app.core import app, settings, signals
+
+__all__ = ["tick_owned", "tick_every"]
+
+log = logging.getLogger(__name__)
+
+
+async def tick_owned(topic: faust.TopicT) -> None:
+    """Send ``{"kind": "tick"}`` to each partition of ``topic`` this worker owns (handled in stream order).
+
+    Tables can only change inside stream processing, so a timer never expires state itself.
+    """
+    name = topic.get_topic_name()
+    try:
+        for tp in app.consumer.assignment():
+            if tp.topic == name:
+                await signals.send(name, dumps({"kind": "tick"}), tp.partition)
+    except Exception as error:  # not assigned yet, or mid-rebalance: the next tick tries again
+        log.debug("tick of %s skipped: %s", name, error)
+
+
+def tick_every(topic: faust.TopicT, interval_ms: int | None = None) -> None:
+    """Register a timer that ticks ``topic``'s owned partitions every ``interval_ms`` (default WEIR_TICK_INTERVAL_MS)."""
+
+    async def tick() -> None:
+        await tick_owned(topic)
+
+    app.timer(interval=(interval_ms or settings.tick_interval_ms) / 1000)(tick)
