@@ -179,3 +179,23 @@ def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipe
     events = len(registrations) + len(children_messages)
     stats = trigger_stats(pipeline, events=events)
     report("5% completions lost", stats, seconds=elapsed)
+
+
+def test_a_sigkill_of_a_trigger_worker_mid_run_wakes_every_parent_once(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    rng = random.Random(31)
+    parents = make_parents(300, seed=13)
+    messages: list[Message] = [registration(parent, children) for parent, children in parents.items()]
+    messages += [completion_message(parent, child, outcome) for parent, children in parents.items() for child, outcome in children.items()]
+    rng.shuffle(messages)
+    workers = [pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=1000) for _ in range(2)]
+    for worker in workers:
+        worker.wait_ready()
+    chunk = len(messages) // 6
+    for number in range(6):
+        publish(pipeline, messages[number * chunk : (number + 1) * chunk] if number < 5 else messages[5 * chunk :])
+        if number == 2:
+            workers[1].kill()  # mid-run: its partitions, their batches and their table state move to the survivor
+        time.sleep(0.5)
+    wakes = read_wakes(pipeline, expected=len(parents), timeout_s=180, settle_s=3)
+    assert_woken_once(wakes, parents)
