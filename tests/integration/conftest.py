@@ -16,14 +16,6 @@ import pytest
 from app.processes import WorkerProcess
 from tests.conftest import ROOT
 
-#: The open defect behind the SIGKILL takeover tests (see the README and the issue notes).
-KNOWN_TAKEOVER_DEFECT = (
-    "open defect (see the README and the issue note): after a SIGKILL takeover, in about one run in three, Faust "
-    "drops records fetched around the rebalance and later commits past them, or never commits a partition again; "
-    "seen under exactly_once and at_least_once. Results are then lost (groups complete partial at their deadline) "
-    "or stay in an open transaction."
-)
-
 
 def free_port() -> int:
     with socket.socket() as sock:

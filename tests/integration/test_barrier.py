@@ -14,7 +14,7 @@ import pytest
 
 from app.kafka_io import ensure_topics, read_topic
 from app.processes import WorkerProcess
-from tests.integration.conftest import KNOWN_TAKEOVER_DEFECT, Pipeline
+from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +202,6 @@ def test_restart_loses_nothing_and_resumes_what_ended_while_down(pipeline: Pipel
     assert all(runs[f"stamp {order_id}"] == 1 for order_id in waiting), "steps before the barrier ran once"
 
 
-@pytest.mark.xfail(reason=KNOWN_TAKEOVER_DEFECT, strict=False)
 def test_two_processes_and_a_sigkill_while_exchanges_wait(pipeline: Pipeline) -> None:
     prepare(pipeline)
     first = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=60_000)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, produce, produce_json, read_topic
-from tests.integration.conftest import KNOWN_TAKEOVER_DEFECT, Pipeline
+from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,6 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
     assert {letter["agent"] for letter in letters} == {"splitter", "items", "aggregator"}
 
 
-@pytest.mark.xfail(reason=KNOWN_TAKEOVER_DEFECT, strict=False)
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee: str) -> None:
     """Two workers run every agent; one is SIGKILLed while orders flow. Under exactly_once no order's
