@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -73,8 +75,14 @@ def pipeline(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureReques
     unique = uuid.uuid4().hex[:8]
     deployment = Pipeline(bootstrap=kafka_bootstrap, tmp=tmp_path, prefix=f"t{unique}.", app_id=f"t{unique}")
     yield deployment
-    deployment.stop_all()
     report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        # Each live worker logs its asyncio tasks and consumer positions (app.core.dump_tasks) before it stops.
+        for worker in deployment.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+    deployment.stop_all()
     if report is not None and report.failed:
         for worker in deployment.workers:
             sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{worker.log_text()[-6000:]}\n")
