@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ORDERS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install broker broker-stop broker-wipe demo demo-split test test-unit test-integration lint format bench clean compose-check
+.PHONY: help install broker broker-stop broker-wipe demo demo-split chaos test test-unit test-integration lint format bench clean compose-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -76,6 +76,10 @@ bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Str
 	scripts/broker.sh start
 	$(BIN)/python -m bench.compare $(if $(QUICK),--quick,)
 	$(BIN)/python -m bench.barrier
+
+chaos: $(STAMP) ## long shop run: kitchen/payment workers SIGKILLed and restarted, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=20)
+	scripts/broker.sh start
+	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),20)
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
 	$(BIN)/python scripts/check_compose.py docker/compose.yaml

@@ -12,6 +12,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 from faust.types import EventT, StreamT, TableT
+from faust.types.auth import CredentialsT
 
 from app import eos
 from app.codec import DecodeError, dumps, loads
@@ -37,11 +38,30 @@ log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
 eos.install()
+
+
+def broker_credentials(config: Settings) -> CredentialsT | None:
+    """Faust's credentials for ``WEIR_KAFKA_SECURITY_PROTOCOL`` (None: plaintext); the same as every other client's."""
+    context = config.kafka_ssl_context()
+    if config.kafka_security_protocol == "SSL":
+        return faust.SSLCredentials(context)
+    if config.kafka_security_protocol.startswith("SASL_"):
+        # an ssl_context makes it SASL_SSL, none SASL_PLAINTEXT
+        return faust.SASLCredentials(
+            username=config.kafka_sasl_username,
+            password=config.kafka_sasl_password,
+            mechanism=config.kafka_sasl_mechanism,
+            ssl_context=context,
+        )
+    return None
+
+
 (settings.data_dir / settings.group_id).mkdir(parents=True, exist_ok=True)
 
 app = faust.App(
     settings.group_id,
     broker=f"kafka://{settings.bootstrap}",
+    broker_credentials=broker_credentials(settings),
     store="rocksdb://",
     datadir=str(settings.data_dir / settings.group_id),
     processing_guarantee=settings.processing_guarantee,
@@ -154,13 +174,14 @@ class SignalSender:
     are idempotent, so they need no transaction.
     """
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_options: dict[str, Any] | None = None) -> None:
         self._bootstrap = bootstrap
+        self._client_options = client_options or {}
         self._producer: AIOKafkaProducer | None = None
 
     async def send(self, topic: str, value: bytes, partition: int) -> None:
         if self._producer is None:
-            self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks=1, linger_ms=0)
+            self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks=1, linger_ms=0, **self._client_options)
             await self._producer.start()
         await self._producer.send(topic, value=value, partition=partition)
 
@@ -170,7 +191,7 @@ class SignalSender:
             await producer.stop()
 
 
-signals = SignalSender(settings.bootstrap)
+signals = SignalSender(settings.bootstrap, settings.kafka_client_options())
 
 
 @app.on_before_shutdown.connect

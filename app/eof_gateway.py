@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from app.codec import dumps
-from app.kafka_io import ensure_topics
+from app.kafka_io import client_options_or_env, ensure_topics
 from app.settings import load_settings
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
 
@@ -53,8 +53,12 @@ def batched(lines: Iterable[str], batch_size: int) -> list[list[str]]:
 class Gateway:
     """Runs clients through the EOF pipeline; any number at once, each waiting for its own report."""
 
-    def __init__(self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4) -> None:
+    def __init__(
+        self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4, client_options: Mapping[str, Any] | None = None
+    ) -> None:
         self._bootstrap = bootstrap
+        #: security options of every client (default: the environment's WEIR_KAFKA_* settings)
+        self._client_options = client_options_or_env(client_options)
         self._topic = topic
         self._partitions = partitions
         self._producer: AIOKafkaProducer | None = None
@@ -73,12 +77,18 @@ class Gateway:
 
     async def start(self) -> None:
         names = [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_REPORTS)]
-        counts = await ensure_topics(self._bootstrap, names, self._partitions)
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=5)
+        counts = await ensure_topics(self._bootstrap, names, self._partitions, client_options=self._client_options)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=5, **self._client_options
+        )
         await self._producer.start()
         # read_committed: a report inside a transaction that later aborts is never seen
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed"
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            **self._client_options,
         )
         await self._consumer.start()
         reports = self._topic(TOPIC_REPORTS)

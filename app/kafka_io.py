@@ -4,25 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.codec import dumps
+from app.settings import kafka_client_options
 
-__all__ = ["produce", "produce_json", "read_topic", "ensure_topics"]
+__all__ = ["produce", "produce_json", "read_topic", "ensure_topics", "client_options_or_env"]
 
 
-async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0) -> dict[str, int]:
+def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``client_options`` as given, or the security options of the environment (``WEIR_KAFKA_SECURITY_PROTOCOL`` ...).
+
+    Every helper takes an explicit bootstrap; its client options default to the environment's so that a
+    SASL or TLS deployment needs no change in the callers.
+    """
+    return dict(client_options) if client_options is not None else kafka_client_options()
+
+
+async def ensure_topics(
+    bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0, client_options: Mapping[str, Any] | None = None
+) -> dict[str, int]:
     """Create the topics that do not exist yet, wait until the broker lists them; their partition counts.
 
     A consumer that subscribes before its topics are in the broker's metadata is assigned nothing and
     only notices them minutes later (a just-started broker is slow to show new topics).
     """
     wanted = list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -47,10 +59,21 @@ async def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int, *
         await admin.close()
 
 
-async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], *, partition: int | None = None) -> int:
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    *,
+    partition: int | None = None,
+    client_options: Mapping[str, Any] | None = None,
+) -> int:
     """Send raw (key, value) records, waiting until the broker has all of them; returns how many."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
-    await producer.start()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5, **client_options_or_env(client_options))
+    try:
+        await producer.start()
+    except BaseException:  # refused (credentials) or unreachable: close what start opened
+        await producer.stop()
+        raise
     count = 0
     try:
         pending = []
@@ -64,8 +87,10 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | No
     return count
 
 
-async def produce_json(bootstrap: str, topic: str, records: Iterable[tuple[str, Any]]) -> int:
-    return await produce(bootstrap, topic, ((key.encode(), dumps(value)) for key, value in records))
+async def produce_json(
+    bootstrap: str, topic: str, records: Iterable[tuple[str, Any]], *, client_options: Mapping[str, Any] | None = None
+) -> int:
+    return await produce(bootstrap, topic, ((key.encode(), dumps(value)) for key, value in records), client_options=client_options)
 
 
 async def read_topic(
@@ -76,6 +101,7 @@ async def read_topic(
     timeout_s: float,
     decode: Callable[[bytes], Any] | None = None,
     read_committed: bool = True,
+    client_options: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """Read ``topic`` from the beginning (read_committed) until ``until(records)`` holds or the timeout passes."""
     consumer = AIOKafkaConsumer(
@@ -85,6 +111,7 @@ async def read_topic(
         enable_auto_commit=False,
         isolation_level="read_committed" if read_committed else "read_uncommitted",
         group_id=None,
+        **client_options_or_env(client_options),
     )
     await consumer.start()
     records: list[Any] = []

@@ -23,6 +23,8 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from app.settings import kafka_client_options
+
 __all__ = [
     "OUTBOX_ID_HEADER",
     "OUTBOX_SOURCE_HEADER",
@@ -584,7 +586,8 @@ class OutboxRelay:
         self.stats = RelayStats()
         self._on_published = on_published
         self._on_sleep = on_sleep
-        self._producer_options = dict(producer_options or {})
+        # the environment's Kafka security options (WEIR_KAFKA_*), unless the caller's options say otherwise
+        self._producer_options = {**kafka_client_options(), **(producer_options or {})}
         self._trigger = StreamTrigger()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()

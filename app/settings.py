@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
-__all__ = ["Settings", "load_settings", "AGENT_NAMES"]
+__all__ = ["Settings", "load_settings", "kafka_client_options", "AGENT_NAMES", "SECURITY_PROTOCOLS", "SASL_MECHANISMS"]
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
@@ -28,6 +30,11 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
 )
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: WEIR_KAFKA_SECURITY_PROTOCOL values (Kafka's names for a listener's security protocol).
+SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL")
+#: WEIR_KAFKA_SASL_MECHANISM values (those aiokafka and Faust's SASLCredentials support with a user and password).
+SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -76,6 +83,16 @@ class Settings:
 
     #: KAFKA_BOOTSTRAP: host:port of the broker (default: the local broker of ``make broker``).
     bootstrap: str = "127.0.0.1:19092"
+    #: WEIR_KAFKA_SECURITY_PROTOCOL: "PLAINTEXT" (default), "SASL_PLAINTEXT", "SASL_SSL" or "SSL".
+    kafka_security_protocol: str = "PLAINTEXT"
+    #: WEIR_KAFKA_SASL_MECHANISM: "PLAIN" (default), "SCRAM-SHA-256" or "SCRAM-SHA-512" (SASL_* protocols only).
+    kafka_sasl_mechanism: str = "PLAIN"
+    #: WEIR_KAFKA_SASL_USERNAME / WEIR_KAFKA_SASL_PASSWORD: the SASL user; the password is never shown (repr, logs).
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = field(default="", repr=False)
+    #: WEIR_KAFKA_SSL_CAFILE: PEM file of the CA that signed the broker's certificate (SSL, SASL_SSL);
+    #: empty means the system's trusted CAs.
+    kafka_ssl_cafile: str = ""
     #: WEIR_APP_ID: prefix of the consumer group / Faust app id; the stage set is appended.
     app_id: str = "weir"
     #: WEIR_TOPIC_PREFIX: prefix of every topic weir declares (tests use a unique one).
@@ -157,6 +174,26 @@ class Settings:
                     raise ValueError(message) from None
         return self.shop_stock
 
+    def kafka_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of every Kafka connection, or None when the protocol has no TLS."""
+        if self.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        return ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=self.kafka_ssl_cafile or None)
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """The security keyword arguments of every aiokafka client (producer, consumer, admin) weir makes."""
+        options: dict[str, Any] = {"security_protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol.startswith("SASL_"):
+            options.update(
+                sasl_mechanism=self.kafka_sasl_mechanism,
+                sasl_plain_username=self.kafka_sasl_username,
+                sasl_plain_password=self.kafka_sasl_password,
+            )
+        context = self.kafka_ssl_context()
+        if context is not None:
+            options["ssl_context"] = context
+        return options
+
     @property
     def stage(self) -> str:
         """The name of the stage set this process runs: "all" or the agents joined by "_"."""
@@ -172,6 +209,49 @@ class Settings:
         return f"{self.topic_prefix}{name}"
 
 
+class _Security(TypedDict):
+    kafka_security_protocol: str
+    kafka_sasl_mechanism: str
+    kafka_sasl_username: str
+    kafka_sasl_password: str
+    kafka_ssl_cafile: str
+
+
+def _security_from_env() -> _Security:
+    """The Kafka connection's security settings, checked (messages never include the password)."""
+    defaults = Settings()
+    protocol = _env_str("WEIR_KAFKA_SECURITY_PROTOCOL", defaults.kafka_security_protocol).upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        message = f"setting WEIR_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected one of {list(SECURITY_PROTOCOLS)}"
+        raise ValueError(message)
+    mechanism = _env_str("WEIR_KAFKA_SASL_MECHANISM", defaults.kafka_sasl_mechanism).upper()
+    if mechanism not in SASL_MECHANISMS:
+        message = f"setting WEIR_KAFKA_SASL_MECHANISM={mechanism!r}: expected one of {list(SASL_MECHANISMS)}"
+        raise ValueError(message)
+    username = _env_str("WEIR_KAFKA_SASL_USERNAME", "")
+    password = _env_str("WEIR_KAFKA_SASL_PASSWORD", "")
+    if protocol.startswith("SASL_") and not (username and password):
+        missing = [name for name, value in (("WEIR_KAFKA_SASL_USERNAME", username), ("WEIR_KAFKA_SASL_PASSWORD", password)) if not value]
+        message = f"setting WEIR_KAFKA_SECURITY_PROTOCOL={protocol!r} needs a SASL user: {missing} not set"
+        raise ValueError(message)
+    cafile = _env_str("WEIR_KAFKA_SSL_CAFILE", "")
+    if cafile and not Path(cafile).is_file():
+        message = f"setting WEIR_KAFKA_SSL_CAFILE={cafile!r}: no such file (expected the PEM file of the broker's CA)"
+        raise ValueError(message)
+    return {
+        "kafka_security_protocol": protocol,
+        "kafka_sasl_mechanism": mechanism,
+        "kafka_sasl_username": username,
+        "kafka_sasl_password": password,
+        "kafka_ssl_cafile": cafile,
+    }
+
+
+def kafka_client_options() -> dict[str, Any]:
+    """The aiokafka security options the environment asks for (see :meth:`Settings.kafka_client_options`)."""
+    return Settings(**_security_from_env()).kafka_client_options()
+
+
 def load_settings() -> Settings:
     """Read the settings from the environment (see each field of :class:`Settings`)."""
     defaults = Settings()
@@ -181,6 +261,7 @@ def load_settings() -> Settings:
         raise ValueError(message)
     return Settings(
         bootstrap=_env_str("KAFKA_BOOTSTRAP", defaults.bootstrap),
+        **_security_from_env(),
         app_id=_env_str("WEIR_APP_ID", defaults.app_id),
         topic_prefix=_env_str("WEIR_TOPIC_PREFIX", defaults.topic_prefix),
         agents=_agents_from_env(),

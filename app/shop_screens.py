@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -22,7 +22,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from app.codec import dumps
-from app.kafka_io import ensure_topics, read_topic
+from app.kafka_io import client_options_or_env, ensure_topics, read_topic
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 
@@ -43,8 +43,18 @@ class ScreenProgress:
 class Screens:
     """Runs screens against the shop's topics; any number at once, each one customer at a time."""
 
-    def __init__(self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4, day: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: Callable[[str], str],
+        *,
+        partitions: int = 4,
+        day: str | None = None,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self._bootstrap = bootstrap
+        #: security options of every client (default: the environment's WEIR_KAFKA_* settings)
+        self._client_options = client_options_or_env(client_options)
         self._topic = topic
         self._partitions = partitions
         self.day = day or time.strftime("%Y-%m-%dT%H%M%S")
@@ -56,11 +66,17 @@ class Screens:
 
     async def __aenter__(self) -> Screens:
         names = [self._topic(f"shop.{name}") for name in SHOP_TOPICS]
-        counts = await ensure_topics(self._bootstrap, names, self._partitions)
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=0)
+        counts = await ensure_topics(self._bootstrap, names, self._partitions, client_options=self._client_options)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=0, **self._client_options
+        )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed"
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            **self._client_options,
         )
         await self._consumer.start()
         partitions = [
@@ -142,13 +158,21 @@ def _last_values(records: list[Any]) -> dict[str, Any]:
     return values
 
 
-async def stock_left(bootstrap: str, topic: Callable[[str], str]) -> dict[str, dict[str, Any]]:
+async def stock_left(
+    bootstrap: str, topic: Callable[[str], str], *, client_options: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """The stock table as its committed changelog says: flavour -> container."""
-    records = await read_topic(bootstrap, topic("shop_stock-changelog"), until=lambda _: False, timeout_s=2.0)
+    records = await read_topic(
+        bootstrap, topic("shop_stock-changelog"), until=lambda _: False, timeout_s=2.0, client_options=client_options
+    )
     return {flavour: value for flavour, value in _last_values(records).items() if value is not None}
 
 
-async def payments_by_state(bootstrap: str, topic: Callable[[str], str]) -> dict[str, dict[str, Any]]:
+async def payments_by_state(
+    bootstrap: str, topic: Callable[[str], str], *, client_options: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """The payments table as its committed changelog says: ticket -> payment."""
-    records = await read_topic(bootstrap, topic("shop_payments-changelog"), until=lambda _: False, timeout_s=2.0)
+    records = await read_topic(
+        bootstrap, topic("shop_payments-changelog"), until=lambda _: False, timeout_s=2.0, client_options=client_options
+    )
     return {ticket: value for ticket, value in _last_values(records).items() if value is not None}

@@ -926,7 +926,13 @@ class DeadLettersView(WeirView):
 
 async def read_last_records(bootstrap: str, topic: str, limit: int, partitions: int) -> list[dict[str, Any]]:
     """The newest ``limit`` committed records of ``topic`` (``partitions`` partitions), decoded as dead letters."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed", group_id=None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        group_id=None,
+        **settings.kafka_client_options(),
+    )
     await consumer.start()
     try:
         # weir declares the topic with this many partitions (an unassigned consumer has no metadata for it)

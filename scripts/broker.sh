@@ -4,17 +4,25 @@
 # Jars come from Maven (broker/pom.xml) into .weir/kafka/libs, data lives in .weir/kafka-data.
 # Listens on 127.0.0.1:${WEIR_KAFKA_PORT:-19092} only. KAFKA_BOOTSTRAP set => an external broker is used
 # and this script does nothing.
+# Other instances: WEIR_STATE_DIR (data, pid, config), WEIR_KAFKA_PORT, WEIR_KAFKA_CONTROLLER_PORT, and
+# WEIR_KAFKA_LIBS (the jars; default $WEIR_STATE_DIR/kafka/libs) to share jars already fetched.
+# WEIR_KAFKA_SASL=1: the client listener is SASL_PLAINTEXT with mechanism PLAIN, one user
+# WEIR_KAFKA_SASL_USERNAME (default weir) with password WEIR_KAFKA_SASL_PASSWORD (default weir-secret);
+# clients then need WEIR_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT and that user (see app/settings.py).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 state_dir="${WEIR_STATE_DIR:-$root/.weir}"
-libs="$state_dir/kafka/libs"
+libs="${WEIR_KAFKA_LIBS:-$state_dir/kafka/libs}"
 data="$state_dir/kafka-data"
 port="${WEIR_KAFKA_PORT:-19092}"
 controller_port="${WEIR_KAFKA_CONTROLLER_PORT:-19093}"
 pidfile="$state_dir/kafka.pid"
 config="$state_dir/kafka/server.properties"
 ready_timeout="${WEIR_KAFKA_READY_TIMEOUT:-60}"
+sasl="${WEIR_KAFKA_SASL:-0}"
+sasl_user="${WEIR_KAFKA_SASL_USERNAME:-weir}"
+sasl_password="${WEIR_KAFKA_SASL_PASSWORD:-weir-secret}"
 
 die() { echo "broker: $*" >&2; exit 1; }
 
@@ -40,17 +48,44 @@ is_running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
-write_config() {
-  mkdir -p "$(dirname "$config")"
-  cat >"$config" <<PROPS
-process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:$controller_port
+# The client listener: PLAINTEXT, or with WEIR_KAFKA_SASL=1 SASL_PLAINTEXT/PLAIN with one JAAS user
+# (the broker's own inter-broker connections log in as that user too). The controller stays PLAINTEXT
+# on 127.0.0.1: only this node talks to it.
+listener_config() {
+  if [ "$sasl" = "1" ]; then
+    case "$sasl_user$sasl_password" in *'"'*|*'\\'*|*';'*) die "WEIR_KAFKA_SASL_USERNAME/PASSWORD must not contain '\"', '\\' or ';' (JAAS syntax)" ;; esac
+    [ -n "$sasl_user" ] && [ -n "$sasl_password" ] || die "WEIR_KAFKA_SASL=1 needs a non-empty user and password"
+    cat <<PROPS
+listeners=SASL_PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=SASL_PLAINTEXT
+listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+sasl.mechanism.inter.broker.protocol=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$sasl_user" password="$sasl_password" user_$sasl_user="$sasl_password";
+PROPS
+  else
+    cat <<PROPS
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+PROPS
+  fi
+}
+
+write_config() {
+  mkdir -p "$(dirname "$config")"
+  local listeners
+  listeners="$(listener_config)"
+  # the file may hold the SASL password: readable by its owner only
+  (umask 077; cat >"$config" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$controller_port
+$listeners
 log.dirs=$data
 num.partitions=4
 default.replication.factor=1
@@ -73,6 +108,7 @@ log.retention.check.interval.ms=60000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 transaction.remove.expired.transaction.cleanup.interval.ms=60000
 PROPS
+  )
 }
 
 classpath() { echo "$libs/*"; }

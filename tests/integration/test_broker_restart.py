@@ -1,0 +1,96 @@
+"""The broker stops mid-run (its data kept) and starts again: the workers reconnect and finish, nothing lost, nothing twice.
+
+Runs on a private broker instance (own ports and state dir): the shared broker is never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from app.kafka_io import ensure_topics, produce_json, read_topic
+from tests.integration.conftest import Pipeline
+from tests.integration.local_broker import BrokerInstance
+
+pytestmark = pytest.mark.integration
+
+ORDERS = 300
+ITEMS_PER_ORDER = 5
+DOWNTIME_S = 8.0
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[BrokerInstance]:
+    broker = BrokerInstance(tmp_path / "broker").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+async def precreate_changelogs(pipeline: Pipeline) -> None:
+    """The aggregator's changelogs, created (compacted, 4 partitions) before its worker starts.
+
+    Works around a start-up race seen only on a just-formatted broker: Faust creates a changelog and asks
+    for its partition count before the new topic is in the metadata, and the table then refuses every
+    record (PartitionsMismatch, dead-lettered as 'error'). Not what this test is about; see the report.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+    await admin.start()
+    try:
+        names = [pipeline.topic(f"{table}-changelog") for table in ("aggregates", "aggregates_done", "aggregate_deadlines")]
+        await admin.create_topics([NewTopic(name, 4, 1, topic_configs={"cleanup.policy": "compact"}) for name in names])
+    finally:
+        await admin.close()
+    await ensure_topics(pipeline.bootstrap, names, 4)
+
+
+def aggregates(pipeline: Pipeline, until: Any, timeout_s: float) -> list[dict[str, Any]]:
+    return asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("aggregates"), until=until, timeout_s=timeout_s, decode=orjson.loads))
+
+
+def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_or_twice(own_broker: BrokerInstance, tmp_path: Path) -> None:
+    unique = uuid.uuid4().hex[:8]
+    pipeline = Pipeline(bootstrap=own_broker.bootstrap, tmp=tmp_path, prefix=f"r{unique}.", app_id=f"r{unique}")
+    try:
+        # deadlines far away: a group must complete by count, not time out while the broker is down
+        env = {"WEIR_AGGREGATE_TIMEOUT_MS": 600_000, "WEIR_COMMIT_INTERVAL": 0.2}
+        asyncio.run(precreate_changelogs(pipeline))
+        workers = [pipeline.start_worker("splitter,aggregator", **env), pipeline.start_worker("items", **env)]
+        for worker in workers:
+            worker.wait_ready(120)
+        orders = [
+            (f"o-{number}", {"order_id": f"o-{number}", "items": [{"value": index} for index in range(ITEMS_PER_ORDER)]})
+            for number in range(ORDERS)
+        ]
+        asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("orders"), orders))
+        before = aggregates(pipeline, until=lambda rows: len(rows) >= 20, timeout_s=120)
+        assert 20 <= len(before) < ORDERS, f"{len(before)} results before the broker was stopped: expected the run to be under way"
+
+        own_broker.stop()
+        stopped_at = time.monotonic()
+        time.sleep(DOWNTIME_S)
+        assert all(worker.process is not None and worker.process.poll() is None for worker in workers), "a worker exited"
+        own_broker.start()
+        print(f"\nbroker stopped after {len(before)} of {ORDERS} results, back after {time.monotonic() - stopped_at:.1f}s")
+
+        results = aggregates(pipeline, until=lambda rows: len({row["correlation_id"] for row in rows}) >= ORDERS, timeout_s=240)
+        per_order = Counter(row["correlation_id"] for row in results)
+        assert sorted(per_order) == sorted(order_id for order_id, _ in orders), f"lost: {sorted(set(dict(orders)) - set(per_order))[:5]}"
+        assert [order_id for order_id, count in per_order.items() if count > 1] == [], "an order has more than one result"
+        assert Counter(row["status"] for row in results) == Counter({"complete": ORDERS})
+        assert all(len(row["items"]) == ITEMS_PER_ORDER for row in results)
+        letters = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("dead-letters"), until=lambda _: False, timeout_s=2.0))
+        assert letters == [], "nothing dead-lettered"
+        assert all(worker.process is not None and worker.process.poll() is None for worker in workers)
+    finally:
+        pipeline.stop_all()
