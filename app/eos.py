@@ -295,6 +295,50 @@ class WeirConsumer(aiokafka_driver.Consumer):
             except Exception as exc:
                 log.info("rewind of %s to %s skipped: %r", tp, target, exc)
 
+    #: seconds a fetch position may stay ahead of the next offset to deliver before the partition is rewound
+    STUCK_AFTER_S = 2.0
+
+    async def _watch_fetch_positions(self) -> None:
+        """Rewind a partition whose fetch position stays ahead of what was delivered, with no batch in hand.
+
+        Between batches every fetched record has been delivered, so a fetch position past the next offset
+        to deliver means records were consumed from the client and dropped (seen around a takeover: the
+        records after the last delivered one never came again). A transaction marker at the end of a
+        partition also leaves the position one ahead: that case costs one harmless seek every few seconds.
+        """
+        now = time.monotonic()
+        if now - self.__dict__.get("_weir_watched", 0.0) < self.STUCK_AFTER_S / 2:
+            return
+        self.__dict__["_weir_watched"] = now
+        watch: dict[TP, tuple[int, int, float]] = self.__dict__.setdefault("_weir_watch", {})
+        try:
+            client = self._thread._consumer  # type: ignore[attr-defined]
+            assignment = client._subscription.subscription.assignment if client is not None else None
+        except AttributeError:
+            return
+        if assignment is None:
+            return
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        for tp, next_offset in list(self._next.items()):
+            position: int | None = None
+            if acks_enabled_for(tp.topic):
+                try:
+                    state = assignment.state_value(tp)
+                    position = state.position if state is not None and state.has_valid_position else None
+                except (KeyError, AssertionError, AttributeError):  # revoked or being reset meanwhile
+                    position = None
+            if position is None or position <= next_offset:
+                watch.pop(tp, None)
+                continue
+            seen = watch.get(tp)
+            if seen is None or seen[:2] != (next_offset, position):
+                watch[tp] = (next_offset, position, now)
+            elif now - seen[2] >= self.STUCK_AFTER_S:
+                if position - next_offset > 1:
+                    log.info("%s: fetched up to %s but delivered up to %s; fetching again", tp, position - 1, next_offset - 1)
+                watch.pop(tp, None)
+                await self._rewind({tp: next_offset})
+
     async def _drain_messages(self, fetcher: ServiceT) -> None:
         callback = self.callback
         consumer_stopped = cast(Service, self)._stopped.is_set
@@ -309,6 +353,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(CONSUMER_FETCHING)
+                await self._watch_fetch_positions()
                 epoch = self._weir_epoch
                 records, active = await self._wait_next_records(1.0)
                 await self.sleep(0)
