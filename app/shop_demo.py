@@ -73,7 +73,25 @@ def read_screens(orders_dir: Path) -> dict[str, list[str]]:
     return {path.stem: path.read_text().splitlines() for path in files}
 
 
-async def run_shop(screens: dict[str, list[str]], *, bootstrap: str, topic_prefix: str, timeout_s: float) -> dict[str, Any]:
+async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stock and payments once the last commits and deliveries are through (every outcome is out before its
+    settlement reaches the kitchen and the payment gateway; after a crash, a peer finishes them).
+
+    Waits until no scoops are reserved and no capture is open, or ``timeout_s``; returns what it read last.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stock = await stock_left(bootstrap, topic)
+        payments = await payments_by_state(bootstrap, topic)
+        busy = any(container["reserved"] for container in stock.values()) or any(p["state"] == "captured" for p in payments.values())
+        if not busy or time.monotonic() > deadline:
+            return stock, payments
+        await asyncio.sleep(1.0)
+
+
+async def run_shop(
+    screens: dict[str, list[str]], *, bootstrap: str, topic_prefix: str, timeout_s: float, settle_timeout_s: float = 60.0
+) -> dict[str, Any]:
     """Serve every screen's lines and gather the reports, the stock, the payments and the dead letters."""
 
     def topic(name: str) -> str:
@@ -91,13 +109,13 @@ async def run_shop(screens: dict[str, list[str]], *, bootstrap: str, topic_prefi
             stop.set()
             await reporter
     elapsed = time.monotonic() - started
-    await asyncio.sleep(1.0)  # the last settlements commit
+    stock, payments = await settled(bootstrap, topic, timeout_s=settle_timeout_s)
     return {
         "reports": reports,
         "progress": progress,
         "elapsed_s": elapsed,
-        "stock": await stock_left(bootstrap, topic),
-        "payments": await payments_by_state(bootstrap, topic),
+        "stock": stock,
+        "payments": payments,
         "dead_letters": await read_topic(bootstrap, topic("dead-letters"), until=lambda _: False, timeout_s=2.0, decode=orjson.loads),
     }
 
