@@ -9,6 +9,13 @@
 # WEIR_KAFKA_SASL=1: the client listener is SASL_PLAINTEXT with mechanism PLAIN, one user
 # WEIR_KAFKA_SASL_USERNAME (default weir) with password WEIR_KAFKA_SASL_PASSWORD (default weir-secret);
 # clients then need WEIR_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT and that user (see app/settings.py).
+# WEIR_KAFKA_TLS=1: the client listener (also the inter-broker one) uses TLS: SSL, or SASL_SSL together with
+# WEIR_KAFKA_SASL=1. The first start (per state dir) makes with openssl a private CA and a broker certificate
+# signed by it for 127.0.0.1 and localhost, in $WEIR_STATE_DIR/kafka/tls: ca.pem (what clients trust:
+# WEIR_KAFKA_SSL_CAFILE), broker.p12 (the broker's PKCS12 keystore) and keystore.password (its random
+# password), owner-only. The CA's key is deleted once it has signed. Clients then need
+# WEIR_KAFKA_SECURITY_PROTOCOL=SSL (or SASL_SSL and the user) and WEIR_KAFKA_SSL_CAFILE=<that ca.pem>.
+# The controller listener stays PLAINTEXT on 127.0.0.1 whatever these say.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +30,12 @@ ready_timeout="${WEIR_KAFKA_READY_TIMEOUT:-60}"
 sasl="${WEIR_KAFKA_SASL:-0}"
 sasl_user="${WEIR_KAFKA_SASL_USERNAME:-weir}"
 sasl_password="${WEIR_KAFKA_SASL_PASSWORD:-weir-secret}"
+tls="${WEIR_KAFKA_TLS:-0}"
+tls_dir="$state_dir/kafka/tls"
+ca_file="$tls_dir/ca.pem"
+keystore="$tls_dir/broker.p12"
+keystore_password_file="$tls_dir/keystore.password"
+tls_days=825
 
 die() { echo "broker: $*" >&2; exit 1; }
 
@@ -48,30 +61,83 @@ is_running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
+# The client listener's security protocol: PLAINTEXT, SASL_PLAINTEXT (WEIR_KAFKA_SASL=1), SSL
+# (WEIR_KAFKA_TLS=1) or SASL_SSL (both).
+client_protocol() {
+  case "$sasl:$tls" in
+    1:1) echo SASL_SSL ;;
+    1:*) echo SASL_PLAINTEXT ;;
+    *:1) echo SSL ;;
+    *) echo PLAINTEXT ;;
+  esac
+}
+
+# The broker's TLS material, made once per state dir (again when the certificate expires within a day):
+# a private CA (its key deleted once it has signed) and a certificate for 127.0.0.1/localhost signed by
+# it, in a PKCS12 keystore with a random password. Made in a scratch dir, moved in place when complete.
+ensure_tls() {
+  if [ -s "$ca_file" ] && [ -s "$keystore" ] && [ -s "$keystore_password_file" ] \
+     && openssl x509 -checkend 86400 -noout -in "$tls_dir/broker.pem" >/dev/null 2>&1; then return 0; fi
+  command -v openssl >/dev/null 2>&1 || die "openssl is required for WEIR_KAFKA_TLS=1 (it makes the broker's certificate): install it (Debian: apt-get install openssl)"
+  local work="$state_dir/kafka/tls.new" log="$state_dir/kafka/tls.log" ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  mkdir -p "$state_dir/kafka"
+  rm -rf "$work"
+  # umask 077: the keys, the password and the keystore are the owner's only; the certificates are public
+  if ! (umask 077 && mkdir -p "$work" && cd "$work" \
+        && openssl rand -hex 24 >keystore.password \
+        && openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days "$tls_days" -sha256 \
+             -subj "/CN=weir local Kafka CA $(openssl rand -hex 4)" \
+             -addext "basicConstraints=critical,CA:TRUE,pathlen:0" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        && openssl req -new "${ec[@]}" -keyout broker.key -out broker.csr -subj "/CN=localhost" \
+        && printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
+             "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+             "subjectKeyIdentifier=hash" "authorityKeyIdentifier=keyid" >broker.ext \
+        && openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -set_serial "0x$(openssl rand -hex 16)" \
+             -days "$tls_days" -sha256 -extfile broker.ext -out broker.pem \
+        && openssl pkcs12 -export -name broker -in broker.pem -inkey broker.key -certfile ca.pem \
+             -passout file:keystore.password -out broker.p12 \
+        && rm -f ca.key broker.key broker.csr broker.ext \
+        && chmod 644 ca.pem broker.pem) >"$log" 2>&1; then
+    rm -rf "$work"; cat "$log" >&2; die "making the broker's TLS certificate failed (log: $log)"
+  fi
+  rm -rf "$tls_dir"
+  mv "$work" "$tls_dir"
+}
+
 # The client listener: PLAINTEXT, or with WEIR_KAFKA_SASL=1 SASL_PLAINTEXT/PLAIN with one JAAS user
-# (the broker's own inter-broker connections log in as that user too). The controller stays PLAINTEXT
-# on 127.0.0.1: only this node talks to it.
+# (the broker's own inter-broker connections log in as that user too), over TLS with WEIR_KAFKA_TLS=1
+# (SSL or SASL_SSL; the inter-broker client trusts ca.pem and checks the name 127.0.0.1). The controller
+# stays PLAINTEXT on 127.0.0.1: only this node talks to it.
 listener_config() {
+  local protocol
+  protocol="$(client_protocol)"
   if [ "$sasl" = "1" ]; then
     case "$sasl_user$sasl_password" in *'"'*|*'\\'*|*';'*) die "WEIR_KAFKA_SASL_USERNAME/PASSWORD must not contain '\"', '\\' or ';' (JAAS syntax)" ;; esac
     [ -n "$sasl_user" ] && [ -n "$sasl_password" ] || die "WEIR_KAFKA_SASL=1 needs a non-empty user and password"
-    cat <<PROPS
-listeners=SASL_PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$port
+  fi
+  cat <<PROPS
+listeners=$protocol://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=$protocol://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=SASL_PLAINTEXT
-listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=$protocol
+listener.security.protocol.map=$protocol:$protocol,CONTROLLER:PLAINTEXT
+PROPS
+  if [ "$sasl" = "1" ]; then
+    cat <<PROPS
 sasl.enabled.mechanisms=PLAIN
 sasl.mechanism.inter.broker.protocol=PLAIN
-listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$sasl_user" password="$sasl_password" user_$sasl_user="$sasl_password";
+listener.name.${protocol,,}.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$sasl_user" password="$sasl_password" user_$sasl_user="$sasl_password";
 PROPS
-  else
+  fi
+  if [ "$tls" = "1" ]; then
     cat <<PROPS
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$keystore
+ssl.keystore.password=$(cat "$keystore_password_file")
+ssl.truststore.type=PEM
+ssl.truststore.location=$ca_file
+ssl.endpoint.identification.algorithm=https
+ssl.client.auth=none
 PROPS
   fi
 }
@@ -80,7 +146,7 @@ write_config() {
   mkdir -p "$(dirname "$config")"
   local listeners
   listeners="$(listener_config)"
-  # the file may hold the SASL password: readable by its owner only
+  # the file may hold the SASL password and the keystore's: readable by its owner only
   (umask 077; cat >"$config" <<PROPS
 process.roles=broker,controller
 node.id=1
@@ -113,13 +179,25 @@ PROPS
 
 classpath() { echo "$libs/*"; }
 
+# With WEIR_KAFKA_TLS=1: where the CA certificate clients must trust is (from the config the broker runs
+# with: one already running may have been started without TLS).
+tls_note() {
+  [ "$tls" = "1" ] || return 0
+  if grep -qxF "ssl.truststore.location=$ca_file" "$config" 2>/dev/null; then
+    echo "broker: TLS ($(sed -n 's/^inter.broker.listener.name=//p' "$config")) on 127.0.0.1:$port; clients trust the CA in $ca_file (WEIR_KAFKA_SSL_CAFILE=$ca_file)"
+  else
+    echo "broker: WEIR_KAFKA_TLS=1, but the running broker was started without TLS: stop it and start it again" >&2
+  fi
+}
+
 start() {
   if [ -n "${KAFKA_BOOTSTRAP:-}" ]; then echo "broker: KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP set, using that broker"; return 0; fi
   mkdir -p "$state_dir"
-  if is_running && port_open; then echo "broker: already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"; return 0; fi
+  if is_running && port_open; then echo "broker: already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"; tls_note; return 0; fi
   if port_open; then die "port $port is taken by another process: stop it or set WEIR_KAFKA_PORT"; fi
   need_java
   fetch_jars
+  if [ "$tls" = "1" ]; then ensure_tls; fi
   write_config
   local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
                    "-Dlog4j2.configurationFile=$root/broker/log4j2.properties" "-Dweir.log.dir=$state_dir/kafka")
@@ -135,11 +213,12 @@ start() {
   echo $! >"$pidfile"
   local waited=0
   until port_open && grep -q "Kafka Server started" "$state_dir/kafka/server.log" 2>/dev/null; do
-    if ! is_running; then tail -40 "$state_dir/kafka/stdout.log" "$state_dir/kafka/server.log" >&2 2>/dev/null; die "Kafka exited during start"; fi
+    if ! is_running; then tail -40 "$state_dir/kafka/stdout.log" "$state_dir/kafka/server.log" >&2 2>/dev/null || true; die "Kafka exited during start"; fi
     sleep 0.5; waited=$((waited + 1))
     [ "$waited" -lt $((ready_timeout * 2)) ] || die "Kafka not ready after ${ready_timeout}s (logs in $state_dir/kafka)"
   done
   echo "broker: Apache Kafka ready on 127.0.0.1:$port (pid $(cat "$pidfile"), data in $data)"
+  tls_note
 }
 
 stop() {

@@ -1,13 +1,20 @@
-"""Security basics: a worker on a SASL/PLAIN broker, wrong credentials refused, local read-only web views, quiet logs."""
+"""Security basics: a worker on a SASL/PLAIN broker and on a SASL_SSL one (TLS, scripts/broker.sh WEIR_KAFKA_TLS=1),
+untrusted certificates and wrong credentials refused, local read-only web views, quiet logs."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import socket
+import ssl
+import stat
+import sys
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from app.kafka_io import produce, produce_json, read_topic
 from app.processes import WorkerProcess
+from app.settings import Settings
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
 
@@ -151,3 +159,202 @@ def test_the_sasl_broker_listens_on_127_0_0_1_only(sasl_broker: BrokerInstance) 
     pid = int((sasl_broker.state_dir / "kafka.pid").read_text())
     assert listening_addresses(pid, sasl_broker.port) == ["127.0.0.1"]
     assert listening_addresses(pid, sasl_broker.controller_port) == ["127.0.0.1"]
+
+
+# ----- TLS: SASL_SSL on a broker started with WEIR_KAFKA_TLS=1 WEIR_KAFKA_SASL=1 -----
+
+
+@dataclass
+class TlsBroker:
+    """A local Kafka whose only client listener is SASL_SSL/PLAIN, and what its start printed."""
+
+    broker: BrokerInstance
+    start_output: str
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.broker.state_dir / "kafka" / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.tls_dir / "ca.pem"
+
+    def keystore_password(self) -> str:
+        return (self.tls_dir / "keystore.password").read_text().strip()
+
+
+def tls_settings(ca_file: Path | None, password: str = SECRET) -> Settings:
+    """weir's settings for the TLS broker: SASL_SSL as USER, trusting ``ca_file`` (None: only the system's CAs)."""
+    return Settings(
+        kafka_security_protocol="SASL_SSL",
+        kafka_sasl_mechanism="PLAIN",
+        kafka_sasl_username=USER,
+        kafka_sasl_password=password,
+        kafka_ssl_cafile="" if ca_file is None else str(ca_file),
+    )
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
+    """A third local Kafka (own state dir and ports, shared jars) with TLS: SASL_SSL/PLAIN, user weir, password SECRET."""
+    broker = BrokerInstance(
+        tmp_path_factory.mktemp("tls-broker"),
+        extra_env={"WEIR_KAFKA_TLS": "1", "WEIR_KAFKA_SASL": "1", "WEIR_KAFKA_SASL_USERNAME": USER, "WEIR_KAFKA_SASL_PASSWORD": SECRET},
+    )
+    try:
+        # inside the try: a start that fails half-way (Kafka up, not ready in time) is stopped too
+        output = broker.run("start")
+        yield TlsBroker(broker, output)
+    finally:
+        broker.stop()
+
+
+def tls_handshake(port: int, context: ssl.SSLContext, server_hostname: str) -> dict[str, Any]:
+    """The certificate the broker shows to a TLS client with ``context`` that asks for ``server_hostname``."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=20) as sock,
+        context.wrap_socket(sock, server_hostname=server_hostname) as tls,
+    ):
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        certificate = tls.getpeercert()
+        assert certificate is not None
+        return dict(certificate)
+
+
+@pytest.fixture
+def tls_pipeline(tls_broker: TlsBroker, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
+    unique = uuid.uuid4().hex[:8]
+    deployment = Pipeline(bootstrap=tls_broker.broker.bootstrap, tmp=tmp_path, prefix=f"x{unique}.", app_id=f"x{unique}")
+    yield deployment
+    deployment.stop_all()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for worker in deployment.workers:
+            sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{worker.log_text()[-6000:]}\n")
+
+
+def test_a_worker_on_a_tls_broker_completes_orders(tls_broker: TlsBroker, tls_pipeline: Pipeline) -> None:
+    options = tls_settings(tls_broker.ca_file).kafka_client_options()
+    assert options["security_protocol"] == "SASL_SSL"
+    assert isinstance(options["ssl_context"], ssl.SSLContext)
+    # exactly_once (the default): the worker's transaction markers go over the broker's TLS inter-broker listener
+    worker = tls_pipeline.start_worker(
+        "all",
+        WEIR_KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+        WEIR_KAFKA_SASL_MECHANISM="PLAIN",
+        WEIR_KAFKA_SASL_USERNAME=USER,
+        WEIR_KAFKA_SASL_PASSWORD=SECRET,
+        WEIR_KAFKA_SSL_CAFILE=tls_broker.ca_file,
+    )
+    worker.wait_ready(120)
+    orders = [
+        (f"o-tls-{n}", {"order_id": f"o-tls-{n}", "items": [{"value": f"{PAYLOAD_MARKER}-{n}-{i}"} for i in range(3)]}) for n in range(3)
+    ]
+    assert asyncio.run(produce_json(tls_pipeline.bootstrap, tls_pipeline.topic("orders"), orders, client_options=options)) == 3
+    results = asyncio.run(
+        read_topic(
+            tls_pipeline.bootstrap,
+            tls_pipeline.topic("aggregates"),
+            until=lambda rows: len(rows) >= 3,
+            timeout_s=90,
+            decode=orjson.loads,
+            client_options=options,
+        )
+    )
+    assert sorted((result["correlation_id"], result["status"]) for result in results) == [(f"o-tls-{n}", "complete") for n in range(3)]
+    for result in results:
+        n = result["correlation_id"].rsplit("-", 1)[1]
+        assert sorted(item["result"]["value"] for item in result["items"]) == [f"{PAYLOAD_MARKER}-{n}-{i}" for i in range(3)]
+    worker.stop()
+    log = worker.log_text()
+    assert "Worker ready" in log
+    assert SECRET not in log, "the SASL password appears in the worker's log"
+    assert tls_broker.keystore_password() not in log
+    assert PAYLOAD_MARKER not in log, "payload contents appear in the worker's log"
+
+
+def test_a_client_that_does_not_trust_the_ca_is_refused(tls_broker: TlsBroker, caplog: pytest.LogCaptureFixture) -> None:
+    port = tls_broker.broker.port
+    # no WEIR_KAFKA_SSL_CAFILE: weir's client trusts only the system's CAs, which did not sign the broker's certificate
+    untrusting = tls_settings(None)
+    context = untrusting.kafka_ssl_context()
+    assert context is not None
+    with pytest.raises(ssl.SSLCertVerificationError, match="CERTIFICATE_VERIFY_FAILED"):
+        tls_handshake(port, context, "127.0.0.1")
+    caplog.set_level(logging.ERROR, logger="aiokafka")
+    topic = f"untrusted-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(KafkaConnectionError, match="Unable to bootstrap"):
+        asyncio.run(
+            asyncio.wait_for(
+                produce(tls_broker.broker.bootstrap, topic, [(b"k", b"v")], client_options=untrusting.kafka_client_options()), 30
+            )
+        )
+    assert "CERTIFICATE_VERIFY_FAILED" in caplog.text, "the client gave up for another reason than the certificate"
+    # the right CA but another name than the certificate's: refused too (the name is checked, not just the signature)
+    trusting = tls_settings(tls_broker.ca_file).kafka_ssl_context()
+    assert trusting is not None
+    with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
+        tls_handshake(port, trusting, "kafka.example.com")
+
+
+def test_wrong_password_or_no_tls_is_refused_on_the_tls_broker(tls_broker: TlsBroker) -> None:
+    bootstrap = tls_broker.broker.bootstrap
+    topic = f"tls-refused-{uuid.uuid4().hex[:6]}"
+    sent = asyncio.run(
+        produce(
+            bootstrap,
+            topic,
+            [(b"k", b"with the CA and the right password")],
+            client_options=tls_settings(tls_broker.ca_file).kafka_client_options(),
+        )
+    )
+    assert sent == 1
+    refused_before = tls_broker.broker.server_log().count("Invalid username or password")
+    wrong_password = tls_settings(tls_broker.ca_file, password="wrong-password").kafka_client_options()
+    with pytest.raises(KafkaConnectionError, match="Unable to bootstrap"):
+        asyncio.run(asyncio.wait_for(produce(bootstrap, topic, [(b"k", b"v")], client_options=wrong_password), 30))
+    assert tls_broker.broker.server_log().count("Invalid username or password") > refused_before, (
+        "the broker saw (and refused) the wrong password"
+    )
+    # the right user and password without TLS: the listener speaks only TLS
+    for options in (sasl_options(), {"security_protocol": "PLAINTEXT"}):
+        with pytest.raises(KafkaConnectionError, match="Unable to bootstrap"):
+            asyncio.run(asyncio.wait_for(produce(bootstrap, topic, [(b"k", b"v")], client_options=options), 30))
+    server_log = tls_broker.broker.server_log()
+    assert SECRET not in server_log
+    assert tls_broker.keystore_password() not in server_log
+
+
+def test_the_tls_broker_certificate_keys_and_listeners(tls_broker: TlsBroker) -> None:
+    broker = tls_broker.broker
+    # the start says where the CA certificate is
+    assert str(tls_broker.ca_file) in tls_broker.start_output
+    assert "SASL_SSL" in tls_broker.start_output
+    # the certificate is for 127.0.0.1 and localhost, signed by ca.pem
+    context = tls_settings(tls_broker.ca_file).kafka_ssl_context()
+    assert context is not None
+    for name in ("127.0.0.1", "localhost"):
+        certificate = tls_handshake(broker.port, context, name)
+        assert sorted(certificate["subjectAltName"]) == [("DNS", "localhost"), ("IP Address", "127.0.0.1")]
+    # keys and passwords: the owner's only; no private key lies around (the CA's was deleted once it signed)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tls_broker.tls_dir.iterdir()}
+    assert modes["broker.p12"] == 0o600
+    assert modes["keystore.password"] == 0o600
+    assert stat.S_IMODE(tls_broker.tls_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((broker.state_dir / "kafka" / "server.properties").stat().st_mode) == 0o600
+    assert not any("PRIVATE KEY" in path.read_text(errors="replace") for path in tls_broker.tls_dir.iterdir())
+    password = tls_broker.keystore_password()
+    assert len(password) >= 32
+    for path in (broker.state_dir / "kafka").rglob("*"):
+        if path.is_file() and path.stat().st_mode & 0o044:
+            text = path.read_text(errors="replace")
+            assert password not in text, f"{path} is readable by others and holds the keystore password"
+            assert SECRET not in text, f"{path} is readable by others and holds the SASL password"
+    # 127.0.0.1 only; the controller stays PLAINTEXT there
+    pid = int((broker.state_dir / "kafka.pid").read_text())
+    assert listening_addresses(pid, broker.port) == ["127.0.0.1"]
+    assert listening_addresses(pid, broker.controller_port) == ["127.0.0.1"]
+    config = (broker.state_dir / "kafka" / "server.properties").read_text()
+    assert f"listeners=SASL_SSL://127.0.0.1:{broker.port},CONTROLLER://127.0.0.1:{broker.controller_port}\n" in config
+    assert "inter.broker.listener.name=SASL_SSL\n" in config
+    assert "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT\n" in config

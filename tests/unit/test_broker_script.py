@@ -1,10 +1,12 @@
-"""scripts/broker.sh says what to install when Java or Maven is missing, before doing anything else."""
+"""scripts/broker.sh says what to install when Java or Maven is missing, before doing anything else, and writes
+the broker's config (and with WEIR_KAFKA_TLS=1 its TLS material) as it should (checked with a stand-in for java)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import stat
 import subprocess
 from pathlib import Path
 
@@ -21,11 +23,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run(tmp_path: Path, command: str, provided: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, command: str, provided: tuple[str, ...], extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the script with a PATH holding only basic tools plus ``provided``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in (*TOOLS, *provided):
+        if (bin_dir / tool).exists():
+            continue
         found = shutil.which(tool)
         if found is None:
             pytest.fail(f"{tool} is needed to run this test")
@@ -36,6 +42,7 @@ def _run(tmp_path: Path, command: str, provided: tuple[str, ...]) -> subprocess.
         "WEIR_STATE_DIR": str(tmp_path / "state"),
         "WEIR_KAFKA_PORT": str(_free_port()),
         "WEIR_KAFKA_CONTROLLER_PORT": str(_free_port()),
+        **(extra_env or {}),
     }
     env.pop("KAFKA_BOOTSTRAP", None)
     return subprocess.run([str(bin_dir / "bash"), str(SCRIPT), command], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -62,3 +69,178 @@ def test_external_broker_is_used_as_is(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert "using that broker" in result.stdout
     assert not (tmp_path / "state" / "kafka-data").exists()
+
+
+# ----- the generated config, with a stand-in for java: no broker runs, the script stops after writing it -----
+
+#: Answers `java -version` like Java 17, lets the KRaft format step pass, and exits at once as "Kafka".
+FAKE_JAVA = """#!/bin/sh
+case "$*" in
+  -version) echo 'openjdk version "17.0.15" 2025-04-15' >&2 ;;
+  *random-uuid*) echo q1Sh-9_ISia_zwGINzRvyQ ;;
+  *StorageTool*) exit 0 ;;
+  *) exit 3 ;;
+esac
+"""
+#: What the start needs besides TOOLS once java is there (openssl only for WEIR_KAFKA_TLS=1).
+START_TOOLS = ("nohup", "chmod", "mv")
+SASL_PASSWORD = "pw-Unit-7d1f3a"
+
+
+def _start_with_fake_java(tmp_path: Path, with_openssl: bool = True, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    java = bin_dir / "java"
+    java.write_text(FAKE_JAVA)
+    java.chmod(0o755)
+    libs = tmp_path / "libs"
+    libs.mkdir(exist_ok=True)
+    (libs / ".complete").touch()  # newer than broker/pom.xml: no mvn run
+    provided = (*START_TOOLS, *(("openssl",) if with_openssl else ()))
+    return _run(tmp_path, "start", provided, {"WEIR_KAFKA_LIBS": str(libs), "WEIR_KAFKA_READY_TIMEOUT": "5", **extra_env})
+
+
+def _config(tmp_path: Path) -> str:
+    return (tmp_path / "state" / "kafka" / "server.properties").read_text()
+
+
+def _openssl(*args: str) -> subprocess.CompletedProcess[str]:
+    found = shutil.which("openssl")
+    if found is None:
+        pytest.fail("openssl is needed to run this test")
+    return subprocess.run([found, *args], capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize(("sasl", "protocol"), [("0", "PLAINTEXT"), ("1", "SASL_PLAINTEXT")])
+def test_without_tls_the_listeners_are_as_before_and_no_tls_files_are_made(tmp_path: Path, sasl: str, protocol: str) -> None:
+    port, controller = _free_port(), _free_port()
+    result = _start_with_fake_java(
+        tmp_path,
+        with_openssl=False,
+        WEIR_KAFKA_PORT=str(port),
+        WEIR_KAFKA_CONTROLLER_PORT=str(controller),
+        WEIR_KAFKA_SASL=sasl,
+        WEIR_KAFKA_SASL_PASSWORD=SASL_PASSWORD,
+    )
+    config = _config(tmp_path)
+    lines = config.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("listeners="))
+    expected = [
+        f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners={protocol}://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        f"inter.broker.listener.name={protocol}",
+        f"listener.security.protocol.map={protocol}:{protocol},CONTROLLER:PLAINTEXT",
+    ]
+    if sasl == "1":
+        expected += [
+            "sasl.enabled.mechanisms=PLAIN",
+            "sasl.mechanism.inter.broker.protocol=PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required"
+            f' username="weir" password="{SASL_PASSWORD}" user_weir="{SASL_PASSWORD}";',
+        ]
+    assert lines[start : start + len(expected)] == expected
+    assert lines[start + len(expected)].startswith("log.dirs="), "nothing more in the listener block"
+    assert "ssl." not in config
+    assert not (tmp_path / "state" / "kafka" / "tls").exists()
+    assert "TLS" not in result.stdout
+
+
+@pytest.mark.parametrize(("sasl", "protocol"), [("0", "SSL"), ("1", "SASL_SSL")])
+def test_tls_config_has_an_ssl_listener_and_owner_only_secrets(tmp_path: Path, sasl: str, protocol: str) -> None:
+    port, controller = _free_port(), _free_port()
+    _start_with_fake_java(
+        tmp_path,
+        WEIR_KAFKA_PORT=str(port),
+        WEIR_KAFKA_CONTROLLER_PORT=str(controller),
+        WEIR_KAFKA_TLS="1",
+        WEIR_KAFKA_SASL=sasl,
+        WEIR_KAFKA_SASL_PASSWORD=SASL_PASSWORD,
+    )
+    state = tmp_path / "state"
+    tls = state / "kafka" / "tls"
+    config = _config(tmp_path)
+    password = (tls / "keystore.password").read_text().strip()
+    assert len(password) >= 32
+    lines = set(config.splitlines())
+    for line in (
+        f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners={protocol}://127.0.0.1:{port}",
+        f"inter.broker.listener.name={protocol}",
+        f"listener.security.protocol.map={protocol}:{protocol},CONTROLLER:PLAINTEXT",
+        "ssl.keystore.type=PKCS12",
+        f"ssl.keystore.location={tls / 'broker.p12'}",
+        f"ssl.keystore.password={password}",
+        f"ssl.truststore.location={tls / 'ca.pem'}",
+        "ssl.endpoint.identification.algorithm=https",
+    ):
+        assert line in lines, line
+    assert ("listener.name.sasl_ssl.plain.sasl.jaas.config" in config) == (sasl == "1")
+    # owner-only: the tls dir, the keystore, its password, the config that repeats it
+    assert stat.S_IMODE(tls.stat().st_mode) == 0o700
+    for path in (tls / "broker.p12", tls / "keystore.password", state / "kafka" / "server.properties"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # no secret in anything others may read, no private key left in the clear
+    for path in state.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "PRIVATE KEY" not in text, path
+            if path.stat().st_mode & 0o044:
+                assert password not in text, path
+                assert SASL_PASSWORD not in text, path
+    assert sorted(path.name for path in tls.iterdir()) == ["broker.p12", "broker.pem", "ca.pem", "keystore.password"]
+    # the certificate: signed by ca.pem, for 127.0.0.1 and localhost; the keystore opens with its password only
+    verified = _openssl(
+        "verify", "-CAfile", str(tls / "ca.pem"), "-verify_ip", "127.0.0.1", "-verify_hostname", "localhost", str(tls / "broker.pem")
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    san = _openssl("x509", "-in", str(tls / "broker.pem"), "-noout", "-ext", "subjectAltName")
+    assert "IP Address:127.0.0.1" in san.stdout
+    assert "DNS:localhost" in san.stdout
+    opened = _openssl("pkcs12", "-in", str(tls / "broker.p12"), "-passin", f"file:{tls / 'keystore.password'}", "-nokeys", "-clcerts")
+    assert opened.returncode == 0, opened.stderr
+    assert (tls / "broker.pem").read_text().strip() in opened.stdout
+    wrong = tls / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    assert _openssl("pkcs12", "-in", str(tls / "broker.p12"), "-passin", f"file:{wrong}", "-nokeys").returncode != 0
+
+
+def test_tls_material_is_made_once_per_state_dir(tmp_path: Path) -> None:
+    _start_with_fake_java(tmp_path, WEIR_KAFKA_TLS="1")
+    tls = tmp_path / "state" / "kafka" / "tls"
+    first = {path.name: path.read_bytes() for path in tls.iterdir()}
+    _start_with_fake_java(tmp_path, WEIR_KAFKA_TLS="1")
+    assert {path.name: path.read_bytes() for path in tls.iterdir()} == first
+    (tls / "broker.p12").unlink()  # incomplete: all made again, with a new CA
+    _start_with_fake_java(tmp_path, WEIR_KAFKA_TLS="1")
+    assert (tls / "broker.p12").exists()
+    assert (tls / "ca.pem").read_bytes() != first["ca.pem"]
+
+
+def test_tls_without_openssl_names_what_to_install(tmp_path: Path) -> None:
+    result = _start_with_fake_java(tmp_path, with_openssl=False, WEIR_KAFKA_TLS="1")
+    assert result.returncode != 0
+    assert "openssl is required" in result.stderr
+    assert not (tmp_path / "state" / "kafka" / "server.properties").exists()
+
+
+@pytest.mark.parametrize("first_with_tls", [True, False])
+def test_start_of_a_running_broker_says_where_ca_pem_is_or_that_it_runs_without_tls(tmp_path: Path, first_with_tls: bool) -> None:
+    port, controller = _free_port(), _free_port()
+    ports = {"WEIR_KAFKA_PORT": str(port), "WEIR_KAFKA_CONTROLLER_PORT": str(controller)}
+    _start_with_fake_java(tmp_path, **ports, WEIR_KAFKA_TLS="1" if first_with_tls else "0")
+    ca_file = tmp_path / "state" / "kafka" / "tls" / "ca.pem"
+    # "running": this process's pid in the pid file, something listening on the port
+    (tmp_path / "state" / "kafka.pid").write_text(f"{os.getpid()}\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        result = _start_with_fake_java(tmp_path, **ports, WEIR_KAFKA_TLS="1")
+    assert result.returncode == 0, result.stderr
+    assert "already running" in result.stdout
+    if first_with_tls:
+        assert f"WEIR_KAFKA_SSL_CAFILE={ca_file}" in result.stdout
+        assert "TLS (SSL)" in result.stdout
+    else:
+        assert "started without TLS" in result.stderr
+        assert "ca.pem" not in result.stdout
