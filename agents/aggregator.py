@@ -63,7 +63,6 @@ def _load(correlation_id: str) -> GroupState | None:
 
 
 async def _on_message(event: EventT[bytes], message: dict[str, Any], now: int) -> None:
-    global late_items_total
     correlation_id = message.get("correlation_id")
     if not isinstance(correlation_id, str) or not correlation_id:
         raise InvalidMessage(f"aggregator: field 'correlation_id' must be a non-empty string, got {correlation_id!r}")
@@ -80,13 +79,25 @@ async def _on_message(event: EventT[bytes], message: dict[str, Any], now: int) -
         previous = _load(correlation_id)
         await _apply(event, correlation_id, on_open(previous, correlation_id, total, deadline_ms, now, config=CONFIG), previous)
         return
-    if kind != "item":
-        raise InvalidMessage(f"aggregator: field 'kind' must be 'open', 'item' or 'tick', got {kind!r}")
-    index = message.get("index")
-    total = message.get("total")
+    if kind == "item":
+        await _merge(event, correlation_id, message, message.get("total"), now)
+        return
+    if kind != "items":
+        raise InvalidMessage(f"aggregator: field 'kind' must be 'open', 'item', 'items' or 'tick', got {kind!r}")
+    outcomes = message.get("items")
+    if not isinstance(outcomes, list) or not outcomes or not all(isinstance(outcome, dict) for outcome in outcomes):
+        raise InvalidMessage(f"aggregator: 'items' of {correlation_id!r} needs a non-empty list of objects, got {outcomes!r:.200}")
+    for outcome in outcomes:
+        await _merge(event, correlation_id, outcome, message.get("total"), now)
+
+
+async def _merge(event: EventT[bytes], correlation_id: str, item: dict[str, Any], total: Any, now: int) -> None:
+    """Merge one item's outcome into its group (or count it late when the group is done)."""
+    global late_items_total
+    index = item.get("index")
     if not isinstance(index, int) or isinstance(index, bool) or not (total is None or isinstance(total, int)):
         raise InvalidMessage(f"aggregator: item of {correlation_id!r} needs an integer 'index' and 'total', got {index!r}, {total!r}")
-    outcome = ItemOutcome(index=index, ok=bool(message.get("ok")), result=message.get("result"), error=message.get("error"))
+    outcome = ItemOutcome(index=index, ok=bool(item.get("ok")), result=item.get("result"), error=item.get("error"))
     done_raw = done_groups.get(correlation_id)
     if done_raw is not None:
         done = DoneState.from_dict(done_raw)
@@ -96,7 +107,7 @@ async def _on_message(event: EventT[bytes], message: dict[str, Any], now: int) -
             done_groups[correlation_id] = updated.to_dict()
         return
     previous = _load(correlation_id)
-    transition = on_item(previous, CONFIG, correlation_id, outcome, total, bool(message.get("last")), now)
+    transition = on_item(previous, CONFIG, correlation_id, outcome, total, bool(item.get("last")), now)
     await _apply(event, correlation_id, transition, previous)
 
 
@@ -137,8 +148,12 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
 
 @app.agent(topics.item_results)
 async def aggregator(stream: StreamT[bytes]) -> None:
-    """Reads 'open', 'item' and 'tick' messages keyed by correlation id and keeps the groups' tables."""
-    await handle_events(stream, agent=AGENT, what="aggregator: message", handler=_handle)
+    """Reads 'open', 'item', 'items' (a chunk's outcomes) and 'tick' messages keyed by correlation id, in batches.
+
+    A batch's part of a partition is one scope (``app.core.run_parts``): a group that gets ten outcomes in
+    it is read once and written once.
+    """
+    await handle_events(stream, agent=AGENT, what="aggregator: message", handler=_handle, batched=True)
 
 
 tick_every(topics.item_results)

@@ -1,4 +1,4 @@
-"""Splitter: an order of N items becomes N item messages (correlation id, index, total), then its offset commits."""
+"""Splitter: an order of N items becomes item messages of up to ``split_chunk`` items each, then its offset commits."""
 
 from __future__ import annotations
 
@@ -10,28 +10,40 @@ from app.codec import dumps
 from app.core import app, handle_events, now_ms, settings, topics
 from app.split import split_order
 
-__all__ = ["splitter"]
+__all__ = ["splitter", "chunks"]
 
 AGENT = "splitter"
 
 
+def chunks(order_id: str, items: list[Any], size: int) -> list[dict[str, Any]]:
+    """The item messages of an order: consecutive items, ``size`` per message (a chunk carries its indexes)."""
+    total = len(items)
+    size = max(1, size)
+    return [
+        {
+            "correlation_id": order_id,
+            "total": total,
+            "items": [
+                {"index": index, "last": index == total - 1, "payload": items[index]} for index in range(first, min(first + size, total))
+            ],
+        }
+        for first in range(0, total, size)
+    ]
+
+
 @app.agent(topics.orders)
 async def splitter(stream: StreamT[bytes]) -> None:
-    """Reads orders; writes one 'open' to the aggregator and one message per item to the items topic.
+    """Reads orders in batches; writes one 'open' to the aggregator and the order's item chunks to the items topic.
 
-    The order's offset is committed after its processing returns, and every send is awaited first (under
-    exactly_once they share the transaction of the order's offset): no half-split order after a crash.
+    The order's offset is committed with everything it sent: its batch part's scope delivers every send
+    before the offsets are acked, and under exactly_once they share the transaction of those offsets.
     """
-    await handle_events(stream, agent=AGENT, what="splitter: order", handler=_split)
+    await handle_events(stream, agent=AGENT, what="splitter: order", handler=_split, batched=True)
 
 
 async def _split(event: EventT[bytes], order: Any) -> None:
     order_id, items = split_order(order)
-    total = len(items)
-    opened = {"kind": "open", "correlation_id": order_id, "total": total, "deadline_ms": now_ms() + settings.aggregate_timeout_ms}
-    sends = [await topics.item_results.send(key=order_id.encode(), value=dumps(opened))]
-    for index, payload in enumerate(items):
-        item = {"correlation_id": order_id, "index": index, "total": total, "last": index == total - 1, "payload": payload}
-        sends.append(await topics.items.send(key=f"{order_id}#{index}".encode(), value=dumps(item)))
-    for sent in sends:
-        await sent
+    opened = {"kind": "open", "correlation_id": order_id, "total": len(items), "deadline_ms": now_ms() + settings.aggregate_timeout_ms}
+    await topics.item_results.send(key=order_id.encode(), value=dumps(opened))
+    for chunk in chunks(order_id, items, settings.split_chunk):
+        await topics.items.send(key=f"{order_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))

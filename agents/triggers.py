@@ -3,32 +3,22 @@
 Registrations, completions, children's final statuses and sweep ticks all travel on the ``triggers`` topic keyed by
 parent id, and every table here is keyed by parent id too: one partition owns all there is to know about a parent.
 
-Batches under exactly_once: Faust's per-event machinery (``app.core.handle_events``) is not used. The agent takes a
-batch with ``noack_take`` and splits it by source partition, since each partition has its own transaction. Each part
-runs inside one ``eos.event_scope``: no commit can start while it is processed, its table changelog writes are
-delivered before the scope ends, and every event of it is acked inside the scope, so the commit that covers one of
-its offsets covers all of them and everything they wrote and sent. While a part is processed, Faust's current event
-is set to an event of that partition: tables read and write that partition's store and changelog, and sends join
-that partition's transaction (``eos.WeirTransactionManager``). A commit may fall between two partitions' parts,
-never inside one. Events of an older consumer generation are acked without processing, as Faust's own stream does:
-the partition's new owner gets them again from the committed offset.
+Batches under exactly_once: the agent takes a batch and handles it one source partition at a time, each part in one
+exactly-once scope (``app.core.run_parts``): one commit covers a part's offsets and all they wrote and sent.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import faust
-from faust.streams import _current_event
 from faust.types import EventT, StreamT, TableT
 
-from app import eos
 from app.codec import DecodeError, dumps
-from app.core import InvalidMessage, app, decode_event, now_ms, send_dead_letter, settings, signals, topics
+from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, topics
 from app.deadlines import DeadlineIndex, deadline_bucket
 from app.errors import describe_error
 from tables.trigger_tables import SweepQueue, child_statuses, fired_deadlines, fired_triggers, sweep_entries, trigger_states
@@ -326,37 +316,15 @@ async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
             await send_dead_letter(sweep, reason="error", error=describe_error(error), agent=AGENT, step="sweep")
 
 
-async def handle_batch(events: Sequence[EventT[bytes]]) -> None:
-    """One batch: per source partition, processed, written, delivered and acked inside one exactly-once scope."""
-    now = now_ms()
-    generation = app.consumer_generation_id
-    parts: dict[int, list[EventT[bytes]]] = {}
-    for event in events:
-        eos.trace("event", event.message.tp, event.message.offset)
-        if event.message.generation_id != generation:
-            event.ack()  # of an older generation: ignored by the consumer, redelivered to the partition's owner
-            continue
-        parts.setdefault(event.message.partition, []).append(event)
+async def _handle_part(events: Sequence[EventT[bytes]]) -> None:
     stats.batches += 1
-    for part in parts.values():
-        async with eos.event_scope(part[-1]):
-            # Tables and sends follow Faust's current event: make it this partition's for the whole part.
-            token = _current_event.set(weakref.ref(part[-1]))
-            try:
-                await _handle_partition(part, now)
-            finally:
-                _current_event.reset(token)
-            for event in part:
-                eos.ack_handled(event)
+    await _handle_partition(events, now_ms())
 
 
 @app.agent(triggers_topic)
 async def triggers(stream: StreamT[bytes]) -> None:
-    """Reads registrations, completions, statuses and sweep ticks keyed by parent id, in batches."""
-    # Faust's StreamT does not declare noack_take (Stream has it): the batch is acked in handle_batch, inside its scope.
-    batches = cast(Any, stream).noack_take(settings.trigger_batch_size, within=settings.trigger_batch_wait_ms / 1000)
-    async for batch in batches:
-        await handle_batch(batch)
+    """Reads registrations, completions, statuses and sweep ticks keyed by parent id, in batches (``app.core.run_parts``)."""
+    await handle_parts(stream, _handle_part, size=settings.trigger_batch_size, wait_ms=settings.trigger_batch_wait_ms)
 
 
 _last_stats = ""

@@ -6,8 +6,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaProducer
@@ -57,6 +57,7 @@ def broker_credentials(config: Settings) -> CredentialsT | None:
 
 
 (settings.data_dir / settings.group_id).mkdir(parents=True, exist_ok=True)
+eos.COMMIT_IDLE_S = settings.commit_idle_ms / 1000
 
 app = faust.App(
     settings.group_id,
@@ -69,6 +70,7 @@ app = faust.App(
     topic_replication_factor=1,
     topic_allow_declare=True,
     broker_commit_interval=settings.commit_interval,
+    producer_linger=settings.producer_linger_ms / 1000,
     broker_session_timeout=settings.session_timeout,
     broker_heartbeat_interval=settings.heartbeat_interval,
     broker_rebalance_timeout=settings.rebalance_timeout,
@@ -81,6 +83,7 @@ app = faust.App(
     value_serializer="raw",
     autodiscover=False,
     Table="app.eos:WeirTable",
+    Topic="app.eos:WeirTopic",
 )
 
 
@@ -260,29 +263,84 @@ def decode_event(event: EventT[bytes], *, what: str) -> Any:
 EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 
 
-async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
+async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
     handler (a bug, not bad input: user steps have their own retry policy) is dead-lettered too, so the
-    agent keeps running and the partition is not blocked.
+    agent keeps running and the partition is not blocked. ``batched``: events are taken in batches (see
+    :func:`handle_parts`), one scope per partition's part instead of one per event.
     """
+    if batched:
+
+        async def each(part: Sequence[EventT[bytes]]) -> None:
+            for event in part:
+                await _handle_one(event, agent=agent, what=what, handler=handler)
+
+        await handle_parts(stream, each)
+        return
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
-            try:
-                await handler(event, decode_event(event, what=what))
-            except DecodeError as error:
-                await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
-            except InvalidMessage as error:
-                await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
-                await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+            await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
             eos.ack_handled(event)
+
+
+async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
+    try:
+        await handler(event, decode_event(event, what=what))
+    except DecodeError as error:
+        await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
+    except InvalidMessage as error:
+        await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
+        await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+
+
+PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
+
+
+async def handle_parts(stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None) -> None:
+    """Take events in batches (up to ``size``, waiting at most ``wait_ms`` for one to fill) and run :func:`run_parts`."""
+    # Faust's StreamT does not declare noack_take (Stream has it): the events are acked in run_parts, inside their scope.
+    batches = cast(Any, stream).noack_take(size or settings.batch_size, within=(wait_ms or settings.batch_wait_ms) / 1000)
+    async for batch in batches:
+        await run_parts(batch, handle_part)
+
+
+async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -> None:
+    """Hand a batch to ``handle_part`` one source partition at a time, each part inside one exactly-once scope.
+
+    No commit can start while a batch is handled. Each partition has its own transaction: while its part is
+    handled Faust's current event is the part's last event (tables use that partition's store and changelog,
+    sends join its transaction) and each table key is written once (``eos.part_scope``). Every send and
+    changelog write of the batch is delivered, and every event of it acked, before the batch leaves the
+    commit gate, so the commit that covers one of its offsets covers all of them and all they wrote and
+    sent. Events of an older consumer generation are acked without processing, as Faust's own
+    stream does: the partition's new owner gets them again from the committed offset.
+    """
+    generation = app.consumer_generation_id
+    parts: dict[Any, list[EventT[bytes]]] = {}
+    for event in events:
+        eos.trace("event", event.message.tp, event.message.offset)
+        if event.message.generation_id != generation:
+            event.ack()
+            continue
+        parts.setdefault(event.message.tp, []).append(event)
+    async with eos.gate.processing():
+        handled: list[tuple[EventT[bytes], list[Any]]] = []
+        for part in parts.values():
+            pending: list[Any] = []
+            with eos.part_scope(part[-1], pending):
+                await handle_part(part)
+            for event in part:
+                eos.ack_handled(event)
+            handled.append((part[-1], pending))
+        await eos.await_deliveries(handled)
 
 
 async def send_dead_letter_record(record: dict[str, Any]) -> None:
@@ -292,8 +350,13 @@ async def send_dead_letter_record(record: dict[str, Any]) -> None:
     await topics.dead_letters.send(key=key.encode() if key is not None else None, value=dumps(record))
 
 
-async def send_dead_letter(event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1) -> None:
-    """Publish the event's original message to the dead-letter topic, saying where and why it stopped."""
+async def send_dead_letter(
+    event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1, value: bytes | None = None
+) -> None:
+    """Publish the event's original message to the dead-letter topic, saying where and why it stopped.
+
+    ``value``: what failed when it is a part of the message (one item of a chunk), instead of the whole value.
+    """
     message = event.message
     record = dead_letter_record(
         reason=reason,
@@ -305,7 +368,7 @@ async def send_dead_letter(event: EventT[bytes], *, reason: str, error: str, age
         partition=message.partition,
         offset=message.offset,
         key=message.key,
-        value=message.value,
+        value=message.value if value is None else value,
         headers=message_headers(event),
     )
     # Payloads stay out of INFO logs: the dead-letter topic has them.

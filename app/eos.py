@@ -28,12 +28,14 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import faust
 from aiokafka.errors import ProducerFenced
+from faust.streams import _current_event
 from faust.transport.consumer import CONSUMER_FETCHING, TransactionManager, ensure_TP
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, EventT, Message
@@ -42,7 +44,7 @@ from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
 
-__all__ = ["WeirTransactionManager", "WeirTable", "ack_handled", "event_scope", "gate", "install", "wipe_local_tables"]
+__all__ = ["WeirTransactionManager", "WeirTable", "WeirTopic", "ack_handled", "event_scope", "gate", "install", "wipe_local_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +69,27 @@ class WeirTransactionManager(TransactionManager):
     topic groups, which are empty for a stage without tables (a KeyError on the first send).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._partition_counts: dict[str, int] = {}
+
     def _transactional_id(self, topic: str, partition: int) -> str:
-        partition_count = self.app.consumer.topic_partitions(topic) or 0
-        return f"{self.app.conf.id}-{partition_count}p-{partition}"
+        return f"{self.app.conf.id}-{self._partition_count(topic)}p-{partition}"
+
+    def _partition_count(self, topic: str) -> int:
+        # The consumer's metadata snapshot lists a topic created a moment ago (a changelog on a fresh topic
+        # set) with 0 partitions: a buffered changelog write then named a transactional id ("...-0p-0")
+        # with no producer, and the worker crashed. A changelog's count is its table's. Any other unknown
+        # count stays 0: guessing (say, 4 for the assignor's one-partition leader topic) would name another
+        # member's transaction and fence it.
+        count = self.app.consumer.topic_partitions(topic) or self._partition_counts.get(topic)
+        if count:
+            self._partition_counts[topic] = count
+            return count
+        for table in self.app.tables.values():
+            if table.changelog_topic_name == topic:
+                return int(table.partitions or self.app.conf.topic_partitions)
+        return 0
 
     def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
         assignor = self.app.assignor
@@ -109,8 +129,10 @@ class WeirTransactionManager(TransactionManager):
         for tp, offset in offsets.items():
             by_transaction.setdefault(self._transactional_id(tp.topic, tp.partition), {})[tp] = offset
         try:
-            for transactional_id, transaction_offsets in by_transaction.items():
-                await self._commit_one(transactional_id, transaction_offsets, start_new_transaction)
+            # One transaction per source partition, each on its own producer: they commit side by side.
+            await asyncio.gather(
+                *(self._commit_one(txn_id, txn_offsets, start_new_transaction) for txn_id, txn_offsets in by_transaction.items())
+            )
         except ProducerFenced as fenced:
             # Another worker owns these partitions now: this one must not go on with stale state.
             log.warning("producer fenced: %s", fenced)
@@ -233,6 +255,39 @@ class WeirConsumer(aiokafka_driver.Consumer):
 
     def mark_handled(self, message: Message) -> None:
         self._handled.add((message.tp, message.offset, message.generation_id))
+        self._weir_uncommitted += 1
+
+    _weir_uncommitted = 0
+
+    @Service.task
+    async def _commit_handler(self) -> None:
+        """Commit as soon as the worker is idle, and at least every ``commit_interval`` while it is busy.
+
+        A fixed interval makes every hop of a pipeline wait half an interval on average for its
+        transaction to commit (a read_committed reader sees nothing before). Here a worker that has
+        handled events commits once no event has been in flight for ``COMMIT_IDLE_S``: under a light
+        load each batch commits right away; under a steady load the gate is rarely idle that long and
+        commits come every ``commit_interval``, as in Faust. ``COMMIT_IDLE_S`` = 0: Faust's fixed timer.
+        """
+        interval = self.commit_interval
+        idle_s = COMMIT_IDLE_S
+        await self.sleep(interval)
+        if not idle_s:
+            async for _ in self.itertimer(interval, name="commit"):
+                await self.commit()
+            return
+        last = time.monotonic()
+        while not self.should_stop:
+            await self.sleep(idle_s / 2)
+            now = time.monotonic()
+            if not self._weir_uncommitted:
+                if now - last >= interval:
+                    last = now
+                continue
+            if now - last >= interval or gate.idle_for() >= idle_s:
+                self._weir_uncommitted = 0
+                await self.commit()
+                last = time.monotonic()
 
     def ack(self, message: Message) -> bool:
         # A stream acks the events it skips (an older generation, or flow control off during a rebalance)
@@ -391,11 +446,12 @@ class WeirConsumer(aiokafka_driver.Consumer):
                                 # More than a transaction marker is missing: fetch again from the
                                 # expected offset before believing the hole (seen once: a fetch
                                 # position that jumped over committed records after a takeover).
+                                # Only this partition is fetched again; the batch goes on with the others.
                                 suspects[tp] = (expected, offset)
                                 positions[tp] = expected
-                                firsts[tp] = expected
-                                await self._rewind(firsts)
-                                break
+                                inactive.add(tp)
+                                await self._rewind({tp: expected})
+                                continue
                             suspects.pop(tp, None)
                             self._gap[tp].addi(expected, offset)
                     if commit_every is not None and self._n_acked >= commit_every:
@@ -444,6 +500,7 @@ class CommitGate:
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._idle_since = time.monotonic()
         self._open = asyncio.Event()
         self._open.set()
 
@@ -458,6 +515,11 @@ class CommitGate:
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
+                self._idle_since = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last event or batch finished, 0 while one is being processed."""
+        return 0.0 if self._active else time.monotonic() - self._idle_since
 
     @contextlib.asynccontextmanager
     async def committing(self) -> AsyncIterator[None]:
@@ -474,51 +536,217 @@ class CommitGate:
 
 
 gate = CommitGate()
-_changelog_sends: contextvars.ContextVar[list[FutureMessage] | None] = contextvars.ContextVar("weir_changelog_sends", default=None)
+#: What the current scope sent (table changelog writes and topic sends): delivered before it ends.
+_scope_sends: contextvars.ContextVar[list[FutureMessage] | None] = contextvars.ContextVar("weir_scope_sends", default=None)
+#: The current scope's table writes, per table: written (store and changelog) once per key when it ends.
+_scope_writes: contextvars.ContextVar[dict[int, _Writes] | None] = contextvars.ContextVar("weir_scope_writes", default=None)
+_DELETED: Any = object()
+
+
+class _Writes:
+    """One table's reads and writes inside one scope: the last value of each key wins."""
+
+    __slots__ = ("reads", "table", "writes")
+
+    def __init__(self, table: WeirTable) -> None:
+        self.table = table
+        self.reads: dict[Any, Any] = {}
+        self.writes: dict[Any, Any] = {}
 
 
 class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
-    """A Faust table whose changelog writes the current event can wait for (see :func:`changelog_delivered`)."""
+    """A Faust table that writes once per key per scope, and whose writes the scope waits for.
+
+    Inside :func:`event_scope` (one event, or one partition's part of a batch) reads and writes go to a
+    scope-local overlay: a key read twice is read from RocksDB once, a key written ten times is written
+    (store and changelog record) once, when the scope's work is done and before its deliveries are
+    awaited. Iterating the table writes the overlay out first. Outside a scope it is Faust's table.
+    """
+
+    def _writes(self) -> _Writes | None:
+        scopes = _scope_writes.get()
+        if scopes is None:
+            return None
+        writes = scopes.get(id(self))
+        if writes is None:
+            writes = scopes[id(self)] = _Writes(self)
+        return writes
+
+    def __getitem__(self, key: Any) -> Any:
+        overlay = self._writes()
+        if overlay is None:
+            return super().__getitem__(key)
+        for layer in (overlay.writes, overlay.reads):
+            if key in layer:
+                value = layer[key]
+                if value is _DELETED:
+                    return self.__missing__(key)
+                return value
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            overlay.reads[key] = _DELETED
+            raise
+        overlay.reads[key] = value
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        overlay = self._writes()
+        if overlay is None:
+            return super().__contains__(key)
+        for layer in (overlay.writes, overlay.reads):
+            if key in layer:
+                return layer[key] is not _DELETED
+        return super().__contains__(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        overlay = self._writes()
+        if overlay is None:
+            super().__setitem__(key, value)
+        else:
+            overlay.writes[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        overlay = self._writes()
+        if overlay is None:
+            super().__delitem__(key)
+            return
+        if key not in self:
+            raise KeyError(key)
+        overlay.writes[key] = _DELETED
+
+    def write_out(self) -> None:
+        """Write the current scope's pending writes of this table now (store and changelog)."""
+        scopes = _scope_writes.get()
+        overlay = None if scopes is None else scopes.pop(id(self), None)
+        if overlay is None:
+            return
+        for key, value in overlay.writes.items():
+            if value is not _DELETED:
+                faust.Table.__setitem__(self, key, value)
+            elif faust.Table.__contains__(self, key):
+                faust.Table.__delitem__(self, key)
+
+    def __iter__(self) -> Any:
+        self.write_out()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self.write_out()
+        return super().__len__()
+
+    def items(self) -> Any:
+        self.write_out()
+        return super().items()
+
+    def keys(self) -> Any:
+        self.write_out()
+        return super().keys()
+
+    def values(self) -> Any:
+        self.write_out()
+        return super().values()
+
+    def _verify_source_topic_partitions(self, source_topic: str) -> None:
+        # Faust compares partition counts from the consumer's metadata snapshot, where a changelog topic
+        # created a moment ago may still have 0 partitions: it raised PartitionsMismatch on the first
+        # events of a fresh topic set, and those events were dead-lettered. 0 means not known yet.
+        consumer = self.app.consumer
+        if not consumer.topic_partitions(self.changelog_topic_name) or not consumer.topic_partitions(source_topic):
+            return
+        super()._verify_source_topic_partitions(source_topic)
 
     def send_changelog(self, *args: Any, **kwargs: Any) -> FutureMessage:
         sent: FutureMessage = super().send_changelog(*args, **kwargs)
-        pending = _changelog_sends.get()
+        pending = _scope_sends.get()
         if pending is not None:
             pending.append(sent)
         return sent
 
 
-#: How long an event waits for its table changelog writes to be delivered before the worker gives up.
+class WeirTopic(faust.Topic):  # type: ignore[misc]
+    """A Faust topic whose sends inside :func:`event_scope` are delivered before the scope ends.
+
+    An agent can send without awaiting each delivery: the scope awaits all of them once, at its end,
+    before the events it covers are acked.
+    """
+
+    async def publish_message(self, fut: FutureMessage, wait: bool = False) -> Awaitable[RecordMetadata]:
+        result = await super().publish_message(fut, wait=wait)
+        pending = _scope_sends.get()
+        if pending is not None and not wait:
+            pending.append(fut)
+        return result
+
+
+#: Set by app.core from WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: fixed interval).
+COMMIT_IDLE_S = 0.0
+#: How long a scope waits for its table changelog writes and sends to be delivered before the worker gives up.
 DELIVERY_TIMEOUT_S = 30.0
+
+
+def _write_out_tables() -> None:
+    scopes = _scope_writes.get()
+    while scopes:
+        next(iter(scopes.values())).table.write_out()
 
 
 @contextlib.asynccontextmanager
 async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
-    """Process one event: between commits, and with its table changelog writes delivered at the end."""
+    """Process one event as one unit: between commits, in :func:`part_scope`, its deliveries awaited at the end."""
     async with gate.processing():
         pending: list[FutureMessage] = []
-        token = _changelog_sends.set(pending)
-        try:
+        with part_scope(event, pending):
             yield
-        finally:
-            _changelog_sends.reset(token)
-        if pending:
-            await _await_deliveries(event, pending)
+        await await_deliveries([(event, pending)])
 
 
-async def _await_deliveries(event: EventT[bytes], pending: list[FutureMessage]) -> None:
-    done, undelivered = await asyncio.wait(pending, timeout=DELIVERY_TIMEOUT_S)
-    failed = [future for future in done if future.exception() is not None]
-    if not undelivered and not failed:
+@contextlib.contextmanager
+def part_scope(event: EventT[bytes], pending: list[FutureMessage]) -> Iterator[None]:
+    """One event, or one partition's part of a batch (``event`` is its last): the unit of table writes and sends.
+
+    Faust's current event is ``event`` (tables read and write its partition, sends join its partition's
+    transaction); table writes are written once per key at the end; changelog writes and sends are added
+    to ``pending``, which the caller awaits (:func:`await_deliveries`) before it leaves the commit gate.
+    When the body raises, its pending table writes are dropped: the event was not handled, and its
+    redelivery starts from the state before it. Call it inside ``gate.processing()``.
+    """
+    sends_token = _scope_sends.set(pending)
+    writes_token = _scope_writes.set({})
+    event_token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+        _write_out_tables()
+    finally:
+        _current_event.reset(event_token)
+        _scope_writes.reset(writes_token)
+        _scope_sends.reset(sends_token)
+
+
+async def await_deliveries(parts: list[tuple[EventT[bytes], list[FutureMessage]]]) -> None:
+    """Wait until every part's changelog writes and sends are delivered; crash the worker when one was not."""
+    futures = [future for _, pending in parts for future in pending]
+    if not futures:
         return
+    await asyncio.wait(futures, timeout=DELIVERY_TIMEOUT_S)
+    for event, pending in parts:
+        undelivered = [future for future in pending if not future.done()]
+        failed = [future for future in pending if future.done() and future.exception() is not None]
+        if undelivered or failed:
+            await _undelivered(event, failed[0].exception() if failed else TimeoutError(f"not delivered in {DELIVERY_TIMEOUT_S}s"))
+            return
+
+
+async def _undelivered(event: EventT[bytes], problem: BaseException | None) -> None:
     tp = event.message.tp
     app = event.app
-    if tp not in app.consumer.assignment():
-        # Revoked meanwhile: its transaction died with its producer, and the new owner redoes the event.
-        log.info("changelog writes of %s@%s dropped: the partition was revoked", tp, event.message.offset)
+    if event.message.generation_id != app.consumer_generation_id or tp not in app.consumer.assignment():
+        # A rebalance meanwhile (eager: every partition is revoked, and its producer replaced): the
+        # transaction died with its producer, the acks of this generation do not count, and the partition's
+        # owner reads it again from the committed offset.
+        log.info("writes and sends of %s@%s dropped: a rebalance ended their transaction", tp, event.message.offset)
         return
-    problem = failed[0].exception() if failed else TimeoutError(f"not delivered in {DELIVERY_TIMEOUT_S}s")
-    message = f"table changelog writes of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
+    message = f"writes or sends of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
     log.error(message)
     await app.crash(RuntimeError(message))
 

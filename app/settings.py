@@ -110,6 +110,9 @@ class Settings:
     partitions: int = 4
     #: WEIR_COMMIT_INTERVAL: seconds between offset commits (= transaction length under exactly_once).
     commit_interval: float = 0.5
+    #: WEIR_COMMIT_IDLE_MS: commit as soon as no event has been processed for this long (0: only every
+    #: commit_interval). Under load commits still come every commit_interval at most.
+    commit_idle_ms: int = 10
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0
@@ -126,6 +129,15 @@ class Settings:
     done_retention_ms: int = 600_000
     #: WEIR_ITEM_CONCURRENCY: item messages one items worker processes at once.
     item_concurrency: int = 8
+    #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
+    split_chunk: int = 10
+    #: WEIR_BATCH_SIZE / WEIR_BATCH_WAIT_MS: events the split/aggregate agents take per batch, and the longest
+    #: wait for a batch to fill. One batch's part of a partition is one unit: each table key is written once,
+    #: every send and changelog write is awaited once, all its offsets are acked together.
+    batch_size: int = 500
+    batch_wait_ms: int = 5
+    #: WEIR_PRODUCER_LINGER_MS: how long a send waits for more sends to share its produce request.
+    producer_linger_ms: int = 0
     #: WEIR_MAX_MESSAGE_BYTES: larger input messages are dead-lettered, not parsed.
     max_message_bytes: int = 1_000_000
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the demo's pricing step).
@@ -271,6 +283,7 @@ def load_settings() -> Settings:
         processing_guarantee=guarantee,
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),
+        commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms),
         session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
         heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
         rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),
@@ -281,6 +294,10 @@ def load_settings() -> Settings:
         tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms),
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
+        split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk),
+        batch_size=_env_int("WEIR_BATCH_SIZE", defaults.batch_size),
+        batch_wait_ms=_env_int("WEIR_BATCH_WAIT_MS", defaults.batch_wait_ms),
+        producer_linger_ms=_env_int("WEIR_PRODUCER_LINGER_MS", defaults.producer_linger_ms),
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
