@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -26,10 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
 from app.codec import dumps
-from app.kafka_io import client_options_or_env, ensure_topics
+from app.kafka_io import ReplyDesk
 from app.settings import load_settings
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
 
@@ -56,17 +53,10 @@ class Gateway:
     def __init__(
         self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4, client_options: Mapping[str, Any] | None = None
     ) -> None:
-        self._bootstrap = bootstrap
-        #: security options of every client (default: the environment's WEIR_KAFKA_* settings)
-        self._client_options = client_options_or_env(client_options)
         self._topic = topic
         self._partitions = partitions
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        #: reports that arrived before anyone waited for them (a client run again after a restart)
-        self._early: dict[str, dict[str, Any]] = {}
+        # reports are filed by client; one that arrives before anyone waits is kept (a client run again after a restart)
+        self._desk = ReplyDesk(bootstrap, _report_of, linger_ms=5, client_options=client_options)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -77,83 +67,44 @@ class Gateway:
 
     async def start(self) -> None:
         names = [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_REPORTS)]
-        counts = await ensure_topics(self._bootstrap, names, self._partitions, client_options=self._client_options)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=5, **self._client_options
-        )
-        await self._producer.start()
-        # read_committed: a report inside a transaction that later aborts is never seen
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            **self._client_options,
-        )
-        await self._consumer.start()
-        reports = self._topic(TOPIC_REPORTS)
-        partitions = [TopicPartition(reports, number) for number in range(counts[reports])]
-        self._consumer.assign(partitions)
-        # Reports of clients started after this point only: the position is fixed before anything is sent.
-        await self._consumer.seek_to_end(*partitions)
-        for partition in partitions:
-            await self._consumer.position(partition)
-        self._reader = asyncio.create_task(self._read_reports(), name="eof-gateway-reports")
+        await self._desk.start(names, self._partitions, [self._topic(TOPIC_REPORTS)])
 
     async def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                await client.stop()
-
-    async def _read_reports(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=500)
-            for records in batch.values():
-                for record in records:
-                    report = json.loads(record.value) if record.value else None
-                    if not isinstance(report, dict) or "client" not in report:
-                        continue
-                    waiter = self._waiting.pop(str(report["client"]), None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(report)
-                    else:
-                        self._early[str(report["client"])] = report
+        await self._desk.stop()
 
     async def send(self, client: str, lines: Iterable[str], *, batch_size: int) -> int:
         """Send the client's batches and its end; returns how many batches it sent."""
-        assert self._producer is not None
+        producer = self._desk.producer
         batches = batched(lines, batch_size)
         pending = []
         for batch_id, batch in enumerate(batches):
             value = {"client": client, "batch_id": batch_id, "lines": batch}
-            pending.append(await self._producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
+            pending.append(await producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
         # The end is sent once every batch is acknowledged (the controller may still see it first: it counts by id).
         await asyncio.gather(*pending)
         end = {"kind": "sent", "client": client, "batches": len(batches)}
-        await self._producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(end))
+        await producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(end))
         return len(batches)
 
     async def report(self, client: str, *, timeout_s: float) -> dict[str, Any]:
         """Wait for the client's report, then tell the controller it was delivered."""
-        assert self._producer is not None
-        report = self._early.pop(client, None)
-        if report is None:
-            waiter = self._waiting.setdefault(client, asyncio.get_running_loop().create_future())
-            report = await asyncio.wait_for(waiter, timeout_s)
+        report: dict[str, Any] = await self._desk.wait(client, timeout_s)
         delivered = {"kind": "delivered", "client": client}
-        await self._producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(delivered))
+        await self._desk.producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(delivered))
         return report
 
     async def run_client(self, client: str, lines: Iterable[str], *, batch_size: int = 20, timeout_s: float = 300.0) -> dict[str, Any]:
         """One client end to end: its batches, its end, its report."""
-        self._waiting.setdefault(client, asyncio.get_running_loop().create_future())
+        self._desk.expect(client)
         await self.send(client, lines, batch_size=batch_size)
         return await self.report(client, timeout_s=timeout_s)
+
+
+def _report_of(record: Any) -> tuple[str, Any] | None:
+    report = json.loads(record.value) if record.value else None
+    if not isinstance(report, dict) or "client" not in report:
+        return None
+    return str(report["client"]), report
 
 
 async def _main(files: list[Path], batch_size: int) -> int:

@@ -77,19 +77,32 @@ class WeirTransactionManager(TransactionManager):
         return f"{self.app.conf.id}-{self._partition_count(topic)}p-{partition}"
 
     def _partition_count(self, topic: str) -> int:
-        # The consumer's metadata snapshot lists a topic created a moment ago (a changelog on a fresh topic
-        # set) with 0 partitions: a buffered changelog write then named a transactional id ("...-0p-0")
-        # with no producer, and the worker crashed. A changelog's count is its table's. Any other unknown
-        # count stays 0: guessing (say, 4 for the assignor's one-partition leader topic) would name another
-        # member's transaction and fence it.
-        count = self.app.consumer.topic_partitions(topic) or self._partition_counts.get(topic)
-        if count:
-            self._partition_counts[topic] = count
-            return count
+        """The topic's partition count as the transactional ids use it: the same for a topic all along.
+
+        The consumer's metadata snapshot lists a topic created a moment ago (a changelog on a fresh topic
+        set, sometimes a source topic) with 0 partitions, and the two sides of one transaction must not
+        disagree: a changelog write routed to "...-4p-0" while its event's outputs and offsets went to
+        "...-0p-0" stayed in a transaction nobody committed, and a fresh "...-0p-0" with no producer
+        crashed the worker. So an unknown count is the count weir declared the topic (or the changelog's
+        table) with, and a count once known is kept. A topic weir did not declare and the snapshot does
+        not know (the assignor's leader topic at start) is 0: guessing would name another transaction.
+        """
+        count = self._partition_counts.get(topic)
+        if count is None:
+            count = self.app.consumer.topic_partitions(topic) or self._declared_partitions(topic)
+            if count:
+                self._partition_counts[topic] = count
+        return count or 0
+
+    def _declared_partitions(self, topic: str) -> int | None:
+        default = int(self.app.conf.topic_partitions)
+        for channel in list(self.app.topics):
+            if topic in getattr(channel, "topics", ()):
+                return int(channel.partitions or default)
         for table in self.app.tables.values():
             if table.changelog_topic_name == topic:
-                return int(table.partitions or self.app.conf.topic_partitions)
-        return 0
+                return int(table.partitions or default)
+        return None
 
     def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
         assignor = self.app.assignor

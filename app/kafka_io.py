@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.codec import dumps
 from app.settings import kafka_client_options
 
-__all__ = ["produce", "produce_json", "read_topic", "ensure_topics", "client_options_or_env"]
+__all__ = ["produce", "produce_json", "read_topic", "ensure_topics", "client_options_or_env", "ReplyDesk", "delete_topics"]
 
 
 def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -125,3 +126,118 @@ async def read_topic(
     finally:
         await consumer.stop()
     return records
+
+
+async def delete_topics(bootstrap: str, marker: str, *, client_options: Mapping[str, Any] | None = None) -> int:
+    """Delete every topic whose name holds ``marker`` (a run's or a test's id); how many there were.
+
+    A broker that serves many runs keeps every partition's files open: without this, test and bench
+    topics pile up to the broker's open-file limit ("Too many open files").
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
+    await admin.start()
+    try:
+        names = [name for name in await admin.list_topics() if marker in name]
+        if names:
+            await admin.delete_topics(names)
+        return len(names)
+    finally:
+        await admin.close()
+
+
+#: What a reply desk files a record under (None: not a reply, ignored), and the value it hands over.
+ReplyKey = Callable[[Any], "tuple[str, Any] | None"]
+
+
+class ReplyDesk:
+    """A producer, and a read_committed reader of reply topics from their end that hands each reply to its waiter.
+
+    The demo's screens and the EOF gateway send requests and wait for keyed replies: ``key_of(record)``
+    says under which key a record is filed (and its value), :meth:`expect` registers a waiter before the
+    request is sent, :meth:`wait` returns the reply (a reply that came before anyone waited is kept; the
+    last one for a key wins). Replies are read from the end of the topics as they were at :meth:`start`.
+    """
+
+    def __init__(self, bootstrap: str, key_of: ReplyKey, *, linger_ms: int = 0, client_options: Mapping[str, Any] | None = None) -> None:
+        self._bootstrap = bootstrap
+        self._key_of = key_of
+        self._linger_ms = linger_ms
+        #: security options of every client (default: the environment's WEIR_KAFKA_* settings)
+        self.client_options = client_options_or_env(client_options)
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._arrived: dict[str, Any] = {}
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        assert self._producer is not None, "start() first"
+        return self._producer
+
+    async def start(self, topics: Iterable[str], partitions: int, replies: Iterable[str]) -> None:
+        """Create ``topics`` if missing, then read ``replies`` (some of them) from their current end."""
+        counts = await ensure_topics(self._bootstrap, topics, partitions, client_options=self.client_options)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, enable_idempotence=True, acks="all", linger_ms=self._linger_ms, **self.client_options
+        )
+        await self._producer.start()
+        # read_committed: a reply inside a transaction that later aborts is never seen
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            **self.client_options,
+        )
+        await self._consumer.start()
+        partitions_read = [TopicPartition(name, number) for name in replies for number in range(counts[name])]
+        self._consumer.assign(partitions_read)
+        # replies to requests sent from now on only: the position is fixed before anything is sent
+        await self._consumer.seek_to_end(*partitions_read)
+        for partition in partitions_read:
+            await self._consumer.position(partition)
+        self._reader = asyncio.create_task(self._read(), name="reply-desk")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                await client.stop()
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    filed = self._key_of(record)
+                    if filed is None:
+                        continue
+                    key, value = filed
+                    # the waiter stays registered until wait() has it: a reply faster than the call to
+                    # wait() must not leave it waiting on a new future
+                    waiter = self._waiting.get(key)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(value)
+                    else:
+                        self._arrived[key] = value
+
+    def expect(self, key: str) -> None:
+        """Register a waiter for ``key`` before sending what it answers (so the reply cannot slip by)."""
+        if key not in self._arrived:
+            self._waiting.setdefault(key, asyncio.get_running_loop().create_future())
+
+    async def wait(self, key: str, timeout_s: float) -> Any:
+        """The reply filed under ``key``; TimeoutError after ``timeout_s``."""
+        if key in self._arrived:
+            self._waiting.pop(key, None)
+            return self._arrived.pop(key)
+        waiter = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            self._waiting.pop(key, None)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.kafka_io import delete_topics
 from app.processes import WorkerProcess
 from tests.conftest import ROOT
 
@@ -86,10 +88,17 @@ def pipeline(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureReques
     if report is not None and report.failed:
         for worker in deployment.workers:
             sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{worker.log_text()[-6000:]}\n")
+    # The broker keeps every partition's files open: a suite that left its topics behind ran into its open-file
+    # limit. WEIR_KEEP_TEST_TOPICS=1 keeps them (to look at a failure).
+    try:
+        if not os.environ.get("WEIR_KEEP_TEST_TOPICS"):
+            asyncio.run(delete_topics(kafka_bootstrap, f"t{unique}"))
+    except Exception as error:  # a test that stopped the broker; the next session's broker starts clean anyway
+        sys.stderr.write(f"could not delete the topics of t{unique}: {error}\n")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
