@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from app.processes import ROOT
 
@@ -62,8 +62,12 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def broker_pid() -> int | None:
-    """The local broker's pid (scripts/broker.sh writes it), None when KAFKA_BOOTSTRAP names another broker."""
-    if os.environ.get("KAFKA_BOOTSTRAP"):
+    """The local broker's pid (scripts/broker.sh writes it), None when KAFKA_BOOTSTRAP names another broker.
+
+    With KAFKA_BOOTSTRAP and WEIR_STATE_DIR both set, the broker is another local scripts/broker.sh instance
+    (its own WEIR_KAFKA_PORT and state dir): its pid file is in that state dir.
+    """
+    if os.environ.get("KAFKA_BOOTSTRAP") and not os.environ.get("WEIR_STATE_DIR"):
         return None
     pidfile = Path(os.environ.get("WEIR_STATE_DIR", str(ROOT / ".weir"))) / "kafka.pid"
     try:
@@ -162,12 +166,20 @@ async def end_offsets_total(consumer: AIOKafkaConsumer, topic: str, partitions: 
     return sum(offsets.values())
 
 
-class Collector:
-    """Reads a topic from its beginning (read_committed) and notes when each key was first seen (wall clock)."""
+def _record_key(message: ConsumerRecord[bytes, bytes]) -> str | None:
+    return message.key.decode() if message.key is not None else None
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+
+class Collector:
+    """Reads a topic from its beginning (read_committed) and notes when each key was first seen (wall clock).
+
+    ``key_of`` names a record another way than by its key (None: not counted), e.g. by fields of its value.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, key_of: Callable[[ConsumerRecord[bytes, bytes]], str | None] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.key_of = key_of or _record_key
         self.seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -193,8 +205,9 @@ class Collector:
                 now = time.time()
                 for messages in batch.values():
                     for message in messages:
-                        if message.key is not None:
-                            self.seen.setdefault(message.key.decode(), now)
+                        key = self.key_of(message)
+                        if key is not None:
+                            self.seen.setdefault(key, now)
                 if batch:
                     self._changed.set()
         finally:

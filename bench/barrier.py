@@ -3,8 +3,11 @@
 One flows worker process. (1) N exchanges arrive and wait (nothing they await has completed): time
 until all are in the barrier table, the worker's threads and asyncio tasks while they wait (waiting
 holds none), and bytes on disk per waiting exchange (the barrier's RocksDB files in the worker, and its
-changelog on the broker). (2) M more exchanges wait for kitchen, which completes, then payment: release
-latency from the payment record (the last completion) to the record the step after the barrier sent.
+changelog's log segments on the broker). (2) M more exchanges wait for kitchen, which completes, then
+payment: release latency from the payment record (the last completion) to the record the step after the
+barrier sent.
+
+The steps are functions (start_worker, fill, disk_bytes, release) that bench.compare's barrier section runs too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from aiokafka import AIOKafkaProducer
 from app.kafka_io import ensure_topics, read_topic
 from app.processes import ROOT, WorkerProcess
 from app.settings import load_settings
+
+__all__ = ["BARRIER", "start_worker", "fill", "disk_bytes", "release"]
 
 BARRIER = "await-kitchen-and-payment"
 
@@ -67,6 +72,63 @@ async def _count_waiting(bootstrap: str, topic: str, wanted: int, timeout_s: flo
     return sum(latest.values())
 
 
+def start_worker(bootstrap: str, partitions: int, prefix: str, app_id: str, work_dir: Path, web_port: int) -> WorkerProcess:
+    """Creates the flows' topics and starts one flows worker (bench.barrier_flows), ready; its data in ``work_dir / 'data'``."""
+    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": app_id, "WEIR_FLOWS": "bench.barrier_flows"}
+    topics = ["kitchen", "payment", "dispatch-in", "dispatched", "dead-letters", f"barrier.{BARRIER}"]
+    topics += [f"flow.{name}.{kind}" for name in ("kitchen", "payment", "dispatch") for kind in ("resume", "outcomes")]
+    asyncio.run(ensure_topics(bootstrap, [prefix + name for name in topics], partitions))
+    worker = WorkerProcess("flows", {**env, "WEIR_DATA_DIR": str(work_dir / "data")}, work_dir / "worker.log", web_port).start()
+    try:
+        worker.wait_ready()
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
+
+
+def fill(bootstrap: str, prefix: str, keys: list[str], timeout_s: float = 1800) -> tuple[int, float]:
+    """Sends ``keys`` to dispatch-in; (exchanges waiting in the barrier table, seconds until all of them wait)."""
+    started = time.monotonic()
+    asyncio.run(_send(bootstrap, prefix + "dispatch-in", keys))
+    waiting = asyncio.run(_count_waiting(bootstrap, f"{prefix}barrier-{BARRIER}-changelog", len(keys), timeout_s=timeout_s))
+    return waiting, time.monotonic() - started
+
+
+def disk_bytes(prefix: str, data_dir: Path) -> tuple[int, int]:
+    """(the barrier's RocksDB files in the worker, its changelog's log segments on the local broker), in bytes.
+
+    Only the segments' .log files count on the broker: the active segment's .index and .timeindex files are
+    sparse files preallocated to 10 MiB each (their size says nothing of the records).
+    """
+    rocksdb = _du([path for path in data_dir.rglob(f"barrier-{BARRIER}-[0-9]*.db") if path.is_dir()])
+    broker_dir = Path(os.environ.get("WEIR_STATE_DIR", str(ROOT / ".weir"))) / "kafka-data"
+    segments = [file for path in broker_dir.glob(f"{prefix}barrier-{BARRIER}-changelog-*") for file in path.glob("*.log")]
+    return rocksdb, sum(file.stat().st_size for file in segments)
+
+
+def release(bootstrap: str, prefix: str, keys: list[str], rate: float, settle_s: float = 5.0) -> list[float]:
+    """``keys`` arrive and wait, kitchen completes them, ``settle_s`` later payment completes them at ``rate``/s.
+
+    Returns the release latencies (s), sorted: from each payment's send to the create time of the record the
+    step after the barrier sent for it.
+    """
+    asyncio.run(_send(bootstrap, prefix + "dispatch-in", keys))
+    asyncio.run(_send(bootstrap, prefix + "kitchen", keys))
+    time.sleep(settle_s)
+    wanted = set(keys)
+
+    async def payments() -> tuple[dict[str, float], list[object]]:
+        reader = asyncio.create_task(
+            read_topic(bootstrap, prefix + "dispatched", until=lambda rows: wanted <= {row.key.decode() for row in rows}, timeout_s=300)
+        )
+        sent = await _send(bootstrap, prefix + "payment", keys, rate=rate)
+        return sent, await reader
+
+    sent, rows = asyncio.run(payments())
+    return sorted(row.timestamp / 1000 - sent[row.key.decode()] for row in rows if row.key.decode() in sent)  # type: ignore[attr-defined]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--waiting", type=int, default=20_000)
@@ -77,19 +139,10 @@ def main() -> None:
     run = uuid.uuid4().hex[:6]
     prefix = f"bb-{run}."
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-bench-barrier-{run}-"))
-    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"bb-{run}", "WEIR_FLOWS": "bench.barrier_flows"}
-    topics = ["kitchen", "payment", "dispatch-in", "dispatched", "dead-letters", f"barrier.{BARRIER}"]
-    topics += [f"flow.{name}.{kind}" for name in ("kitchen", "payment", "dispatch") for kind in ("resume", "outcomes")]
-    asyncio.run(ensure_topics(settings.bootstrap, [prefix + name for name in topics], settings.partitions))
-    data_dir = log_dir / "data"
-    worker = WorkerProcess("flows", {**env, "WEIR_DATA_DIR": str(data_dir)}, log_dir / "worker.log", 6300).start()
+    worker = start_worker(settings.bootstrap, settings.partitions, prefix, f"bb-{run}", log_dir, 6300)
     try:
-        worker.wait_ready()
         keys = [f"w-{number}" for number in range(args.waiting)]
-        started = time.monotonic()
-        asyncio.run(_send(settings.bootstrap, prefix + "dispatch-in", keys))
-        waiting = asyncio.run(_count_waiting(settings.bootstrap, f"{prefix}barrier-{BARRIER}-changelog", len(keys), timeout_s=1800))
-        fill_seconds = time.monotonic() - started
+        waiting, fill_seconds = fill(settings.bootstrap, prefix, keys)
         assert worker.process is not None
         pid = worker.process.pid
         threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:")))
@@ -99,29 +152,8 @@ def main() -> None:
         os.kill(pid, signal.SIGUSR1)
         time.sleep(2)
         tasks = worker.log_path.read_text(errors="replace").split("asyncio tasks:")[-1].count("\n--- ")
-        rocksdb = _du([path for path in data_dir.rglob(f"barrier-{BARRIER}-[0-9]*.db") if path.is_dir()])
-        broker_dir = Path(os.environ.get("WEIR_STATE_DIR", str(ROOT / ".weir"))) / "kafka-data"
-        changelog = _du(list(broker_dir.glob(f"{prefix}barrier-{BARRIER}-changelog-*")))
-        released = [f"r-{number}" for number in range(args.released)]
-        asyncio.run(_send(settings.bootstrap, prefix + "dispatch-in", released))
-        asyncio.run(_send(settings.bootstrap, prefix + "kitchen", released))
-        time.sleep(5)
-        wanted = set(released)
-
-        async def release() -> tuple[dict[str, float], list[object]]:
-            reader = asyncio.create_task(
-                read_topic(
-                    settings.bootstrap,
-                    prefix + "dispatched",
-                    until=lambda rows: wanted <= {row.key.decode() for row in rows},
-                    timeout_s=300,
-                )
-            )
-            sent = await _send(settings.bootstrap, prefix + "payment", released, rate=args.rate)
-            return sent, await reader
-
-        sent, rows = asyncio.run(release())
-        latencies = sorted(row.timestamp / 1000 - sent[row.key.decode()] for row in rows if row.key.decode() in sent)  # type: ignore[attr-defined]
+        rocksdb, changelog = disk_bytes(prefix, log_dir / "data")
+        latencies = release(settings.bootstrap, prefix, [f"r-{number}" for number in range(args.released)], args.rate)
     finally:
         worker.stop()
     print(f"barrier: {waiting} exchanges waiting on one worker, filled in {fill_seconds:.1f}s ({waiting / fill_seconds:.0f}/s)")

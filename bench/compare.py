@@ -12,7 +12,20 @@ core, from /proc/<pid>/stat), and writes it as markdown to bench/results.md:
 - weir's split/aggregate (one splitter+aggregator process, two items processes, exactly_once) and the same
   pipeline on Quix Streams (bench/quix_split_aggregate.py, one process, exactly-once): a backlog of orders
   sent at once (orders/s, items/s, latency p50/p99 from the order's send to the result read by a
-  read_committed consumer) and a fixed offered rate (latency).
+  read_committed consumer) and a fixed offered rate (latency);
+- weir's counter trigger (agents/triggers.py, one `triggers` worker process): a backlog of registrations, then
+  the children's completions shuffled across parents, sent at once; completion events/s until every parent's
+  wake is read (read_committed), and state writes per event: the records the trigger tables' changelogs gained
+  meanwhile (committed ones, read with a read_committed consumer: no transaction markers), per registration or
+  completion, for the trigger states table and for all 5 trigger tables;
+- weir's end of stream per client (agents/eof_*.py, clients through app.eof_gateway.Gateway, all at once): the
+  filter stage alone (a deployment of one filter process, timed to its last report on the counter topic), the
+  full pipeline (one filter, one controller, one aggregator process; timed to the last client's report),
+  batches/s of both, report latency after the client's last batch (p50/p99), and the EOF overhead ratio: full
+  time / filter-alone time;
+- weir's barrier (bench/barrier.py's steps, a new flows worker each run): exchanges/s arriving to wait, bytes
+  per waiting exchange (the barrier's RocksDB files; its changelog's log segments on the broker), and release
+  latency p50/p99 from the last completion to the record the step after the barrier sent.
 
 --profile DIR also records each weir worker with py-spy during the first backlog run (flame graph SVG and
 collapsed stacks in DIR); give --orders enough for the backlog to outlast --profile-seconds.
@@ -25,6 +38,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -34,19 +48,36 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from app.kafka_io import ensure_topics
+from app.catalogue import CATALOGUE_CENTS
+from app.eof_gateway import Gateway
+from app.kafka_io import delete_topics, ensure_topics
 from app.processes import ROOT, WorkerProcess
+from bench import barrier
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record
+from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
+from tables.triggers import (
+    DEFAULT_WAKE_TOPIC,
+    OK,
+    TRIGGERS_TOPIC,
+    Message,
+    completion_message,
+    publish_trigger_messages,
+    registration_message,
+)
 
 PARTITIONS = 4
 ITEMS = 10
-SECTIONS = ("raw", "faust", "weir", "quix")
+SECTIONS = ("raw", "faust", "weir", "quix", "triggers", "eof", "barrier")
+#: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
+TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_child_status", "trigger_sweep", "trigger_fired_deadlines")
+EOF_LINES_PER_BATCH = 20
 
 
 @dataclass
@@ -138,9 +169,9 @@ def run_raw(ctx: Context, count: int) -> None:
         topic = f"cmp-{ctx.run_id}.raw-{run}"
         asyncio.run(ensure_topics(ctx.bootstrap, [topic], PARTITIONS))
         for target, step in (
-            (produce, lambda topic=topic: _raw_produce(ctx.bootstrap, topic, count)),
-            (consume, lambda topic=topic: _raw_consume(ctx.bootstrap, topic, count, None)),
-            (consume_json, lambda topic=topic: _raw_consume(ctx.bootstrap, topic, count, json.loads)),
+            (produce, partial(_raw_produce, ctx.bootstrap, topic, count)),
+            (consume, partial(_raw_consume, ctx.bootstrap, topic, count, None)),
+            (consume_json, partial(_raw_consume, ctx.bootstrap, topic, count, json.loads)),
         ):
             meter = ctx.meter({}).start()
             rate = asyncio.run(step())
@@ -367,6 +398,274 @@ def run_quix(ctx: Context, orders: int, rate: float, light_seconds: float) -> No
         worker.stop()
 
 
+# --- weir's counter trigger ----------------------------------------------------------------------------------
+
+
+def _weir_worker(ctx: Context, agents: str, name: str, env: dict[str, str]) -> WorkerProcess:
+    """A started weir worker (not waited for) with its own data dir and log in the run's work dir."""
+    env = {**env, "WEIR_DATA_DIR": str(ctx.work_dir / f"{name}-data")}
+    return WorkerProcess(agents, env, ctx.work_dir / f"{name}.log", _free_port()).start()
+
+
+def _alive(workers: dict[str, WorkerProcess]) -> Callable[[], None]:
+    def check() -> None:
+        for worker in workers.values():
+            if worker.process is not None and worker.process.poll() is not None:
+                raise RuntimeError(f"weir worker {worker.agents} exited ({worker.log_path}):\n{worker.log_text()[-3000:]}")
+
+    return check
+
+
+def _pids(workers: dict[str, WorkerProcess]) -> dict[str, int]:
+    return {name: worker.process.pid for name, worker in workers.items() if worker.process is not None}
+
+
+async def _committed_ends(bootstrap: str, topics: list[str]) -> dict[TopicPartition, int]:
+    """Each partition's last stable offset (end offset as a read_committed consumer sees it)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(
+            [TopicPartition(topic, p) for topic in topics for p in range(PARTITIONS)]
+        )
+        return ends
+    finally:
+        await consumer.stop()
+
+
+async def _committed_records(bootstrap: str, start: dict[TopicPartition, int], end: dict[TopicPartition, int]) -> dict[str, int]:
+    """Records of committed transactions between ``start`` and ``end`` offsets, per topic (markers and aborted records not counted)."""
+    counts = {tp.topic: 0 for tp in end}
+    wanted = {tp: offset for tp, offset in end.items() if offset > start[tp]}
+    if not wanted:
+        return counts
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        consumer.assign(list(wanted))
+        for tp in wanted:
+            consumer.seek(tp, start[tp])
+        deadline = time.monotonic() + 60
+        while [tp for tp, offset in wanted.items() if await consumer.position(tp) < offset]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"changelogs not read up to {wanted} after 60 s")
+            batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            for tp, messages in batch.items():
+                counts[tp.topic] += sum(1 for message in messages if message.offset < wanted[tp])
+        return counts
+    finally:
+        await consumer.stop()
+
+
+def _trigger_backlog(tag: str, parents: int, children: int, seed: int) -> tuple[list[str], list[Message]]:
+    """Parents ``<tag>-p<n>`` with ``children`` children each: every registration, then every completion (shuffled)."""
+    rng = random.Random(seed)
+    ids = [f"{tag}-p{number}" for number in range(parents)]
+    completions = [
+        completion_message(parent, f"{parent}-c{child}", OK if rng.random() >= 0.1 else "failed")
+        for parent in ids
+        for child in range(children)
+    ]
+    rng.shuffle(completions)
+    return ids, [registration_message(parent, children) for parent in ids] + completions
+
+
+async def _triggers_run(
+    ctx: Context, prefix: str, workers: dict[str, WorkerProcess], parent_ids: list[str], messages: list[Message]
+) -> dict[str, Any]:
+    """Sends the backlog; seconds until every parent fired (its wake read read_committed), changelog records meanwhile."""
+    changelogs = [f"{prefix}{table}-changelog" for table in TRIGGER_TABLES]
+    collector = await Collector(ctx.bootstrap, prefix + DEFAULT_WAKE_TOPIC).start()
+    try:
+        before = await _committed_ends(ctx.bootstrap, changelogs)
+        meter = ctx.meter(_pids(workers)).start()
+        started = time.time()
+        await publish_trigger_messages(ctx.bootstrap, prefix, messages)
+        done = await collector.wait_for(parent_ids, timeout_s=600, alive=_alive(workers))
+        cpu = meter.stop()
+        after = await _committed_ends(ctx.bootstrap, changelogs)
+        if not done:
+            missing = len(set(parent_ids) - collector.seen.keys())
+            raise TimeoutError(f"triggers: {missing} of {len(parent_ids)} parents not fired after 600 s")
+        elapsed = max(collector.seen[parent] for parent in parent_ids) - started
+        writes = await _committed_records(ctx.bootstrap, before, after)
+        return {"seconds": elapsed, "writes": writes, "cpu": cpu}
+    finally:
+        await collector.stop()
+
+
+def run_triggers(ctx: Context, parents: int, children: int) -> None:
+    prefix = f"cmp-{ctx.run_id}.triggers."
+    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"cmp-{ctx.run_id}-triggers", "WEIR_GUARANTEE": "exactly_once"}
+    asyncio.run(ensure_topics(ctx.bootstrap, [prefix + TRIGGERS_TOPIC, prefix + DEFAULT_WAKE_TOPIC], PARTITIONS))
+    events = parents * (children + 1)
+    backlog = f"backlog of {parents:,} parents, {children} children each"
+    rate = ctx.figure("weir triggers", f"{backlog}: completion events/s", "events/s")
+    states = ctx.figure("weir triggers", f"{backlog}: state writes per event, trigger states table", "records", "{:.3f}")
+    tables = ctx.figure("weir triggers", f"{backlog}: state writes per event, all 5 trigger tables", "records", "{:.3f}")
+    workers = {"triggers": _weir_worker(ctx, "triggers", "triggers", env)}
+    try:
+        workers["triggers"].wait_ready()
+        asyncio.run(ensure_topics(ctx.bootstrap, [f"{prefix}{table}-changelog" for table in TRIGGER_TABLES], PARTITIONS))
+        # Warm-up: the worker has fired a few parents (every table written) before the clock starts.
+        asyncio.run(_triggers_run(ctx, prefix, workers, *_trigger_backlog("warm", 20, children, seed=0)))
+        for run in range(ctx.runs):
+            figures = asyncio.run(_triggers_run(ctx, prefix, workers, *_trigger_backlog(f"run{run}", parents, children, seed=run + 1)))
+            rate.add(parents * children / figures["seconds"], figures["cpu"])
+            states.add(figures["writes"][f"{prefix}triggers-changelog"] / events, figures["cpu"])
+            tables.add(sum(figures["writes"].values()) / events, figures["cpu"])
+    finally:
+        for worker in workers.values():
+            worker.stop()
+
+
+# --- weir's end of stream per client -------------------------------------------------------------------------
+
+
+def _eof_clients(tag: str, clients: int, batches: int) -> dict[str, list[str]]:
+    """Clients ``<tag>-c<n>``, each with ``batches`` full batches of order lines (about 1 in 10 outside opening hours)."""
+    rng = random.Random(tag)
+    flavours = sorted(CATALOGUE_CENTS)
+    data = {}
+    for number in range(clients):
+        client = f"{tag}-c{number}"
+        lines = []
+        for line in range(batches * EOF_LINES_PER_BATCH):
+            clock = "23:30" if rng.random() < 0.1 else f"{rng.randint(10, 21):02d}:{rng.randint(0, 59):02d}"
+            items = [{"flavour": rng.choice(flavours), "scoops": rng.randint(1, 3)} for _ in range(rng.randint(1, 3))]
+            lines.append(orjson.dumps({"order_id": f"{client}-{line}", "time": clock, "items": items}).decode())
+        data[client] = lines
+    return data
+
+
+def _filtered_key(message: ConsumerRecord[bytes, bytes]) -> str | None:
+    """``<client>/<batch id>`` of a filter's report on the counter topic (the filter stage's output), None for the rest."""
+    value = orjson.loads(message.value) if message.value else None
+    if isinstance(value, dict) and value.get("kind") == "filtered":
+        return f"{value['client']}/{value['batch_id']}"
+    return None
+
+
+async def _eof_run(
+    ctx: Context, prefix: str, workers: dict[str, WorkerProcess], clients: dict[str, list[str]], full: bool
+) -> dict[str, Any]:
+    """Every client sends its batches and its end at once. Filter alone: seconds until the filter reported every batch.
+
+    Full pipeline: seconds until every client's report arrived, and each report's latency after its client's last batch.
+    """
+    batches = len(next(iter(clients.values()))) // EOF_LINES_PER_BATCH
+    if full:
+        watch = await Collector(ctx.bootstrap, prefix + TOPIC_REPORTS).start()
+        wanted = list(clients)
+    else:
+        watch = await Collector(ctx.bootstrap, prefix + TOPIC_COUNTER, key_of=_filtered_key).start()
+        wanted = [f"{client}/{batch}" for client in clients for batch in range(batches)]
+    ended: dict[str, float] = {}
+    try:
+        async with Gateway(ctx.bootstrap, lambda name: prefix + name, partitions=PARTITIONS) as gateway:
+            meter = ctx.meter(_pids(workers)).start()
+            started = time.time()
+
+            async def client_run(client: str, lines: list[str]) -> None:
+                await gateway.send(client, lines, batch_size=EOF_LINES_PER_BATCH)
+                ended[client] = time.time()  # its last batch and its end are acknowledged by the broker
+                if full:
+                    report = await gateway.report(client, timeout_s=600)  # then says "delivered": the controller cleans it up
+                    if report.get("status") != "complete":
+                        raise RuntimeError(f"eof: client {client} got an incomplete report: {report}")
+
+            await asyncio.gather(*(client_run(client, lines) for client, lines in clients.items()))
+            done = await watch.wait_for(wanted, timeout_s=600, alive=_alive(workers))
+            cpu = meter.stop()
+        if not done:
+            missing = len(set(wanted) - watch.seen.keys())
+            raise TimeoutError(f"eof: {missing} of {len(wanted)} {'reports' if full else 'filtered batches'} missing after 600 s")
+        latencies = [watch.seen[client] - ended[client] for client in clients] if full else []
+        return {"seconds": max(watch.seen[key] for key in wanted) - started, "latencies": latencies, "cpu": cpu}
+    finally:
+        await watch.stop()
+
+
+def run_eof(ctx: Context, clients: int, batches: int) -> None:
+    total = clients * batches
+    load = f"{clients} clients, {batches} batches of {EOF_LINES_PER_BATCH} lines each"
+    alone = ctx.figure("weir EOF", f"{load}: filter stage alone, batches/s", "batches/s")
+    full = ctx.figure("weir EOF", f"{load}: to every client's report, batches/s", "batches/s")
+    p50 = ctx.figure("weir EOF", f"{load}: report latency after the client's last batch, p50", "ms")
+    p99 = ctx.figure("weir EOF", f"{load}: report latency after the client's last batch, p99", "ms")
+    ratio = ctx.figure("weir EOF", f"{load}: EOF overhead ratio (to every report / filter alone)", "ratio", "{:.2f}")
+    filter_seconds: list[float] = []
+    phases = {
+        "filter alone": {"filter": "eof_filter"},
+        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator"},
+    }
+    for phase, stages in phases.items():
+        tag = "alone" if phase == "filter alone" else "full"
+        prefix = f"cmp-{ctx.run_id}.eof-{tag}."
+        env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"cmp-{ctx.run_id}-eof-{tag}", "WEIR_GUARANTEE": "exactly_once"}
+        asyncio.run(ensure_topics(ctx.bootstrap, [prefix + name for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS)], PARTITIONS))
+        workers = {name: _weir_worker(ctx, agents, f"eof-{tag}-{name}", env) for name, agents in stages.items()}
+        try:
+            for worker in workers.values():
+                worker.wait_ready()
+            # Warm-up: every stage has handled a client before the clock starts.
+            asyncio.run(_eof_run(ctx, prefix, workers, _eof_clients("warm", 2, 2), full=tag == "full"))
+            for run in range(ctx.runs):
+                figures = asyncio.run(_eof_run(ctx, prefix, workers, _eof_clients(f"run{run}", clients, batches), full=tag == "full"))
+                if tag == "alone":
+                    filter_seconds.append(figures["seconds"])
+                    alone.add(total / figures["seconds"], figures["cpu"])
+                    continue
+                full.add(total / figures["seconds"], figures["cpu"])
+                p50.add(1000 * statistics.median(figures["latencies"]), figures["cpu"])
+                p99.add(1000 * percentile(figures["latencies"], 0.99), figures["cpu"])
+                ratio.add(figures["seconds"] / filter_seconds[run], figures["cpu"])
+        finally:
+            for worker in workers.values():
+                worker.stop()
+
+
+# --- weir's barrier (flows) ----------------------------------------------------------------------------------
+
+
+def run_barrier(ctx: Context, waiting: int, released: int, rate: float) -> None:
+    system = "weir barrier"
+    arrive = ctx.figure(system, f"{waiting:,} exchanges arrive and wait: exchanges/s", "exch/s")
+    rocksdb = ctx.figure(system, f"{waiting:,} waiting: bytes per waiting exchange, RocksDB", "bytes")
+    changelog = ctx.figure(system, f"{waiting:,} waiting: bytes per waiting exchange, broker changelog", "bytes")
+    light = f"{released} released at {rate:g}/s"
+    p50 = ctx.figure(system, f"{light}: release latency p50", "ms")
+    p99 = ctx.figure(system, f"{light}: release latency p99", "ms")
+    for run in range(ctx.runs):
+        # A new worker on new topics each run: the bytes are those of a barrier holding just these exchanges.
+        prefix = f"cmp-{ctx.run_id}.barrier{run}."
+        work_dir = ctx.work_dir / f"barrier-{run}"
+        work_dir.mkdir()
+        worker = barrier.start_worker(ctx.bootstrap, PARTITIONS, prefix, f"cmp-{ctx.run_id}-barrier{run}", work_dir, _free_port())
+        try:
+            workers = {"flows": worker}
+            meter = ctx.meter(_pids(workers)).start()
+            count, seconds = barrier.fill(ctx.bootstrap, prefix, [f"w-{number}" for number in range(waiting)], timeout_s=600)
+            cpu = meter.stop()
+            _alive(workers)()
+            if count < waiting:
+                raise TimeoutError(f"barrier: {count} of {waiting} exchanges waiting after 600 s")
+            on_disk, segments = barrier.disk_bytes(prefix, work_dir / "data")
+            arrive.add(count / seconds, cpu)
+            rocksdb.add(on_disk / count, cpu)
+            changelog.add(segments / count, cpu)
+            meter = ctx.meter(_pids(workers)).start()
+            latencies = barrier.release(ctx.bootstrap, prefix, [f"r-{number}" for number in range(released)], rate)
+            cpu = meter.stop()
+            _alive(workers)()
+            if len(latencies) < released:
+                raise TimeoutError(f"barrier: {released - len(latencies)} of {released} exchanges not released after 300 s")
+            p50.add(1000 * statistics.median(latencies), cpu)
+            p99.add(1000 * percentile(latencies, 0.99), cpu)
+        finally:
+            worker.stop()
+
+
 # --- the table ---------------------------------------------------------------------------------------------
 
 
@@ -398,22 +697,9 @@ def table(ctx: Context, runs: int) -> list[str]:
     return lines
 
 
-async def delete_topics(bootstrap: str, marker: str) -> int:
-    """Deletes the topics of this run: every name holding ``marker`` (the run id is in all of them, internal ones too)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        names = [name for name in await admin.list_topics() if marker in name]
-        if names:
-            await admin.delete_topics(names)
-        return len(names)
-    finally:
-        await admin.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, under 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 3 minutes)")
     parser.add_argument("--runs", type=int, help="runs of each figure (default 3, 1 with --quick)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--raw-messages", type=int, help="messages per raw aiokafka run (default 100,000; 30,000 with --quick)")
@@ -421,6 +707,15 @@ def main() -> None:
     parser.add_argument("--orders", type=int, help="orders of 10 items per backlog run (default 2,000; 300 with --quick)")
     parser.add_argument("--rate", type=float, default=20.0, help="orders/s offered in the fixed-rate runs")
     parser.add_argument("--light-seconds", type=float, help="length of a fixed-rate run (default 10 s; 5 s with --quick)")
+    parser.add_argument("--trigger-parents", type=int, help="parents per counter-trigger backlog run (default 1,000; 300 with --quick)")
+    parser.add_argument("--trigger-children", type=int, default=10, help="children (completion events) per parent")
+    parser.add_argument("--eof-clients", type=int, help="clients per EOF run (default 20; 8 with --quick)")
+    parser.add_argument(
+        "--eof-batches", type=int, help=f"batches of {EOF_LINES_PER_BATCH} lines per EOF client (default 40; 15 with --quick)"
+    )
+    parser.add_argument("--barrier-waiting", type=int, help="exchanges left waiting per barrier run (default 2,000; 500 with --quick)")
+    parser.add_argument("--barrier-released", type=int, help="exchanges released per barrier run (default 150; 60 with --quick)")
+    parser.add_argument("--barrier-rate", type=float, default=30.0, help="payments/s (the last completions) in the barrier release run")
     parser.add_argument("--profile", type=Path, help="record the weir workers with py-spy during the first backlog run, into DIR")
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker (deleted by default)")
@@ -432,6 +727,11 @@ def main() -> None:
     faust_messages = args.faust_messages or (5_000 if quick else 20_000)
     orders = args.orders or (300 if quick else 2_000)
     light_seconds = args.light_seconds or (5.0 if quick else 10.0)
+    trigger_parents = args.trigger_parents or (300 if quick else 1_000)
+    eof_clients = args.eof_clients or (8 if quick else 20)
+    eof_batches = args.eof_batches or (15 if quick else 40)
+    barrier_waiting = args.barrier_waiting or (500 if quick else 2_000)
+    barrier_released = args.barrier_released or (60 if quick else 150)
     sections = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(sections) - set(SECTIONS)
     if unknown:
@@ -456,6 +756,9 @@ def main() -> None:
         "faust": lambda: run_faust(ctx, faust_messages),
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
         "quix": lambda: run_quix(ctx, orders, args.rate, light_seconds),
+        "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
+        "eof": lambda: run_eof(ctx, eof_clients, eof_batches),
+        "barrier": lambda: run_barrier(ctx, barrier_waiting, barrier_released, args.barrier_rate),
     }
     try:
         for name in sections:
@@ -471,11 +774,36 @@ def main() -> None:
         "",
         "CPU: each process's utime+stime over the measured interval, as % of one core (200 = both cores), in the run that gave the median;",
         "'bench' is the harness itself (producer and reading consumer). The machine is shared: other work on it makes figures noisy.",
-        "Latency: from the order's send to its result's arrival at a read_committed consumer (both pipelines commit every 0.5 s).",
-        "weir: exactly_once, one splitter+aggregator process and two items processes. Quix Streams: exactly-once, one process,"
-        " commit interval 0.5 s like weir's (Quix's default is 5 s), other settings Quix's defaults (consumer poll timeout 1 s)."
-        f" Plain Faust: at_least_once (Faust's default), one process. Total time {elapsed:.0f} s.",
     ]
+    if {"faust", "weir", "quix"} & set(sections):
+        notes += [
+            "Latency: from the order's send to its result's arrival at a read_committed consumer (both pipelines commit every 0.5 s).",
+            "weir: exactly_once, one splitter+aggregator process and two items processes. Quix Streams: exactly-once, one process,"
+            " commit interval 0.5 s like weir's (Quix's default is 5 s), other settings Quix's defaults (consumer poll timeout 1 s)."
+            " Plain Faust: at_least_once (Faust's default), one process.",
+        ]
+    section_notes = {
+        "triggers": "weir triggers: one `triggers` worker, exactly_once, batches of up to 500 events (50 ms), sweep every 5 s after"
+        " 10 s of grace (the defaults). Completion events/s: completions / time from the first send to the last wake's arrival at a"
+        " read_committed consumer. State writes per event: changelog records of committed transactions over that interval (transaction"
+        " markers and aborted writes not counted; sweep writes after the last wake not counted) / events (registrations + completions);"
+        " 'all 5 trigger tables' adds the fired markers, child statuses, sweep queue and fired-marker deadline index to the states"
+        " table. A parent is written once per batch: the figure falls as its children arrive closer together (fewer parents in flight).",
+        "eof": "weir EOF: exactly_once; every client sends its batches and its end at once. Filter alone: one filter process on its own"
+        " topics, timed from the first send to the last filter report ('filtered', counter topic) at a read_committed consumer. Full:"
+        " one filter, one controller, one aggregator process, timed to the last client's report. Report latency: report's arrival"
+        " at a read_committed consumer - broker's ack of the client's last batch and end (all clients send at once: mostly the wait"
+        " behind the others' batches). EOF overhead ratio: full / filter-alone time"
+        " of the same run number, i.e. how much counting, the end-of-stream handshake and aggregation stretch the time to push the same"
+        " batches through the filter (1.00: free).",
+        "barrier": "weir barrier: exactly_once, one flows worker (bench/barrier_flows.py) on new topics each run. Bytes per waiting"
+        " exchange: the barrier's RocksDB files (WAL included) and its changelog's .log segments on the broker (not the sparse 10 MiB"
+        " preallocated index files) / exchanges waiting. Release: kitchen completes, 5 s later payments at the given rate; latency from"
+        " each payment's send to the create time of the record the step after the barrier sent (its own commit not included); CPU"
+        " over the whole release step (arrivals, kitchen, 5 s pause, payments).",
+    }
+    notes += [section_notes[name] for name in sections if name in section_notes]
+    notes.append(f"Total time {elapsed:.0f} s.")
     lines = table(ctx, runs)
     print()
     for line in lines + notes:

@@ -59,7 +59,7 @@ def price(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def merge(outcome: dict[str, Any], state: State) -> dict[str, Any] | None:
+def merge(outcome: dict[str, Any], state: State[str, Any]) -> dict[str, Any] | None:
     """Merges an item outcome once by index; returns the merged result when the order is complete."""
     if state.get("done"):
         return None  # a late or redelivered item of a completed order
