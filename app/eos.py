@@ -272,7 +272,10 @@ class WeirConsumer(aiokafka_driver.Consumer):
         self.stop_flow()
         self.app.flow_control.suspend()
         try:
-            await self.commit()
+            # commit() returns without committing when another commit is running (the timer's): that one
+            # may not cover the last events handled, so wait for it, then commit for certain
+            await self.maybe_wait_for_commit_to_finish()
+            await self.force_commit()
         except Exception as error:  # the rebalance goes on; what was not committed is processed again
             log.warning("commit before a rebalance failed: %r", error)
 
