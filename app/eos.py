@@ -243,9 +243,27 @@ class WeirConsumer(aiokafka_driver.Consumer):
         for tp, offset in committed.items():
             if acks_enabled_for(tp.topic):  # changelog positions belong to recovery, which seeks them itself
                 # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
-                positions[ensure_TP(tp)] = offset if offset is not None and offset >= 0 else 0
+                start = offset if offset is not None and offset >= 0 else 0
+                positions[ensure_TP(tp)] = self._after_handled(ensure_TP(tp), start)
         self._read_offset.update({tp: offset if offset is not None and offset >= 0 else None for tp, offset in committed.items()})
         self._committed_offset.update({ensure_TP(tp): offset if offset else None for tp, offset in committed.items() if offset is not None})
+
+    def _after_handled(self, tp: TP, start: int) -> int:
+        """The first offset from ``start`` that was not handled in this generation (nor a gap between handled ones).
+
+        Faust seeks the stream partitions to their committed offsets more than once in a generation (at the
+        end of recovery, and whenever it fetches while the flow is stopped). An event handled since the last
+        commit has its outputs and table writes in the open transaction, which commits with its offset:
+        delivering it again sent its outputs twice (an invalid order's outcome twice in the all-stages crash
+        loop). Handled offsets, acked and not committed yet (a rebalance clears them), are not delivered
+        again; the first offset not handled is.
+        """
+        handled = set(self._acked.get(tp, ()))
+        gaps: IntervalTree | None = self._gap.get(tp)
+        position = start
+        while position in handled or (gaps is not None and gaps.overlaps(position)):
+            position += 1
+        return position
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         self._moved()
