@@ -331,16 +331,12 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
             event.ack()
             continue
         parts.setdefault(event.message.tp, []).append(event)
-    async with eos.gate.processing():
-        handled: list[tuple[EventT[bytes], list[Any]]] = []
+    async with eos.batch_scope() as scope:
         for part in parts.values():
-            pending: list[Any] = []
-            with eos.part_scope(part[-1], pending):
+            with scope.part(part[-1]):
                 await handle_part(part)
             for event in part:
                 eos.ack_handled(event)
-            handled.append((part[-1], pending))
-        await eos.await_deliveries(handled)
 
 
 async def send_dead_letter_record(record: dict[str, Any]) -> None:

@@ -44,7 +44,17 @@ from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
 
-__all__ = ["WeirTransactionManager", "WeirTable", "WeirTopic", "ack_handled", "event_scope", "gate", "install", "wipe_local_tables"]
+__all__ = [
+    "WeirTransactionManager",
+    "WeirTable",
+    "WeirTopic",
+    "ack_handled",
+    "batch_scope",
+    "event_scope",
+    "gate",
+    "install",
+    "wipe_local_tables",
+]
 
 log = logging.getLogger(__name__)
 
@@ -748,14 +758,36 @@ def _write_out_tables() -> None:
         next(iter(scopes.values())).table.write_out()
 
 
-@contextlib.asynccontextmanager
-async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
-    """Process one event as one unit: between commits, in :func:`part_scope`, its deliveries awaited at the end."""
-    async with gate.processing():
+class BatchScope:
+    """The parts of one batch handled inside :func:`batch_scope`, with what each of them sent."""
+
+    def __init__(self) -> None:
+        self.handled: list[tuple[EventT[bytes], list[FutureMessage]]] = []
+
+    @contextlib.contextmanager
+    def part(self, event: EventT[bytes]) -> Iterator[None]:
+        """One partition's part (``event`` is its last) or one event, in :func:`part_scope`."""
         pending: list[FutureMessage] = []
         with part_scope(event, pending):
             yield
-        await await_deliveries([(event, pending)])
+        self.handled.append((event, pending))
+
+
+@contextlib.asynccontextmanager
+async def batch_scope() -> AsyncIterator[BatchScope]:
+    """Handle a batch between commits: its parts (``scope.part(event)``), then all their deliveries awaited at once."""
+    async with gate.processing():
+        scope = BatchScope()
+        yield scope
+        await await_deliveries(scope.handled)
+
+
+@contextlib.asynccontextmanager
+async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
+    """Process one event as one unit: a batch of one part."""
+    async with batch_scope() as scope:
+        with scope.part(event):
+            yield
 
 
 @contextlib.contextmanager
@@ -764,9 +796,9 @@ def part_scope(event: EventT[bytes], pending: list[FutureMessage]) -> Iterator[N
 
     Faust's current event is ``event`` (tables read and write its partition, sends join its partition's
     transaction); table writes are written once per key at the end; changelog writes and sends are added
-    to ``pending``, which the caller awaits (:func:`await_deliveries`) before it leaves the commit gate.
-    When the body raises, its pending table writes are dropped: the event was not handled, and its
-    redelivery starts from the state before it. Call it inside ``gate.processing()``.
+    to ``pending``, which :func:`batch_scope` awaits (:func:`await_deliveries`) before it leaves the commit
+    gate. When the body raises, its pending table writes are dropped: the event was not handled, and its
+    redelivery starts from the state before it.
     """
     sends_token = _scope_sends.set(pending)
     writes_token = _scope_writes.set({})
