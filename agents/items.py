@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -81,9 +82,8 @@ _running = asyncio.Semaphore(max(1, settings.item_concurrency))
 
 
 async def _run(payload: Any) -> StepOutcome:
-    if not _is_async:
-        return await run_with_retry(retry_policy, lambda: _process(payload))
-    async with _running:
+    # an async step is bounded by item_concurrency; a sync one runs to the end anyway
+    async with _running if _is_async else contextlib.nullcontext():
         return await run_with_retry(retry_policy, lambda: _process(payload))
 
 
