@@ -112,21 +112,26 @@ def http(url: str, method: str) -> int:
         return int(error.code)
 
 
+def run_orders(pipeline: Pipeline, orders: list[tuple[str, Any]], options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Send ``orders`` over the secured connection and read one aggregate per order back through it."""
+    assert asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("orders"), orders, client_options=options)) == len(orders)
+    return asyncio.run(
+        read_topic(
+            pipeline.bootstrap,
+            pipeline.topic("aggregates"),
+            until=lambda rows: len(rows) >= len(orders),
+            timeout_s=90,
+            decode=orjson.loads,
+            client_options=options,
+        )
+    )
+
+
 def test_a_worker_on_a_sasl_broker_completes_an_order_and_logs_no_secret_or_payload(sasl_pipeline: Pipeline) -> None:
     worker = start_sasl_worker(sasl_pipeline)
     worker.wait_ready(120)
     order = {"order_id": "o-secure", "items": [{"value": f"{PAYLOAD_MARKER}-{index}"} for index in range(3)]}
-    asyncio.run(produce_json(sasl_pipeline.bootstrap, sasl_pipeline.topic("orders"), [("o-secure", order)], client_options=sasl_options()))
-    results = asyncio.run(
-        read_topic(
-            sasl_pipeline.bootstrap,
-            sasl_pipeline.topic("aggregates"),
-            until=lambda rows: len(rows) >= 1,
-            timeout_s=90,
-            decode=orjson.loads,
-            client_options=sasl_options(),
-        )
-    )
+    results = run_orders(sasl_pipeline, [("o-secure", order)], sasl_options())
     assert [(result["correlation_id"], result["status"]) for result in results] == [("o-secure", "complete")]
     # the payload went through the worker (the item step returned it) ...
     assert sorted(item["result"]["value"] for item in results[0]["items"]) == [f"{PAYLOAD_MARKER}-{index}" for index in range(3)]
@@ -250,17 +255,7 @@ def test_a_worker_on_a_tls_broker_completes_orders(tls_broker: TlsBroker, tls_pi
     orders = [
         (f"o-tls-{n}", {"order_id": f"o-tls-{n}", "items": [{"value": f"{PAYLOAD_MARKER}-{n}-{i}"} for i in range(3)]}) for n in range(3)
     ]
-    assert asyncio.run(produce_json(tls_pipeline.bootstrap, tls_pipeline.topic("orders"), orders, client_options=options)) == 3
-    results = asyncio.run(
-        read_topic(
-            tls_pipeline.bootstrap,
-            tls_pipeline.topic("aggregates"),
-            until=lambda rows: len(rows) >= 3,
-            timeout_s=90,
-            decode=orjson.loads,
-            client_options=options,
-        )
-    )
+    results = run_orders(tls_pipeline, orders, options)
     assert sorted((result["correlation_id"], result["status"]) for result in results) == [(f"o-tls-{n}", "complete") for n in range(3)]
     for result in results:
         n = result["correlation_id"].rsplit("-", 1)[1]
