@@ -282,6 +282,9 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
+            if event.message.generation_id != app.consumer_generation_id:
+                event.ack()  # held through a rebalance (eos.CommitGate.hold): the partition's owner reads it again
+                continue
             await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
             eos.ack_handled(event)
@@ -323,15 +326,16 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
     sent. Events of an older consumer generation are acked without processing, as Faust's own
     stream does: the partition's new owner gets them again from the committed offset.
     """
-    generation = app.consumer_generation_id
-    parts: dict[Any, list[EventT[bytes]]] = {}
-    for event in events:
-        eos.trace("event", event.message.tp, event.message.offset)
-        if event.message.generation_id != generation:
-            event.ack()
-            continue
-        parts.setdefault(event.message.tp, []).append(event)
     async with eos.batch_scope() as scope:
+        # The generation is read inside the commit gate, which holds events through a rebalance.
+        generation = app.consumer_generation_id
+        parts: dict[Any, list[EventT[bytes]]] = {}
+        for event in events:
+            eos.trace("event", event.message.tp, event.message.offset)
+            if event.message.generation_id != generation:
+                event.ack()
+                continue
+            parts.setdefault(event.message.tp, []).append(event)
         for part in parts.values():
             with scope.part(part[-1]):
                 await handle_part(part)

@@ -299,17 +299,25 @@ class WeirConsumer(aiokafka_driver.Consumer):
         """
         self.stop_flow()
         self.app.flow_control.suspend()
+        gate.hold()
         try:
             # commit() returns without committing when another commit is running (the timer's): that one
             # may not cover the last events handled, so wait for it, then commit for certain
             await self.maybe_wait_for_commit_to_finish()
             await self.force_commit()
-        except Exception as error:  # the rebalance goes on; what was not committed is processed again
-            log.warning("commit before a rebalance failed: %r", error)
+        except Exception as error:
+            # The handled events' table writes are in the local store, their transaction will not commit:
+            # processing them again on top of that store would lose their outputs. A restarted worker
+            # rebuilds its store from the committed changelog (wipe_local_tables).
+            log.error("commit before a rebalance failed, stopping: %r", error)
+            await self.app.crash(error)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._moved()
-        await super().on_partitions_assigned(assigned, generation_id)
+        try:
+            await super().on_partitions_assigned(assigned, generation_id)
+        finally:
+            gate.release()  # the new generation is set: held events are now seen as the old one's
 
     @property
     def _handled(self) -> set[tuple[TP, int, int | None]]:
@@ -570,10 +578,29 @@ class CommitGate:
         self._idle_since = time.monotonic()
         self._open = asyncio.Event()
         self._open.set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+
+    def hold(self) -> None:
+        """A rebalance began: no event starts processing until :meth:`release` (the new generation is set).
+
+        Between the revocation and the assignment the consumer generation does not change yet, so an
+        event delivered before the flow stopped still looks current: processed then, its table writes
+        reached the local store in a transaction the rebalance ended, and a partition that stayed with
+        this worker was then processed again on top of them (a trigger fired in the store whose wake
+        was never committed: a parent never woken). Held events go on after the assignment, where they
+        are seen as the old generation's and left to the partition's owner.
+        """
+        self._settled.clear()
+
+    def release(self) -> None:
+        self._settled.set()
 
     @contextlib.asynccontextmanager
     async def processing(self) -> AsyncIterator[None]:
-        await self._open.wait()
+        while not (self._open.is_set() and self._settled.is_set()):
+            await self._settled.wait()
+            await self._open.wait()
         self._active += 1
         self._idle.clear()
         try:

@@ -196,8 +196,16 @@ class Stock:
         )
 
 
-def on_reserve(stock: Stock, order_id: str, scoops: int) -> tuple[Stock, list[Send]]:
-    """Reserve ``scoops`` for an order, or refuse for lack of stock; never below zero."""
+def on_reserve(stock: Stock, order_id: str, scoops: int, *, settled: bool = False) -> tuple[Stock, list[Send]]:
+    """Reserve ``scoops`` for an order, or refuse for lack of stock; never below zero.
+
+    ``settled``: this flavour was delivered or released for the order already (the kitchen remembers it
+    for the done retention after a release or a delivery). A reservation after that is one sent again (the
+    orders stage replayed under at_least_once) or one that lost the race with a timeout's release: it
+    reserves nothing and answers nothing, as the order has its outcome.
+    """
+    if settled:
+        return stock, []
     if order_id in stock.reserved or order_id in stock.refused:
         ok = order_id in stock.reserved
         return stock, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, ok))]

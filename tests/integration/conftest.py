@@ -87,7 +87,12 @@ def pipeline(kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureReques
     deployment.stop_all()
     if report is not None and report.failed:
         for worker in deployment.workers:
-            sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{worker.log_text()[-6000:]}\n")
+            text = worker.log_text()
+            # Warnings and errors from the whole run (the tail alone missed what happened mid-run).
+            notable = [line for line in text.splitlines() if "[WARNING]" in line or "[ERROR]" in line or "Traceback" in line]
+            notable = [line for line in notable if "producer buffer full" not in line][-60:]
+            sys.stderr.write(f"\n----- {worker.log_path.name} (warnings and errors) -----\n" + "\n".join(line[:400] for line in notable))
+            sys.stderr.write(f"\n----- {worker.log_path.name} (tail) -----\n{text[-6000:]}\n")
     # The broker keeps every partition's files open: a suite that left its topics behind ran into its open-file
     # limit. WEIR_KEEP_TEST_TOPICS=1 keeps them (to look at a failure).
     try:

@@ -105,6 +105,8 @@ class Shop:
         self.final_reports: list[dict[str, Any]] = []
         self.transactions: list[dict[str, Any]] = []
         self.reject_rate = reject_rate
+        #: (flavour, order) the kitchen delivered or released (table shop_kitchen_settled)
+        self.settled: set[tuple[str, str]] = set()
         self.now = 0
 
     def send(self, sends: list[Send]) -> None:
@@ -125,11 +127,17 @@ class Shop:
         self.dispatch[ticket] = state
         self.send(sends)
         accepted = card_accepted(1, ticket, self.reject_rate)
-        self.bus.append(
-            Send("payments", ticket, {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted})
+        # the orders stage's sends are redelivered too (at_least_once replays it): a reservation may come
+        # again after its order was delivered or released
+        self.send(
+            [Send("payments", ticket, {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted})]
         )
-        for flavour, scoops in order.scoops.items():
-            self.bus.append(Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops}))
+        self.send(
+            [
+                Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
+                for flavour, scoops in order.scoops.items()
+            ]
+        )
 
     def step(self) -> None:
         self.now += 1
@@ -148,13 +156,13 @@ class Shop:
             self.send(sends)
         elif message.to == "kitchen":
             stock = self.stock[message.key]
+            mark = (message.key, value["order_id"])
             if value["kind"] == "reserve":
-                stock, sends = on_reserve(stock, value["order_id"], value["scoops"])
+                stock, sends = on_reserve(stock, value["order_id"], value["scoops"], settled=mark in self.settled)
                 self.send(sends)
-            elif value["kind"] == "release":
-                stock = on_release(stock, value["order_id"])
             else:
-                stock = on_deliver(stock, value["order_id"])
+                stock = on_release(stock, value["order_id"]) if value["kind"] == "release" else on_deliver(stock, value["order_id"])
+                self.settled.add(mark)
             assert stock.available >= 0
             self.stock[message.key] = stock
         elif message.to == "dispatch":
