@@ -1,9 +1,16 @@
-"""Flows compiled into Faust agents: one per flow (its source and resume topics), one per barrier.
+"""Flows compiled into Faust agents: one per flow (its source and resume topics), one per barrier, two per split.
 
 The flows come from the module named by ``WEIR_FLOWS`` (its ``FLOWS`` list). Each barrier has a topic
 keyed by correlation key that carries arrivals of waiting exchanges, completions of awaited flows and
 ticks, and a table keyed the same way: waits and completions of one key meet on one partition, owned by
 one worker at a time, whichever process that is.
+
+A split sends its items (in chunks) to the topic ``flow.<flow>.<split>.items``, where an agent of the
+flow runs the process steps up to the aggregate on each item, and their outcomes to
+``flow.<flow>.<aggregate>.results``, keyed by correlation id, where another merges them into a table
+(``app.aggregation``, the same code as the foundation's splitter, items and aggregator). The group's
+``open`` carries the exchange as it was before the split; when the group completes, the exchange goes on
+with the merged result as its payload, on the flow's resume topic.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 import faust
 from faust.types import EventT, StreamT, TableT
 
+from app.aggregation import Aggregation, ItemWorker, split_messages
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -25,14 +33,17 @@ from app.core import (
     message_headers,
     now_ms,
     retry_policy,
+    send_dead_letter,
     send_dead_letter_record,
     settings,
     signals,
     topics,
 )
 from app.deadlines import DeadlineIndex, deadline_bucket
-from app.errors import dead_letter_record, run_with_retry
-from app.flows import Barrier, Exchange, Flow, FlowGraphError, Step, validate_flows
+from app.errors import StepOutcome, dead_letter_record, describe_error, run_with_retry
+from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
+from app.ticks import tick_every
+from tables.aggregates import AggregatorConfig
 from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
 
 __all__ = ["load_flows", "FLOWS"]
@@ -117,9 +128,113 @@ for _compiled in _barriers.values():
         _compiled.remember_ms[_target_name] = max(entry.barrier.timeout_ms for entry in _flows[_target_name].awaited_by)
 
 
+@dataclass
+class CompiledSegment:
+    """A split and its aggregate: where the items go, where their outcomes go, and the stages that handle them."""
+
+    flow: CompiledFlow
+    segment: Segment
+    items: faust.TopicT
+    results: faust.TopicT
+    worker: ItemWorker
+    aggregation: Aggregation
+
+
+_segments: dict[tuple[str, int], CompiledSegment] = {}
+
+
+def _segment_steps(compiled: CompiledFlow, segment: Segment) -> Any:
+    """The item step of a segment: its process steps, in order, on the item as an exchange of its own."""
+    steps = [compiled.flow.steps[index] for index in segment.item_steps]
+
+    async def run(payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
+        total = message.get("total")
+        exchange = Exchange(
+            payload=payload,
+            headers=dict(message.get("headers") or {}),
+            properties={"split_index": index, "split_total": total},
+            key=str(message.get("correlation_id")),
+        )
+        attempts = 0
+        for step in steps:
+            function = step.function
+            assert function is not None
+            outcome = await run_with_retry(retry_policy, lambda function=function: function(exchange))  # type: ignore[misc]
+            attempts += outcome.attempts
+            if not outcome.ok:
+                return StepOutcome(ok=False, value=None, error=f"step {step.name!r}: {outcome.error}", attempts=attempts)
+            if outcome.value is not None:
+                exchange.payload = outcome.value
+        return StepOutcome(ok=True, value=exchange.payload, error=None, attempts=max(attempts, 1))
+
+    return run
+
+
+def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
+    async def emit(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> None:
+        if not isinstance(context, dict) or not isinstance(context.get("exchange"), dict):
+            error = f"{agent}: group {correlation_id!r} completed without the exchange of its split (its open was lost)"
+            await send_dead_letter(event, reason="error", error=error, agent=agent, step="aggregate")
+            return
+        exchange = Exchange.from_dict(context["exchange"])
+        exchange.payload = result
+        resume = {"exchange": exchange.to_dict(), "meta": context.get("meta") or {}, "resume_step": context.get("resume_step")}
+        key = exchange.key if exchange.key is not None else correlation_id
+        await compiled.resume.send(key=key.encode(), value=dumps(resume))
+
+    return emit
+
+
+for _compiled_flow in _flows.values():
+    for _segment in _compiled_flow.flow.segments():
+        _split_step = _compiled_flow.flow.steps[_segment.split_index]
+        _aggregate_step = _compiled_flow.flow.steps[_segment.aggregate_index]
+        assert _aggregate_step.aggregate is not None
+        _flow_name, _aggregate_name = _compiled_flow.flow.name, _aggregate_step.name
+        _results = _topic(f"flow.{_flow_name}.{_aggregate_name}.results")
+        _agent_name = f"flow:{_flow_name}:{_aggregate_name}"
+        _segments[(_flow_name, _segment.split_index)] = CompiledSegment(
+            flow=_compiled_flow,
+            segment=_segment,
+            items=_topic(f"flow.{_flow_name}.{_split_step.name}.items"),
+            results=_results,
+            worker=ItemWorker(
+                agent=f"flow:{_flow_name}:{_split_step.name}",
+                step=_segment_steps(_compiled_flow, _segment),
+                results=_results,
+                concurrent=False,
+                concurrency=1,
+            ),
+            aggregation=Aggregation(
+                agent=_agent_name,
+                config=AggregatorConfig(
+                    name=_aggregate_name,
+                    timeout_ms=_aggregate_step.aggregate.timeout_ms,
+                    complete_by=frozenset(_aggregate_step.aggregate.complete_by),
+                    done_retention_ms=settings.done_retention_ms,
+                ),
+                open_groups=json_table(
+                    f"flow-{_flow_name}-{_aggregate_name}",
+                    f"Open groups of aggregate {_aggregate_name!r} of flow {_flow_name!r} by correlation id: the items' outcomes "
+                    "so far, the deadline, the exchange before the split (value: tables.aggregates.GroupState).",
+                ),
+                done_groups=json_table(
+                    f"flow-{_flow_name}-{_aggregate_name}-done",
+                    f"Completed groups of aggregate {_aggregate_name!r}, kept to count late items (value: tables.aggregates.DoneState).",
+                ),
+                deadlines=json_table(
+                    f"flow-{_flow_name}-{_aggregate_name}-deadlines",
+                    f"Deadline index of aggregate {_aggregate_name!r} (app.deadlines.DeadlineIndex).",
+                ),
+                emit=_resume_after_aggregate(_compiled_flow, _agent_name),
+            ),
+        )
+
+
 def all_topics() -> list[faust.TopicT]:
     """Every topic the flows read or write (created at worker start)."""
     topics = [topic for compiled in _flows.values() for topic in (compiled.source, compiled.resume, compiled.outcomes)]
+    topics += [topic for segment in _segments.values() for topic in (segment.items, segment.results)]
     topics += [compiled.topic for compiled in _barriers.values()]
     topics += [_topic(step.topic) for flow in FLOWS for step in flow.steps if step.kind == "to" and step.topic]
     return topics
@@ -213,6 +328,11 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             headers = [(name, value.encode()) for name, value in exchange.headers.items()]
             record_key = exchange.key.encode() if exchange.key is not None else None
             await _topic(step.topic).send(key=record_key, value=dumps(exchange.payload), headers=headers)
+        elif step.kind == "split":
+            await _split(compiled, step, index, exchange, meta, event)
+            return  # the execution goes on after the aggregate, on this flow's resume topic
+        elif step.kind == "aggregate":
+            raise RuntimeError(f"flow {compiled.flow.name!r}: aggregate {step.name!r} reached without its split")
         elif step.kind == "barrier":
             barrier = step.barrier
             assert barrier is not None
@@ -232,6 +352,42 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             await _barriers[barrier.name].topic.send(key=key.encode(), value=dumps(arrival))
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
     await publish_outcome(compiled, meta, COMPLETED, None)
+
+
+async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Exchange, meta: dict[str, Any], event: EventT[bytes]) -> None:
+    """Send the group's open (with the exchange, to resume it after the aggregate) and its items in chunks."""
+    split = step.split
+    assert split is not None
+    segment = _segments[(compiled.flow.name, index)]
+    try:
+        items = split.items(exchange)  # reading the items is not retried: the same exchange gives the same answer
+        problem = None if isinstance(items, list) and items else f"the items must be a non-empty list, got {type(items).__name__}"
+    except Exception as raised:
+        problem = describe_error(raised)
+    if problem is not None:
+        await _fail(compiled, exchange, meta, step, "invalid", f"flow {compiled.flow.name!r}, split {step.name!r}: {problem}", 1, event)
+        return
+    correlate_by = split.correlate_by
+    correlation_id = correlate_by(exchange) if correlate_by is not None else str(meta["exchange_id"])
+    if correlation_id is None:
+        described = correlate_by.description if correlate_by is not None else "the execution id"
+        unreadable = f"flow {compiled.flow.name!r}, split {step.name!r}: the correlation id ({described}) cannot be read"
+        await _fail(compiled, exchange, meta, step, "invalid", unreadable, 1, event)
+        return
+    aggregate = compiled.flow.steps[segment.segment.aggregate_index].aggregate
+    assert aggregate is not None
+    context = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": segment.segment.aggregate_index + 1}
+    opened, chunks = split_messages(
+        correlation_id,
+        items,
+        chunk=split.chunk or settings.split_chunk,
+        deadline_ms=now_ms() + aggregate.timeout_ms,
+        context=context,
+        headers=exchange.headers,
+    )
+    await segment.results.send(key=correlation_id.encode(), value=dumps(opened))
+    for chunk in chunks:
+        await segment.items.send(key=f"{correlation_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
 
 
 def _exchange_from_event(event: EventT[bytes], body: Any) -> Exchange:
@@ -277,6 +433,23 @@ for _compiled_flow in _flows.values():
         )
 
     app.agent(_channel, name=f"flow-{_compiled_flow.flow.name}")(_flow_agent)
+
+
+for _compiled_segment in _segments.values():
+
+    async def _items_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
+        await handle_events(
+            stream, agent=compiled.worker.agent, what=f"{compiled.worker.agent}: item", handler=compiled.worker.handle, batched=True
+        )
+
+    async def _aggregate_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
+        agent = compiled.aggregation.agent
+        await handle_events(stream, agent=agent, what=f"{agent}: message", handler=compiled.aggregation.handle, batched=True)
+
+    _names = _compiled_segment.worker.agent.replace(":", "-"), _compiled_segment.aggregation.agent.replace(":", "-")
+    app.agent(_compiled_segment.items, name=_names[0])(_items_agent)
+    app.agent(_compiled_segment.results, name=_names[1])(_aggregate_agent)
+    tick_every(_compiled_segment.results)
 
 
 # ---------------------------------------------------------------------------------------------------

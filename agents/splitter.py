@@ -6,29 +6,14 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
+from app.aggregation import split_messages
 from app.codec import dumps
 from app.core import app, handle_events, now_ms, settings, topics
 from app.split import split_order
 
-__all__ = ["splitter", "chunks"]
+__all__ = ["splitter"]
 
 AGENT = "splitter"
-
-
-def chunks(order_id: str, items: list[Any], size: int) -> list[dict[str, Any]]:
-    """The item messages of an order: consecutive items, ``size`` per message (a chunk carries its indexes)."""
-    total = len(items)
-    size = max(1, size)
-    return [
-        {
-            "correlation_id": order_id,
-            "total": total,
-            "items": [
-                {"index": index, "last": index == total - 1, "payload": items[index]} for index in range(first, min(first + size, total))
-            ],
-        }
-        for first in range(0, total, size)
-    ]
 
 
 @app.agent(topics.orders)
@@ -43,7 +28,7 @@ async def splitter(stream: StreamT[bytes]) -> None:
 
 async def _split(event: EventT[bytes], order: Any) -> None:
     order_id, items = split_order(order)
-    opened = {"kind": "open", "correlation_id": order_id, "total": len(items), "deadline_ms": now_ms() + settings.aggregate_timeout_ms}
+    opened, chunks = split_messages(order_id, items, chunk=settings.split_chunk, deadline_ms=now_ms() + settings.aggregate_timeout_ms)
     await topics.item_results.send(key=order_id.encode(), value=dumps(opened))
-    for chunk in chunks(order_id, items, settings.split_chunk):
+    for chunk in chunks:
         await topics.items.send(key=f"{order_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))

@@ -282,8 +282,10 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
-            if event.message.generation_id != app.consumer_generation_id:
-                event.ack()  # held through a rebalance (eos.CommitGate.hold): the partition's owner reads it again
+            if event.message.generation_id != app.consumer_generation_id or not eos.first_delivery(event):
+                # held through a rebalance (eos.CommitGate.hold): the partition's owner reads it again; or a copy
+                # of an event processed in this generation already, delivered again by a seek
+                event.ack()
                 continue
             await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
@@ -332,8 +334,8 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
         parts: dict[Any, list[EventT[bytes]]] = {}
         for event in events:
             eos.trace("event", event.message.tp, event.message.offset)
-            if event.message.generation_id != generation:
-                event.ack()
+            if event.message.generation_id != generation or not eos.first_delivery(event):
+                event.ack()  # an older generation's, or a copy delivered again by a seek (eos.first_delivery)
                 continue
             parts.setdefault(event.message.tp, []).append(event)
         for part in parts.values():

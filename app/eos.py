@@ -27,6 +27,7 @@ import contextvars
 import logging
 import os
 import shutil
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
@@ -49,6 +50,7 @@ __all__ = [
     "WeirTable",
     "WeirTopic",
     "ack_handled",
+    "first_delivery",
     "batch_scope",
     "event_scope",
     "gate",
@@ -195,6 +197,87 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         return cast(Mapping[TP, int], await consumer.end_offsets(partitions))
 
 
+class SkippedOffsets:
+    """Per partition, the offsets aiokafka's fetcher stepped over itself: transaction markers, aborted records.
+
+    A read_committed fetch returns no record for a transaction marker or an aborted transaction's records:
+    a hole between the offset a fetch started at (or its previous record) and its next record is the
+    fetcher's own doing, and legitimate. A hole that no fetch stepped over is not: the fetch position
+    moved past records nobody delivered (seen after takeovers; once it lost a single record that a
+    one-offset rule took for a transaction marker). ``aiokafka``'s ``PartitionRecords`` is wrapped
+    (:func:`install`) to note each stepped-over range as its records are read; the delivery loop believes
+    a hole only when it is covered, and fetches again from the expected offset otherwise.
+    """
+
+    KEEP = 512
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranges: dict[tuple[str, int], IntervalTree] = {}
+
+    def note(self, topic: str, partition: int, begin: int, end: int) -> None:
+        if end <= begin:
+            return
+        with self._lock:
+            tree = self._ranges.setdefault((topic, partition), IntervalTree())
+            tree.addi(begin, end)
+            if len(tree) > self.KEEP:
+                tree.merge_overlaps(strict=False)
+                if len(tree) > self.KEEP:
+                    oldest = sorted(tree, key=lambda interval: interval.begin)[: len(tree) - self.KEEP // 2]
+                    for interval in oldest:
+                        tree.remove(interval)
+
+    def covers(self, topic: str, partition: int, begin: int, end: int) -> bool:
+        """Whether every offset in ``[begin, end)`` was stepped over by a fetch."""
+        with self._lock:
+            tree = self._ranges.get((topic, partition))
+            if tree is None:
+                return False
+            position = begin
+            for interval in sorted(tree.overlap(begin, end), key=lambda interval: interval.begin):
+                if interval.begin > position:
+                    return False
+                position = max(position, interval.end)
+                if position >= end:
+                    return True
+            return position >= end
+
+
+skipped_offsets = SkippedOffsets()
+
+
+def _note_skipped_offsets() -> None:
+    """Wrap aiokafka's ``PartitionRecords`` so that every fetch notes the offsets it steps over (:class:`SkippedOffsets`)."""
+    from aiokafka.consumer import fetcher
+
+    records_class: Any = fetcher.PartitionRecords
+    if getattr(records_class, "_weir_notes_skips", False):
+        return
+    original_init, original_next = records_class.__init__, records_class.__next__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._weir_next = self.next_fetch_offset  # the fetch offset: the first offset this fetch owes
+
+    def __next__(self: Any) -> Any:
+        tp = self._tp
+        try:
+            record = original_next(self)
+        except StopIteration:
+            # markers or aborted records at the end of the fetched data
+            skipped_offsets.note(tp.topic, tp.partition, self._weir_next, self.next_fetch_offset)
+            self._weir_next = max(self._weir_next, self.next_fetch_offset)
+            raise
+        skipped_offsets.note(tp.topic, tp.partition, self._weir_next, record.offset)
+        self._weir_next = record.offset + 1
+        return record
+
+    records_class.__init__ = __init__
+    records_class.__next__ = __next__
+    records_class._weir_notes_skips = True
+
+
 class WeirConsumer(aiokafka_driver.Consumer):
     """Faust's consumer with a delivery loop that never skips a record and never acks a stale one.
 
@@ -214,9 +297,10 @@ class WeirConsumer(aiokafka_driver.Consumer):
     fetch position of its partitions to the next offset not yet delivered (``_next``). Records of a
     partition that is not active are not delivered and that partition is rewound the same way. An
     offset missing between the committed or last delivered offset and the next record of a current
-    batch is a gap the commit may cover (a transaction marker, an aborted record); any other hole
-    stops the commit. Acks of an older generation are ignored: that record comes again from the
-    committed offset.
+    batch is a gap the commit may cover only when a fetch stepped over it (a transaction marker, an
+    aborted record: :class:`SkippedOffsets`); any other hole is fetched again from the expected offset.
+    Acks of an older generation are ignored: that record comes again from the committed offset. An
+    event delivered twice in one generation (Faust's seeks) is processed once (:func:`first_delivery`).
     """
 
     _weir_epoch = 0
@@ -255,6 +339,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
                 start = offset if offset is not None and offset >= 0 else 0
                 positions[ensure_TP(tp)] = self._after_handled(ensure_TP(tp), start)
+                trace(f"seek-from-{start}", ensure_TP(tp), positions[ensure_TP(tp)])
         self._read_offset.update({tp: offset if offset is not None and offset >= 0 else None for tp, offset in committed.items()})
         self._committed_offset.update({ensure_TP(tp): offset if offset else None for tp, offset in committed.items() if offset is not None})
 
@@ -476,10 +561,11 @@ class WeirConsumer(aiokafka_driver.Consumer):
         positions = self._next
         committed_offsets = self._committed_offset
         acks_enabled_for = self.app.topics.acks_enabled_for
+        # Table changelogs are read by recovery, which seeks them itself (from the persisted offset, past a
+        # compacted start): their holes are not checked against the stream's committed offsets.
+        changelogs = frozenset(self.app.tables.changelog_topics)
         commit_every = self._commit_every
         since_yield = 0
-        #: per partition, a hole seen once (expected offset, offset that came): believed when seen again
-        suspects: dict[TP, tuple[int, int]] = {}
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(CONSUMER_FETCHING)
@@ -510,24 +596,20 @@ class WeirConsumer(aiokafka_driver.Consumer):
                     expected = positions.get(tp)
                     if expected is not None and offset < expected:
                         continue  # delivered before
-                    if acks_enabled_for(tp.topic):
+                    if acks_enabled_for(tp.topic) and tp.topic not in changelogs:
                         expected = expected if expected is not None else committed_offsets.get(tp)
-                        suspect = suspects.get(tp)
-                        if suspect is not None and offset < suspect[1]:
-                            log.warning("%s: offsets %s..%s were skipped by a fetch; fetched again", tp, suspect[0], suspect[1] - 1)
-                            suspects.pop(tp)
                         if expected is not None and offset > expected:
-                            if offset - expected > 1 and suspects.get(tp) != (expected, offset):
-                                # More than a transaction marker is missing: fetch again from the
-                                # expected offset before believing the hole (seen once: a fetch
-                                # position that jumped over committed records after a takeover).
-                                # Only this partition is fetched again; the batch goes on with the others.
-                                suspects[tp] = (expected, offset)
+                            if not skipped_offsets.covers(tp.topic, tp.partition, expected, offset):
+                                # No fetch stepped over these offsets (markers, aborted records): the fetch
+                                # position moved past records nobody delivered. Fetch this partition again
+                                # from the expected offset; the batch goes on with the others.
+                                log.warning("%s: offsets %s..%s were skipped by a fetch; fetched again", tp, expected, offset - 1)
+                                trace(f"refetch-to-{offset}", tp, expected)
                                 positions[tp] = expected
                                 inactive.add(tp)
                                 await self._rewind({tp: expected})
                                 continue
-                            suspects.pop(tp, None)
+                            trace(f"gap-to-{offset}", tp, expected)
                             self._gap[tp].addi(expected, offset)
                     if commit_every is not None and self._n_acked >= commit_every:
                         self._n_acked = 0
@@ -867,6 +949,38 @@ async def _undelivered(event: EventT[bytes], problem: BaseException | None) -> N
     await app.crash(RuntimeError(message))
 
 
+#: Per stream partition: the consumer generation, and the offsets this worker's agents processed in it (not committed yet).
+_processed: dict[TP, tuple[int | None, set[int]]] = {}
+
+
+def first_delivery(event: EventT[Any]) -> bool:
+    """Whether this event's offset is new to this worker's agents in the current consumer generation.
+
+    Faust seeks the stream partitions to their committed offsets when recovery ends, after it has let the
+    flow resume: an event processed (or buffered for an agent) just before that seek is delivered again
+    from the committed offset. Both copies were processed, in the same transaction: an order priced twice
+    in the flow crash test. A copy is acked and left out; the first processing is in the open transaction,
+    which commits with the first copy's ack. Offsets below the committed one are forgotten: a seek never
+    goes below it. A set, not a high-water mark: an agent with concurrency > 1 takes a partition's events
+    out of order. Called inside the commit gate.
+    """
+    message = event.message
+    tp, offset = message.tp, message.offset
+    seen = _processed.get(tp)
+    if seen is None or seen[0] != message.generation_id:
+        seen = _processed[tp] = (message.generation_id, set())
+    offsets = seen[1]
+    if offset in offsets:
+        trace("again", tp, offset)
+        return False
+    offsets.add(offset)
+    if len(offsets) > 4096:
+        committed = cast(Any, event.app.consumer)._committed_offset.get(tp)
+        if committed is not None:
+            offsets.difference_update([old for old in offsets if old < committed])
+    return True
+
+
 def ack_handled(event: EventT[Any]) -> None:
     """Ack an event its agent processed (the only kind of ack a commit counts, see :class:`WeirConsumer`)."""
     consumer = event.app.consumer
@@ -879,6 +993,7 @@ def install() -> None:
     """Make every Faust app in this process use weir's transaction manager and consumer."""
     aiokafka_driver.Transport.TransactionManager = WeirTransactionManager
     aiokafka_driver.Transport.Consumer = WeirConsumer
+    _note_skipped_offsets()
 
 
 def wipe_local_tables(tabledir: Path) -> None:

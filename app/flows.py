@@ -1,4 +1,4 @@
-"""Declarative flows: a name, a source topic, steps in order (process, filter, barrier, to).
+"""Declarative flows: a name, a source topic, steps in order (process, filter, split/aggregate, barrier, to).
 
     kitchen = Flow("kitchen", source="kitchen").process("cook", cook)
     payment = Flow("payment", source="payment").process("authorize", authorize)
@@ -9,6 +9,13 @@
                  awaits=["kitchen", Await("payment", key=payload("order.id"))], timeout_ms=30 * 60_000)
         .process("dispatch-order", dispatch_order)
         .to("dispatched")
+    )
+    orders = (
+        Flow("orders", source="orders")
+        .split("items", payload("items"), correlate_by=payload("order_id"))
+        .process("price", price_item)              # per item, on any worker of the flow
+        .aggregate("order-total", timeout_ms=30_000)  # the merged outcomes become the payload
+        .to("priced-orders")
     )
 
 A flow compiles into Faust agents (``agents/flows.py``). Every execution (an exchange from entering its
@@ -30,6 +37,9 @@ __all__ = [
     "Await",
     "Barrier",
     "Step",
+    "Split",
+    "Aggregate",
+    "Segment",
     "KeyExpr",
     "header",
     "payload",
@@ -127,12 +137,45 @@ class Barrier:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A split step: the exchange's items go out one by one (in chunks) to the steps up to the matching aggregate."""
+
+    name: str
+    items: Callable[[Exchange], Any]
+    correlate_by: KeyExpr | None
+    chunk: int | None
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An aggregate step: the items' outcomes merged by correlation id, complete by count, last-flag or timeout."""
+
+    name: str
+    timeout_ms: int
+    complete_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Step:
-    kind: str  # "process", "filter", "barrier", "to"
+    kind: str  # "process", "filter", "barrier", "to", "split", "aggregate"
     name: str
     function: Callable[[Exchange], Any] | None = None
     barrier: Barrier | None = None
     topic: str | None = None
+    split: Split | None = None
+    aggregate: Aggregate | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The steps a split hands its items to: ``steps[first:last]`` run per item, ``steps[last]`` is the aggregate."""
+
+    split_index: int
+    aggregate_index: int
+
+    @property
+    def item_steps(self) -> range:
+        return range(self.split_index + 1, self.aggregate_index)
 
 
 class Flow:
@@ -153,8 +196,81 @@ class Flow:
         if any(existing.name == step.name for existing in self.steps):
             message = f"flow {self.name!r}: two steps are named {step.name!r}"
             raise FlowDeclarationError(message)
+        split = self._open_split()
+        if split is not None and step.kind not in ("process", "aggregate"):
+            message = (
+                f"flow {self.name!r}, step {step.name!r}: between split {split.name!r} and its aggregate only process steps "
+                f"run (per item), got a {step.kind} step"
+            )
+            raise FlowDeclarationError(message)
         self.steps.append(step)
         return self
+
+    def _open_split(self) -> Step | None:
+        """The split step not yet closed by an aggregate, if any."""
+        open_split = None
+        for step in self.steps:
+            if step.kind == "split":
+                open_split = step
+            elif step.kind == "aggregate":
+                open_split = None
+        return open_split
+
+    def segments(self) -> list[Segment]:
+        """Each split with its aggregate (a flow whose split has no aggregate is refused by :func:`validate_flows`)."""
+        found: list[Segment] = []
+        start: int | None = None
+        for index, step in enumerate(self.steps):
+            if step.kind == "split":
+                start = index
+            elif step.kind == "aggregate" and start is not None:
+                found.append(Segment(start, index))
+                start = None
+        return found
+
+    def split(
+        self,
+        name: str,
+        items: Callable[[Exchange], Any] | KeyExpr,
+        *,
+        correlate_by: KeyExpr | None = None,
+        chunk: int | None = None,
+    ) -> Flow:
+        """Send the exchange's items (a non-empty list: ``items(exchange)``, or the payload at a path) one by one.
+
+        The process steps up to the matching :meth:`aggregate` run on each item, as an exchange of its own
+        (payload: the item; the parent's headers; properties ``split_index``, ``split_total``), on any
+        worker of this flow. The correlation id is ``correlate_by`` read from the exchange, else the
+        execution's id. Items travel ``chunk`` per message (default ``WEIR_SPLIT_CHUNK``).
+        """
+        if self._open_split() is not None:
+            message = f"flow {self.name!r}, split {name!r}: the split before it has no aggregate yet (splits do not nest)"
+            raise FlowDeclarationError(message)
+        if chunk is not None and chunk <= 0:
+            message = f"flow {self.name!r}, split {name!r}: chunk must be positive, got {chunk}"
+            raise FlowDeclarationError(message)
+        read = items.read if isinstance(items, KeyExpr) else items
+        return self._add(Step("split", name, split=Split(name, read, correlate_by, chunk)))
+
+    def aggregate(self, name: str, *, timeout_ms: int | None, complete_by: Sequence[str] = ("count", "flag")) -> Flow:
+        """Merge the outcomes of the split's items; the exchange goes on with the merged result as its payload.
+
+        The group completes when every item has an outcome (``count``; or up to the item flagged last,
+        ``flag``), or partial at ``timeout_ms`` after the split, naming the missing items. The headers and
+        properties are the exchange's before the split.
+        """
+        where = f"flow {self.name!r}, aggregate {name!r}"
+        if self._open_split() is None:
+            message = f"{where}: an aggregate needs a split before it"
+            raise FlowDeclarationError(message)
+        if timeout_ms is None or timeout_ms <= 0:
+            message = f"{where}: a timeout is mandatory and must be positive, got {timeout_ms!r}"
+            raise FlowDeclarationError(message)
+        unknown = sorted(set(complete_by) - {"count", "flag"})
+        if unknown or not complete_by:
+            message = f"{where}: complete_by must be a non-empty subset of ['count', 'flag'], got {list(complete_by)}"
+            raise FlowDeclarationError(message)
+        return self._add(Step("aggregate", name, aggregate=Aggregate(name, timeout_ms, tuple(complete_by))))
 
     def process(self, name: str, function: Callable[[Exchange], Any]) -> Flow:
         """Run ``function(exchange)``; it may change the exchange, and a value it returns (not None) becomes the payload."""
@@ -212,6 +328,11 @@ def validate_flows(flows: Sequence[Flow]) -> dict[str, Flow]:
     if len(set(names)) != len(names):
         message = f"flow names must be unique, got {sorted(names)}"
         raise FlowGraphError(message)
+    for flow in flows:
+        split = flow._open_split()
+        if split is not None:
+            message = f"flow {flow.name!r}: split {split.name!r} has no aggregate after it"
+            raise FlowGraphError(message)
     waits: dict[str, set[str]] = {flow.name: set() for flow in flows}
     for flow in flows:
         for barrier in flow.barriers():

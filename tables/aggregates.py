@@ -71,6 +71,8 @@ class GroupState:
     #: index of the item flagged ``last``, when one arrived
     last_index: int | None = None
     received: dict[int, ItemOutcome] = field(default_factory=dict)
+    #: opaque data of the open, handed back with the result (a flow's exchange, to resume it after the aggregate)
+    context: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,7 @@ class GroupState:
             "expected_count": self.expected_count,
             "last_index": self.last_index,
             "received": [outcome.to_dict() for _, outcome in sorted(self.received.items())],
+            **({"context": self.context} if self.context is not None else {}),
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class GroupState:
             expected_count=raw.get("expected_count"),
             last_index=raw.get("last_index"),
             received={outcome.index: outcome for outcome in outcomes},
+            context=raw.get("context"),
         )
 
     def missing_indexes(self) -> list[int]:
@@ -139,22 +143,36 @@ class Transition:
     done: DoneState | None = None
     emits: tuple[dict[str, Any], ...] = ()
     rejected: str | None = None
+    #: the completed group's context (from its open), for whoever resumes with the result
+    context: Any = None
 
 
 def on_open(
-    state: GroupState | None, correlation_id: str, total: int | None, deadline_ms: int, now_ms: int, *, config: AggregatorConfig
+    state: GroupState | None,
+    correlation_id: str,
+    total: int | None,
+    deadline_ms: int,
+    now_ms: int,
+    *,
+    config: AggregatorConfig,
+    context: Any = None,
 ) -> Transition:
-    """The splitter announced a group: remember its deadline, and its size when completing by count.
+    """The splitter announced a group: remember its deadline, its size when completing by count, its context.
 
     A repeat changes nothing. A flag-only aggregator ignores the announced total: its count comes from
     the item flagged last.
     """
     counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
     if state is not None:
+        updated = state
         if state.expected_count is None and counted_total is not None:
-            return Transition(state=replace(state, expected_count=counted_total, deadline_ms=deadline_ms))
-        return Transition(state=state)
-    fresh = GroupState(correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=counted_total)
+            updated = replace(updated, expected_count=counted_total, deadline_ms=deadline_ms)
+        if state.context is None and context is not None:
+            updated = replace(updated, context=context)
+        return Transition(state=updated)
+    fresh = GroupState(
+        correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=counted_total, context=context
+    )
     return Transition(state=fresh)
 
 
@@ -248,7 +266,7 @@ def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: 
         completed_ms=now_ms,
         expires_ms=now_ms + config.done_retention_ms,
     )
-    return Transition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),))
+    return Transition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),), context=state.context)
 
 
 def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: int | None, last: bool) -> str | None:

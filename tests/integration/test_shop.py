@@ -124,9 +124,12 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
 
     def chaos() -> None:
         rng = random.Random(3)
-        # A kill every 12-18 s: each one costs a rebalance of about the session timeout plus a restore, and
-        # the restarted worker's join costs another; kills closer than that keep the groups rebalancing.
-        while not done.wait(rng.uniform(12.0, 18.0)):
+        # The first kill early (a day of 90 orders may take only about 10 s without faults), then one every
+        # 12-18 s: each costs a rebalance of about the session timeout plus a restore, and the restarted
+        # worker's join costs another; kills closer than that keep the groups rebalancing.
+        wait_s = rng.uniform(2.0, 4.0)
+        while not done.wait(wait_s):
+            wait_s = rng.uniform(12.0, 18.0)
             stage = rng.choice(["shop_kitchen", "shop_payments"])
             group = workers[stage]
             victim = group.pop(rng.randrange(len(group)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, header, payload, validate_flows
@@ -88,3 +90,50 @@ def test_key_expressions_read_headers_and_payload_paths_or_give_none() -> None:
     assert payload("order.lines.0.sku")(exchange) == "v"
     assert payload("order.nope")(exchange) is None
     assert payload("order")(exchange) is None, "a key is a single value, not an object"
+
+
+def test_split_and_aggregate_make_a_segment_of_the_process_steps_between_them() -> None:
+    flow = (
+        Flow("orders", source="orders")
+        .process("check", noop)
+        .split("items", payload("items"), correlate_by=payload("order_id"), chunk=5)
+        .process("price", noop)
+        .process("tax", noop)
+        .aggregate("total", timeout_ms=1000)
+        .to("priced")
+    )
+    [segment] = flow.segments()
+    assert [flow.steps[index].name for index in segment.item_steps] == ["price", "tax"]
+    assert flow.steps[segment.aggregate_index].name == "total"
+    split = flow.steps[segment.split_index].split
+    assert split is not None
+    assert split.chunk == 5
+    assert split.items(Exchange(payload={"items": [1, 2]})) == [1, 2]
+    validate_flows([flow])
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda f: f.aggregate("a", timeout_ms=10), "an aggregate needs a split before it"),
+        (lambda f: f.split("s", payload("items")).split("t", payload("items")), "splits do not nest"),
+        (lambda f: f.split("s", payload("items")).filter("f", noop), "only process steps run \\(per item\\), got a filter step"),
+        (lambda f: f.split("s", payload("items")).to("out"), "got a to step"),
+        (
+            lambda f: f.split("s", payload("items")).barrier("b", awaits=["x"], timeout_ms=10, correlate_by=header("k")),
+            "got a barrier step",
+        ),
+        (lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=None), "a timeout is mandatory"),
+        (lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=10, complete_by=["size"]), "complete_by must be"),
+        (lambda f: f.split("s", payload("items"), chunk=0), "chunk must be positive"),
+    ],
+)
+def test_a_wrong_split_or_aggregate_is_refused_at_declaration(build: Any, expected: str) -> None:
+    with pytest.raises(FlowDeclarationError, match=expected):
+        build(Flow("orders", source="orders"))
+
+
+def test_a_split_without_its_aggregate_is_refused_at_startup() -> None:
+    flow = Flow("orders", source="orders").split("items", payload("items")).process("price", noop)
+    with pytest.raises(FlowGraphError, match="flow 'orders': split 'items' has no aggregate after it"):
+        validate_flows([flow])

@@ -1,0 +1,295 @@
+"""Split/aggregate, the Faust shell shared by the foundation pipeline and a flow's ``split``/``aggregate`` steps.
+
+* :func:`split_messages`: what a split sends: one ``open`` (correlation id, total, deadline, context) to
+  the aggregate topic, and the items in chunks of ``chunk`` to the items topic.
+* :class:`ItemWorker`: runs the item step on each item of a chunk (with retries), dead-letters a failed
+  item alone, and sends the chunk's outcomes to the aggregate topic in one message.
+* :class:`Aggregation`: merges outcomes by correlation id into a table (``tables.aggregates``), completes
+  a group by count, last-flag or timeout (a deadline index walked by ticks), and hands the result and
+  the open's context to ``emit``.
+
+The agents that use them (``agents/splitter.py``, ``agents/items.py``, ``agents/aggregator.py``,
+``agents/flows.py``) own the topics and tables; nothing here declares an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import faust
+from faust.types import EventT, TableT
+
+from app.codec import dumps
+from app.core import InvalidMessage, now_ms, send_dead_letter
+from app.deadlines import DeadlineIndex, deadline_bucket
+from app.errors import StepOutcome
+from tables.aggregates import (
+    AggregatorConfig,
+    DoneState,
+    GroupState,
+    ItemOutcome,
+    Transition,
+    on_expire,
+    on_item,
+    on_late_item,
+    on_open,
+)
+
+__all__ = ["split_messages", "parse_items", "ItemWorker", "Aggregation", "Emit"]
+
+
+def split_messages(
+    correlation_id: str,
+    items: list[Any],
+    *,
+    chunk: int,
+    deadline_ms: int,
+    context: Any = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``open`` of a group and its item messages: consecutive items, ``chunk`` per message (each carries its indexes)."""
+    total = len(items)
+    size = max(1, chunk)
+    opened: dict[str, Any] = {"kind": "open", "correlation_id": correlation_id, "total": total, "deadline_ms": deadline_ms}
+    if context is not None:
+        opened["context"] = context
+    chunks = []
+    for first in range(0, total, size):
+        message: dict[str, Any] = {
+            "correlation_id": correlation_id,
+            "total": total,
+            "items": [
+                {"index": index, "last": index == total - 1, "payload": items[index]} for index in range(first, min(first + size, total))
+            ],
+        }
+        if headers:
+            message["headers"] = headers
+        chunks.append(message)
+    return opened, chunks
+
+
+def parse_items(raw: Any) -> list[tuple[str, int, int | None, bool, Any]]:
+    """The items of an item message: one item (``index``, ``payload``) or a chunk (``items``: a list of them)."""
+    if not isinstance(raw, dict):
+        message = f"items: an item message must be a JSON object, got {type(raw).__name__}"
+        raise InvalidMessage(message)
+    chunk = raw.get("items")
+    if chunk is None:
+        return [_parse_one(raw, raw, "")]
+    if not isinstance(chunk, list) or not chunk:
+        message = f"items: field 'items' must be a non-empty list, got {type(chunk).__name__}"
+        raise InvalidMessage(message)
+    return [_parse_one(raw, item, f"items[{number}] ") for number, item in enumerate(chunk)]
+
+
+def _parse_one(envelope: dict[str, Any], item: Any, where: str) -> tuple[str, int, int | None, bool, Any]:
+    if not isinstance(item, dict):
+        message = f"items: {where}must be a JSON object, got {type(item).__name__}"
+        raise InvalidMessage(message)
+    correlation_id = envelope.get("correlation_id")
+    index = item.get("index")
+    total = envelope.get("total")
+    if not isinstance(correlation_id, str) or not correlation_id:
+        message = f"items: field 'correlation_id' must be a non-empty string, got {correlation_id!r}"
+        raise InvalidMessage(message)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        message = f"items: {where}item of {correlation_id!r} field 'index' must be a non-negative integer, got {index!r}"
+        raise InvalidMessage(message)
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total <= index):
+        message = f"items: {where}item {index} of {correlation_id!r} field 'total' must be an integer above the index, got {total!r}"
+        raise InvalidMessage(message)
+    return correlation_id, index, total, bool(item.get("last", False)), item.get("payload")
+
+
+#: Runs the item step on one item: (payload, its index, the item message) -> its outcome, retried already.
+ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
+
+
+class ItemWorker:
+    """The per-item stage: ``handle(event, message)`` runs ``step`` on every item of an item message."""
+
+    def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int) -> None:
+        self.agent = agent
+        self.step = step
+        self.results = results
+        #: run the items of a message at once (an async step may wait on I/O), up to ``concurrency`` per worker
+        self.concurrent = concurrent
+        self._running = asyncio.Semaphore(max(1, concurrency))
+
+    async def _run(self, payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
+        async with self._running if self.concurrent else contextlib.nullcontext():
+            return await self.step(payload, index, message)
+
+    async def handle(self, event: EventT[bytes], raw: Any) -> None:
+        parsed = parse_items(raw)
+        if self.concurrent:
+            outcomes = await asyncio.gather(*(self._run(payload, index, raw) for _, index, _, _, payload in parsed))
+        else:
+            outcomes = [await self._run(payload, index, raw) for _, index, _, _, payload in parsed]
+        correlation_id, total = parsed[0][0], parsed[0][2]
+        results = []
+        for (_, index, _, last, payload), outcome in zip(parsed, outcomes, strict=True):
+            if not outcome.ok:
+                error_text = f"item {index} of {correlation_id!r} failed after {outcome.attempts} attempts: {outcome.error}"
+                # The dead letter holds the failed item alone, as a one-item message: it can be sent back to the items topic.
+                single = {"correlation_id": correlation_id, "index": index, "total": total, "last": last, "payload": payload}
+                await send_dead_letter(
+                    event,
+                    reason="failed",
+                    error=error_text,
+                    agent=self.agent,
+                    step="process",
+                    attempts=outcome.attempts,
+                    value=dumps(single),
+                )
+            results.append(
+                {
+                    "index": index,
+                    "last": last,
+                    "ok": outcome.ok,
+                    "result": outcome.value,
+                    "error": outcome.error,
+                    "attempts": outcome.attempts,
+                }
+            )
+        if len(results) == 1:
+            message = {"kind": "item", "correlation_id": correlation_id, "total": total, **results[0]}
+        else:
+            message = {"kind": "items", "correlation_id": correlation_id, "total": total, "items": results}
+        await self.results.send(key=correlation_id.encode(), value=dumps(message))
+
+
+#: Hands a completed group's result on: (event, correlation id, result, the open's context).
+Emit = Callable[[EventT[bytes], str, dict[str, Any], Any], Awaitable[None]]
+
+
+class Aggregation:
+    """The aggregate stage: ``handle(event, message)`` for 'open', 'item', 'items' (a chunk's outcomes) and 'tick'.
+
+    ``open_groups`` holds open groups, ``done_groups`` completed ones for the done retention (late items are
+    counted there, never merged), ``deadlines`` the deadline index of both. All keyed by correlation id.
+    """
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        config: AggregatorConfig,
+        open_groups: TableT[str, Any],
+        done_groups: TableT[str, Any],
+        deadlines: TableT[str, Any],
+        emit: Emit,
+    ) -> None:
+        self.agent = agent
+        self.config = config
+        self.open_groups = open_groups
+        self.done_groups = done_groups
+        self.deadline_index = DeadlineIndex(deadlines)
+        self.emit = emit
+        #: items that arrived after their group completed (counted, never merged); also per group in the table
+        self.late_items = 0
+
+    async def handle(self, event: EventT[bytes], message: Any) -> None:
+        if not isinstance(message, dict):
+            raise InvalidMessage(f"{self.agent}: a message must be a JSON object, got {type(message).__name__}")
+        now = now_ms()
+        if message.get("kind") == "tick":
+            await self._on_tick(event, now)
+        else:
+            await self._on_message(event, message, now)
+
+    def _load(self, correlation_id: str) -> GroupState | None:
+        raw = self.open_groups.get(correlation_id)
+        return None if raw is None else GroupState.from_dict(raw)
+
+    async def _apply(self, event: EventT[bytes], correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
+        partition = event.message.partition
+        if transition.rejected is not None:
+            await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=self.agent, step="merge")
+        if transition.state is None:
+            if previous is not None:
+                del self.open_groups[correlation_id]
+        elif transition.state != previous:
+            self.open_groups[correlation_id] = transition.state.to_dict()
+            if previous is None or previous.deadline_ms != transition.state.deadline_ms:
+                self.deadline_index.add(partition, "group", correlation_id, transition.state.deadline_ms)
+        if transition.done is not None:
+            self.done_groups[correlation_id] = transition.done.to_dict()
+            self.deadline_index.add(partition, "done", correlation_id, transition.done.expires_ms)
+        for result in transition.emits:
+            await self.emit(event, correlation_id, result, transition.context)
+
+    async def _on_message(self, event: EventT[bytes], message: dict[str, Any], now: int) -> None:
+        agent = self.agent
+        correlation_id = message.get("correlation_id")
+        if not isinstance(correlation_id, str) or not correlation_id:
+            raise InvalidMessage(f"{agent}: field 'correlation_id' must be a non-empty string, got {correlation_id!r}")
+        kind = message.get("kind")
+        if kind == "open":
+            total = message.get("total")
+            deadline_ms = message.get("deadline_ms")
+            if not isinstance(deadline_ms, int) or not (total is None or (isinstance(total, int) and total > 0)):
+                raise InvalidMessage(
+                    f"{agent}: 'open' of {correlation_id!r} needs an integer deadline_ms and a positive total, got {message!r:.200}"
+                )
+            if self.done_groups.get(correlation_id) is not None:
+                return  # a redelivered open of a completed group
+            previous = self._load(correlation_id)
+            transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=message.get("context"))
+            await self._apply(event, correlation_id, transition, previous)
+            return
+        if kind == "item":
+            await self._merge(event, correlation_id, message, message.get("total"), now)
+            return
+        if kind != "items":
+            raise InvalidMessage(f"{agent}: field 'kind' must be 'open', 'item', 'items' or 'tick', got {kind!r}")
+        outcomes = message.get("items")
+        if not isinstance(outcomes, list) or not outcomes or not all(isinstance(outcome, dict) for outcome in outcomes):
+            raise InvalidMessage(f"{agent}: 'items' of {correlation_id!r} needs a non-empty list of objects, got {outcomes!r:.200}")
+        for outcome in outcomes:
+            await self._merge(event, correlation_id, outcome, message.get("total"), now)
+
+    async def _merge(self, event: EventT[bytes], correlation_id: str, item: dict[str, Any], total: Any, now: int) -> None:
+        """Merge one item's outcome into its group (or count it late when the group is done)."""
+        index = item.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not (total is None or isinstance(total, int)):
+            raise InvalidMessage(f"{self.agent}: item of {correlation_id!r} needs an integer 'index' and 'total', got {index!r}, {total!r}")
+        outcome = ItemOutcome(index=index, ok=bool(item.get("ok")), result=item.get("result"), error=item.get("error"))
+        done_raw = self.done_groups.get(correlation_id)
+        if done_raw is not None:
+            done = DoneState.from_dict(done_raw)
+            updated = on_late_item(done, index)
+            if updated != done:
+                self.late_items += 1
+                self.done_groups[correlation_id] = updated.to_dict()
+            return
+        previous = self._load(correlation_id)
+        transition = on_item(previous, self.config, correlation_id, outcome, total, bool(item.get("last")), now)
+        await self._apply(event, correlation_id, transition, previous)
+
+    async def _on_tick(self, event: EventT[bytes], now: int) -> None:
+        """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""
+
+        async def due(kind: str, correlation_id: str) -> bool:
+            if kind == "group":
+                state = self._load(correlation_id)
+                if state is None:
+                    return False  # completed by count or flag before its deadline
+                if state.deadline_ms > now:
+                    # Later in this very second: look again next tick. A later second has its own entry.
+                    return deadline_bucket(state.deadline_ms) <= deadline_bucket(now)
+                await self._apply(event, correlation_id, on_expire(state, self.config, now), state)
+                return False
+            done_raw = self.done_groups.get(correlation_id)
+            if done_raw is None:
+                return False
+            expires_ms = DoneState.from_dict(done_raw).expires_ms
+            if expires_ms > now:
+                return deadline_bucket(expires_ms) <= deadline_bucket(now)
+            del self.done_groups[correlation_id]
+            return False
+
+        await self.deadline_index.walk(event.message.partition, now, due)
