@@ -97,17 +97,33 @@ class CompiledBarrier:
 
 FLOWS: list[Flow] = load_flows(settings.flows_module)
 _by_source = validate_flows(FLOWS)
+_unknown = sorted(set(settings.flows_run) - {flow.name for flow in FLOWS})
+if _unknown:
+    raise FlowGraphError(
+        f"WEIR_FLOWS_RUN names flow(s) {_unknown} that {settings.flows_module!r} does not declare; it has {[f.name for f in FLOWS]}"
+    )
+#: The flows this process runs (WEIR_FLOWS_RUN; all by default). Every flow is compiled, so that outcomes
+#: reach the barriers of flows running elsewhere; only the selected ones get agents here.
+RUNS = frozenset(settings.flows_run or [flow.name for flow in FLOWS])
 _flows: dict[str, CompiledFlow] = {
     flow.name: CompiledFlow(flow, _topic(flow.source), _topic(f"flow.{flow.name}.resume"), _topic(f"flow.{flow.name}.outcomes"))
     for flow in FLOWS
 }
 _barriers: dict[str, CompiledBarrier] = {}
+#: Every barrier's topic (outcomes of the flows here go to barriers of flows that may run elsewhere).
+_barrier_topics: dict[str, faust.TopicT] = {}
 for _flow in FLOWS:
     for _barrier in _flow.barriers():
+        _barrier_topics[_barrier.name] = _topic(f"barrier.{_barrier.name}")
+        for _awaited in _barrier.awaits:
+            _target = _flows[_by_source[_awaited.source].name]
+            _target.awaited_by.append(AwaitedBy(_barrier, _barrier.key_for(_awaited)))
+        if _flow.name not in RUNS:
+            continue  # its table and agent live with its flow
         _barriers[_barrier.name] = CompiledBarrier(
             barrier=_barrier,
             owner=_flow.name,
-            topic=_topic(f"barrier.{_barrier.name}"),
+            topic=_barrier_topics[_barrier.name],
             table=json_table(
                 f"barrier-{_barrier.name}",
                 f"Barrier {_barrier.name!r} of flow {_flow.name!r}: per key, the exchanges waiting and the completions "
@@ -119,9 +135,6 @@ for _flow in FLOWS:
                 )
             ),
         )
-        for _awaited in _barrier.awaits:
-            _target = _flows[_by_source[_awaited.source].name]
-            _target.awaited_by.append(AwaitedBy(_barrier, _barrier.key_for(_awaited)))
 for _compiled in _barriers.values():
     for _awaited in _compiled.barrier.awaits:
         _target_name = _by_source[_awaited.source].name
@@ -185,7 +198,7 @@ def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
     return emit
 
 
-for _compiled_flow in _flows.values():
+for _compiled_flow in (compiled for compiled in _flows.values() if compiled.flow.name in RUNS):
     for _segment in _compiled_flow.flow.segments():
         _split_step = _compiled_flow.flow.steps[_segment.split_index]
         _aggregate_step = _compiled_flow.flow.steps[_segment.aggregate_index]
@@ -235,7 +248,7 @@ def all_topics() -> list[faust.TopicT]:
     """Every topic the flows read or write (created at worker start)."""
     topics = [topic for compiled in _flows.values() for topic in (compiled.source, compiled.resume, compiled.outcomes)]
     topics += [topic for segment in _segments.values() for topic in (segment.items, segment.results)]
-    topics += [compiled.topic for compiled in _barriers.values()]
+    topics += list(_barrier_topics.values())
     topics += [_topic(step.topic) for flow in FLOWS for step in flow.steps if step.kind == "to" and step.topic]
     return topics
 
@@ -254,7 +267,7 @@ async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome:
         if key is None:
             continue  # the key could not be read on entry: this execution counts for no waiting exchange
         completion = {"kind": "completion", "flow": compiled.flow.name, "outcome": outcome, "error": error}
-        await _barriers[awaited.barrier.name].topic.send(key=key.encode(), value=dumps(completion))
+        await _barrier_topics[awaited.barrier.name].send(key=key.encode(), value=dumps(completion))
     record = {
         "flow": compiled.flow.name,
         "exchange_id": meta["exchange_id"],
@@ -349,7 +362,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 "resume_step": index + 1,
                 "deadline_ms": now_ms() + barrier.timeout_ms,
             }
-            await _barriers[barrier.name].topic.send(key=key.encode(), value=dumps(arrival))
+            await _barrier_topics[barrier.name].send(key=key.encode(), value=dumps(arrival))
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
     await publish_outcome(compiled, meta, COMPLETED, None)
 
@@ -418,7 +431,7 @@ def _make_flow_handler(compiled: CompiledFlow) -> Any:
     return handle
 
 
-for _compiled_flow in _flows.values():
+for _compiled_flow in (compiled for compiled in _flows.values() if compiled.flow.name in RUNS):
     _channel = app.topic(
         _compiled_flow.source.get_topic_name(),
         _compiled_flow.resume.get_topic_name(),

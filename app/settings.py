@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,9 @@ class Settings:
     item_processor: str = "agents.items:price_item"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
+    #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A
+    #: flow runs with its barriers and its split/aggregate stages; each selection is its own consumer group.
+    flows_run: tuple[str, ...] = ()
     #: WEIR_EOF_MAX_BATCH_ORDERS: the EOF filter splits a batch with more valid orders than this.
     eof_max_batch_orders: int = 50
     #: WEIR_EOF_IDLE_TIMEOUT_MS: a client with no activity for this long is reported abandoned and cleaned up.
@@ -209,7 +213,11 @@ class Settings:
     @property
     def stage(self) -> str:
         """The name of the stage set this process runs: "all" or the agents joined by "_"."""
-        return "all" if self.agents == AGENT_NAMES else "_".join(self.agents)
+        if self.agents == AGENT_NAMES:
+            return "all"
+        # flows with a selection: "flows.<name>.<name>" (the group id names topics: letters, digits, ".", "_", "-")
+        selected = "flows." + ".".join(re.sub(r"[^A-Za-z0-9_-]", "_", name) for name in self.flows_run)
+        return "_".join(selected if agent == "flows" and self.flows_run else agent for agent in self.agents)
 
     @property
     def group_id(self) -> str:
@@ -301,6 +309,7 @@ def load_settings() -> Settings:
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
+        flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
         eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
         eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms),
         eof_closed_retention_ms=_env_int("WEIR_EOF_CLOSED_RETENTION_MS", defaults.eof_closed_retention_ms),

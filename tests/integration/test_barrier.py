@@ -180,6 +180,35 @@ def test_worker_refuses_a_graph_that_cannot_run(pipeline: Pipeline, tmp_path: Pa
     assert "flows wait for each other in a cycle: a -> b -> c -> a" in worker.log_text()
 
 
+def test_each_flow_can_run_in_processes_of_its_own(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    # The awaited flows in one process, the awaiting ones in another: each selection is its own group.
+    awaited = start_flows(pipeline, WEIR_FLOWS_RUN="kitchen,payment")
+    awaiting = start_flows(pipeline, WEIR_FLOWS_RUN="dispatch,notify")
+    for worker in (awaited, awaiting):
+        worker.wait_ready()
+    send(pipeline, "dispatch-in", [dispatch(f"p-{n}") for n in range(5)])
+    send(pipeline, "notify-in", [(f"p-{n}", {"notify": f"p-{n}"}, {"order-id": f"p-{n}"}) for n in range(5)])
+    send(pipeline, "kitchen", [kitchen(f"p-{n}") for n in range(5)])
+    send(pipeline, "payment", [payment(f"p-{n}") for n in range(5)])
+    dispatched = read_all(pipeline, "dispatched", expected=5, timeout_s=60)
+    assert sorted(orjson.loads(message.value)["order_id"] for message in dispatched) == [f"p-{n}" for n in range(5)]
+    notified = read_all(pipeline, "notified", expected=5, timeout_s=30)
+    assert len(notified) == 5, "the notify flow (with dispatch) was released by dispatch's outcomes"
+    runs = step_runs(pipeline)
+    assert all(runs[f"cook p-{n}"] == 1 and runs[f"dispatch p-{n}"] == 1 for n in range(5))
+    assert f"{pipeline.app_id}-flows.kitchen.payment" in awaited.log_text()
+    assert f"{pipeline.app_id}-flows.dispatch.notify" in awaiting.log_text()
+    assert "Agent: agents.flows._barrier_agent" not in awaited.log_text(), "a barrier runs with the flow that owns it"
+
+
+def test_a_flow_selection_naming_an_unknown_flow_is_refused(pipeline: Pipeline) -> None:
+    worker = start_flows(pipeline, WEIR_FLOWS_RUN="kitchen,nowhere")
+    assert worker.process is not None
+    assert worker.process.wait(60) != 0
+    assert "WEIR_FLOWS_RUN names flow(s) ['nowhere']" in worker.log_text()
+
+
 def test_restart_loses_nothing_and_resumes_what_ended_while_down(pipeline: Pipeline) -> None:
     prepare(pipeline)
     worker = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=30_000)

@@ -137,3 +137,15 @@ def test_a_split_without_its_aggregate_is_refused_at_startup() -> None:
     flow = Flow("orders", source="orders").split("items", payload("items")).process("price", noop)
     with pytest.raises(FlowGraphError, match="flow 'orders': split 'items' has no aggregate after it"):
         validate_flows([flow])
+
+
+def test_a_flow_selection_is_its_own_stage_and_consumer_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import load_settings
+
+    monkeypatch.setenv("WEIR_APP_ID", "shop")
+    monkeypatch.setenv("WEIR_AGENTS", "flows")
+    assert load_settings().group_id == "shop-flows"
+    monkeypatch.setenv("WEIR_FLOWS_RUN", "payment, kitchen,dispatch out")
+    settings = load_settings()
+    assert settings.flows_run == ("dispatch out", "kitchen", "payment")
+    assert settings.group_id == "shop-flows.dispatch_out.kitchen.payment", "letters, digits, '.', '_', '-' only: it names topics"
