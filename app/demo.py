@@ -1,11 +1,9 @@
-"""`make demo`: the split/aggregate pipeline on a file of orders, with workers as separate processes."""
+"""`make demo-split`: the split/aggregate pipeline on a file of orders, with workers as separate processes."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -16,7 +14,7 @@ from typing import Any
 import orjson
 
 from app.kafka_io import ensure_topics, produce, read_topic
-from app.processes import WorkerProcess
+from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.split import InvalidMessage, split_order
 
@@ -108,11 +106,7 @@ def main() -> None:
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="JSON-lines file of orders")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every result")
     args = parser.parse_args()
-    try:
-        sys.exit(asyncio.run(_run(args.orders, args.timeout)))
-    except KeyboardInterrupt:
-        print("\ninterrupted: workers stopped")
-        sys.exit(130)
+    run_main(_run(args.orders, args.timeout))
 
 
 if __name__ == "__main__":

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, NoReturn
 
-__all__ = ["WorkerProcess"]
+__all__ = ["WorkerProcess", "run_main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,3 +68,12 @@ class WorkerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def run_main(main: Coroutine[Any, Any, int]) -> NoReturn:
+    """Run a demo's coroutine and exit with its code; Ctrl-C exits 130 once its ``finally`` stopped the workers."""
+    try:
+        sys.exit(asyncio.run(main))
+    except KeyboardInterrupt:
+        print("\ninterrupted: workers stopped")
+        sys.exit(130)

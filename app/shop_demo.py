@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -22,7 +21,7 @@ from typing import Any
 import orjson
 
 from app.kafka_io import read_topic
-from app.processes import WorkerProcess
+from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
 
@@ -173,11 +172,7 @@ def main() -> None:
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="folder of JSON-lines order files, one per screen")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a customer waits for an outcome before giving up")
     arguments = parser.parse_args()
-    try:
-        sys.exit(asyncio.run(_main(arguments.orders, arguments.timeout)))
-    except KeyboardInterrupt:
-        print("\ninterrupted: workers stopped")
-        sys.exit(130)
+    run_main(_main(arguments.orders, arguments.timeout))
 
 
 if __name__ == "__main__":
