@@ -282,9 +282,9 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
-            if event.message.generation_id != app.consumer_generation_id or not eos.first_delivery(event):
-                # held through a rebalance (eos.CommitGate.hold): the partition's owner reads it again; or a copy
-                # of an event processed in this generation already, delivered again by a seek
+            if eos.gate.holding or event.message.generation_id != app.consumer_generation_id or not eos.first_delivery(event):
+                # during a rebalance, or of an older generation: the partition's owner reads it again from the
+                # committed offset; or a copy of an event processed in this generation, delivered again by a seek
                 event.ack()
                 continue
             await _handle_one(event, agent=agent, what=what, handler=handler)
@@ -329,13 +329,16 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
     stream does: the partition's new owner gets them again from the committed offset.
     """
     async with eos.batch_scope() as scope:
-        # The generation is read inside the commit gate, which holds events through a rebalance.
+        # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (eos.CommitGate.hold).
         generation = app.consumer_generation_id
+        holding = eos.gate.holding
         parts: dict[Any, list[EventT[bytes]]] = {}
         for event in events:
             eos.trace("event", event.message.tp, event.message.offset)
-            if event.message.generation_id != generation or not eos.first_delivery(event):
-                event.ack()  # an older generation's, or a copy delivered again by a seek (eos.first_delivery)
+            if holding or event.message.generation_id != generation or not eos.first_delivery(event):
+                # during a rebalance or of an older generation (read again from the committed offset), or a
+                # copy delivered again by a seek (eos.first_delivery): acked, not processed
+                event.ack()
                 continue
             parts.setdefault(event.message.tp, []).append(event)
         for part in parts.values():

@@ -660,29 +660,31 @@ class CommitGate:
         self._idle_since = time.monotonic()
         self._open = asyncio.Event()
         self._open.set()
-        self._settled = asyncio.Event()
-        self._settled.set()
+        self._held = False
 
     def hold(self) -> None:
-        """A rebalance began: no event starts processing until :meth:`release` (the new generation is set).
+        """A rebalance began: until :meth:`release` (the new generation is set) events are not processed.
 
         Between the revocation and the assignment the consumer generation does not change yet, so an
         event delivered before the flow stopped still looks current: processed then, its table writes
-        reached the local store in a transaction the rebalance ended, and a partition that stayed with
-        this worker was then processed again on top of them (a trigger fired in the store whose wake
-        was never committed: a parent never woken). Held events go on after the assignment, where they
-        are seen as the old generation's and left to the partition's owner.
+        would reach the local store in a transaction the rebalance may end. Such events are acked
+        without being processed (:attr:`holding`; an ack of an unprocessed event never counts toward a
+        commit) and come again from the committed offset. They are not kept waiting: Faust's revocation
+        waits until every delivered event is acked (a held batch deadlocked the rebalance).
         """
-        self._settled.clear()
+        self._held = True
 
     def release(self) -> None:
-        self._settled.set()
+        self._held = False
+
+    @property
+    def holding(self) -> bool:
+        """Whether a rebalance is between its revocation and its assignment (see :meth:`hold`)."""
+        return self._held
 
     @contextlib.asynccontextmanager
     async def processing(self) -> AsyncIterator[None]:
-        while not (self._open.is_set() and self._settled.is_set()):
-            await self._settled.wait()
-            await self._open.wait()
+        await self._open.wait()
         self._active += 1
         self._idle.clear()
         try:
