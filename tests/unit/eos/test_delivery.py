@@ -49,3 +49,35 @@ def test_an_offset_is_processed_once_per_generation_whatever_the_order() -> None
     assert eos.first_delivery(_event(1, 6, 1)), "another partition"
     assert eos.first_delivery(_event(0, 6, 2)), "a new generation starts from the committed offset: everything is new"
     assert not eos.first_delivery(_event(0, 6, 2))
+
+
+def _batch(base_offset: int, count: int, *, producer_id: int) -> bytearray:
+    import struct
+
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    transactional = producer_id >= 0
+    builder = DefaultRecordBatchBuilder(
+        2, 0, int(transactional), producer_id, 0 if transactional else -1, 0 if transactional else -1, 1 << 20
+    )
+    for delta in range(count):
+        builder.append(delta, timestamp=0, key=b"k", value=b"v", headers=[])
+    buffer = builder.build()
+    struct.pack_into(">q", buffer, 0, base_offset)  # the broker's base offset (outside the batch's CRC)
+    return buffer
+
+
+def test_a_read_committed_fetch_notes_the_aborted_records_it_steps_over() -> None:
+    from aiokafka.consumer import fetcher
+    from aiokafka.record.memory_records import MemoryRecords
+    from aiokafka.structs import TopicPartition
+
+    eos._note_skipped_offsets()
+    # offsets 0-2: a transaction of producer 7 that aborted; 3-4: plain records
+    data = bytes(_batch(0, 3, producer_id=7) + _batch(3, 2, producer_id=-1))
+    records = fetcher.PartitionRecords(
+        TopicPartition("aborted-topic", 0), MemoryRecords(data), [(7, 0)], 0, None, None, True, fetcher.READ_COMMITTED
+    )
+    assert [record.offset for record in records] == [3, 4]
+    assert eos.skipped_offsets.covers("aborted-topic", 0, 0, 3), "the aborted records were stepped over by the fetch"
+    assert not eos.skipped_offsets.covers("aborted-topic", 0, 0, 4)
