@@ -156,6 +156,16 @@ class CompiledSegment:
 _segments: dict[tuple[str, int], CompiledSegment] = {}
 
 
+async def _run_step(step: Step, exchange: Exchange) -> StepOutcome:
+    """A process or filter step on the exchange, under the retry policy; a value a process step returns becomes the payload."""
+    function = step.function
+    assert function is not None
+    outcome = await run_with_retry(retry_policy, lambda: function(exchange))
+    if outcome.ok and step.kind == "process" and outcome.value is not None:
+        exchange.payload = outcome.value
+    return outcome
+
+
 def _segment_steps(compiled: CompiledFlow, segment: Segment) -> Any:
     """The item step of a segment: its process steps, in order, on the item as an exchange of its own."""
     steps = [compiled.flow.steps[index] for index in segment.item_steps]
@@ -170,14 +180,10 @@ def _segment_steps(compiled: CompiledFlow, segment: Segment) -> Any:
         )
         attempts = 0
         for step in steps:
-            function = step.function
-            assert function is not None
-            outcome = await run_with_retry(retry_policy, lambda function=function: function(exchange))  # type: ignore[misc]
+            outcome = await _run_step(step, exchange)
             attempts += outcome.attempts
             if not outcome.ok:
                 return StepOutcome(ok=False, value=None, error=f"step {step.name!r}: {outcome.error}", attempts=attempts)
-            if outcome.value is not None:
-                exchange.payload = outcome.value
         return StepOutcome(ok=True, value=exchange.payload, error=None, attempts=max(attempts, 1))
 
     return run
@@ -198,7 +204,9 @@ def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
     return emit
 
 
-for _compiled_flow in (compiled for compiled in _flows.values() if compiled.flow.name in RUNS):
+#: The compiled flows this process runs.
+_running = [compiled for compiled in _flows.values() if compiled.flow.name in RUNS]
+for _compiled_flow in _running:
     for _segment in _compiled_flow.flow.segments():
         _split_step = _compiled_flow.flow.steps[_segment.split_index]
         _aggregate_step = _compiled_flow.flow.steps[_segment.aggregate_index]
@@ -324,9 +332,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
     for index in range(start, len(steps)):
         step = steps[index]
         if step.kind in ("process", "filter"):
-            function = step.function
-            assert function is not None
-            outcome = await run_with_retry(retry_policy, lambda function=function: function(exchange))  # type: ignore[misc]
+            outcome = await _run_step(step, exchange)
             if not outcome.ok:
                 error = f"flow {compiled.flow.name!r}, step {step.name!r} failed after {outcome.attempts} attempts: {outcome.error}"
                 await _fail(compiled, exchange, meta, step, "failed", error, outcome.attempts, event)
@@ -334,8 +340,6 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             if step.kind == "filter" and not outcome.value:
                 await publish_outcome(compiled, meta, COMPLETED, None)  # dropped by a filter: completed
                 return
-            if step.kind == "process" and outcome.value is not None:
-                exchange.payload = outcome.value
         elif step.kind == "to":
             assert step.topic is not None
             headers = [(name, value.encode()) for name, value in exchange.headers.items()]
@@ -431,7 +435,7 @@ def _make_flow_handler(compiled: CompiledFlow) -> Any:
     return handle
 
 
-for _compiled_flow in (compiled for compiled in _flows.values() if compiled.flow.name in RUNS):
+for _compiled_flow in _running:
     _channel = app.topic(
         _compiled_flow.source.get_topic_name(),
         _compiled_flow.resume.get_topic_name(),

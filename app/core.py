@@ -282,10 +282,7 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
         async with eos.event_scope(event):
-            if eos.gate.holding or event.message.generation_id != app.consumer_generation_id or not eos.first_delivery(event):
-                # during a rebalance, or of an older generation: the partition's owner reads it again from the
-                # committed offset; or a copy of an event processed in this generation, delivered again by a seek
-                event.ack()
+            if not eos.to_process(event):
                 continue
             await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
@@ -329,18 +326,12 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
     stream does: the partition's new owner gets them again from the committed offset.
     """
     async with eos.batch_scope() as scope:
-        # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (eos.CommitGate.hold).
-        generation = app.consumer_generation_id
-        holding = eos.gate.holding
+        # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (eos.to_process).
         parts: dict[Any, list[EventT[bytes]]] = {}
         for event in events:
             eos.trace("event", event.message.tp, event.message.offset)
-            if holding or event.message.generation_id != generation or not eos.first_delivery(event):
-                # during a rebalance or of an older generation (read again from the committed offset), or a
-                # copy delivered again by a seek (eos.first_delivery): acked, not processed
-                event.ack()
-                continue
-            parts.setdefault(event.message.tp, []).append(event)
+            if eos.to_process(event):
+                parts.setdefault(event.message.tp, []).append(event)
         for part in parts.values():
             with scope.part(part[-1]):
                 await handle_part(part)

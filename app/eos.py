@@ -51,6 +51,7 @@ __all__ = [
     "WeirTopic",
     "ack_handled",
     "first_delivery",
+    "to_process",
     "batch_scope",
     "event_scope",
     "gate",
@@ -379,8 +380,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         again on old state and sent their outputs a second time into the same transaction: two
         ``committed`` payment records for one order in the 2,000-order chaos run. Committing first leaves
         nothing handled and uncommitted: the changelog's stable offset covers every write, and the
-        committed offsets every handled event. New events are held first (Faust suspends the flow in
-        this same callback a moment later); the commit waits for the ones in flight (``CommitGate``).
+        committed offsets every handled event. From here until the assignment, events are not processed
+        (``CommitGate.hold``); the commit waits for the ones in flight (``CommitGate``).
         """
         self.stop_flow()
         self.app.flow_control.suspend()
@@ -402,7 +403,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
         try:
             await super().on_partitions_assigned(assigned, generation_id)
         finally:
-            gate.release()  # the new generation is set: held events are now seen as the old one's
+            gate.release()  # the new generation is set: events of the old one are told apart by it
 
     @property
     def _handled(self) -> set[tuple[TP, int, int | None]]:
@@ -980,6 +981,19 @@ def first_delivery(event: EventT[Any]) -> bool:
         committed = cast(Any, event.app.consumer)._committed_offset.get(tp)
         if committed is not None:
             offsets.difference_update([old for old in offsets if old < committed])
+    return True
+
+
+def to_process(event: EventT[Any]) -> bool:
+    """Whether an agent should process this event now; if not, it is acked (an ack that never counts toward a commit).
+
+    Not now: during a rebalance (:meth:`CommitGate.hold`) or of an older consumer generation, the partition's
+    owner reads it again from the committed offset; or a copy delivered again by a seek (:func:`first_delivery`).
+    Called inside the commit gate.
+    """
+    if gate.holding or event.message.generation_id != event.app.consumer_generation_id or not first_delivery(event):
+        event.ack()
+        return False
     return True
 
 
