@@ -402,7 +402,8 @@ async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Excha
         context=context,
         headers=exchange.headers,
     )
-    await segment.results.send(key=correlation_id.encode(), value=dumps(opened))
+    if opened is not None:
+        await segment.results.send(key=correlation_id.encode(), value=dumps(opened))
     for chunk in chunks:
         await segment.items.send(key=f"{correlation_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
 

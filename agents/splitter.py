@@ -18,7 +18,7 @@ AGENT = "splitter"
 
 @app.agent(topics.orders)
 async def splitter(stream: StreamT[bytes]) -> None:
-    """Reads orders in batches; writes one 'open' to the aggregator and the order's item chunks to the items topic.
+    """Reads orders in batches; writes the order's item chunks to the items topic, its 'open' to the aggregator (or in its only chunk).
 
     The order's offset is committed with everything it sent: its batch part's scope delivers every send
     before the offsets are acked, and under exactly_once they share the transaction of those offsets.
@@ -29,6 +29,7 @@ async def splitter(stream: StreamT[bytes]) -> None:
 async def _split(event: EventT[bytes], order: Any) -> None:
     order_id, items = split_order(order)
     opened, chunks = split_messages(order_id, items, chunk=settings.split_chunk, deadline_ms=now_ms() + settings.aggregate_timeout_ms)
-    await topics.item_results.send(key=order_id.encode(), value=dumps(opened))
+    if opened is not None:
+        await topics.item_results.send(key=order_id.encode(), value=dumps(opened))
     for chunk in chunks:
         await topics.items.send(key=f"{order_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))

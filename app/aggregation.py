@@ -1,7 +1,9 @@
 """Split/aggregate, the Faust shell shared by the foundation pipeline and a flow's ``split``/``aggregate`` steps.
 
-* :func:`split_messages`: what a split sends: one ``open`` (correlation id, total, deadline, context) to
-  the aggregate topic, and the items in chunks of ``chunk`` to the items topic.
+* :func:`split_messages`: what a split sends: the items in chunks of ``chunk`` to the items topic, and the
+  group's ``open`` (correlation id, total, deadline, context) to the aggregate topic. When every item fits
+  in one chunk the open rides in that chunk instead and comes back with its outcomes: one record less to
+  send and one less for the aggregate stage to read, in the common case.
 * :class:`ItemWorker`: runs the item step on each item of a chunk (with retries), dead-letters a failed
   item alone, and sends the chunk's outcomes to the aggregate topic in one message.
 * :class:`Aggregation`: merges outcomes by correlation id into a table (``tables.aggregates``), completes
@@ -49,14 +51,21 @@ def split_messages(
     deadline_ms: int,
     context: Any = None,
     headers: dict[str, str] | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The ``open`` of a group and its item messages: consecutive items, ``chunk`` per message (each carries its indexes)."""
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The ``open`` of a group and its item messages: consecutive items, ``chunk`` per message (each carries its indexes).
+
+    One chunk: no separate open (None); the chunk carries it as ``open`` (deadline, context), the item stage
+    hands it on with the outcomes, and the aggregate opens the group and merges them in one step. Such a
+    group has no deadline before its outcomes arrive: the timeout waits for items that are missing, and the
+    outcomes of a single chunk arrive together or, if the chunk itself is dead-lettered, not at all (the
+    dead letter holds the chunk with its open, to be sent again).
+    """
     total = len(items)
     size = max(1, chunk)
     opened: dict[str, Any] = {"kind": "open", "correlation_id": correlation_id, "total": total, "deadline_ms": deadline_ms}
     if context is not None:
         opened["context"] = context
-    chunks = []
+    chunks: list[dict[str, Any]] = []
     for first in range(0, total, size):
         message: dict[str, Any] = {
             "correlation_id": correlation_id,
@@ -68,6 +77,9 @@ def split_messages(
         if headers:
             message["headers"] = headers
         chunks.append(message)
+    if len(chunks) == 1:
+        chunks[0]["open"] = {key: value for key, value in opened.items() if key in ("deadline_ms", "context")}
+        return None, chunks
     return opened, chunks
 
 
@@ -159,6 +171,8 @@ class ItemWorker:
             message = {"kind": "item", "correlation_id": correlation_id, "total": total, **results[0]}
         else:
             message = {"kind": "items", "correlation_id": correlation_id, "total": total, "items": results}
+        if isinstance(raw.get("open"), dict):
+            message["open"] = raw["open"]  # the group's open, folded into its only chunk (split_messages)
         await self.results.send(key=correlation_id.encode(), value=dumps(message))
 
 
@@ -229,46 +243,89 @@ class Aggregation:
             raise InvalidMessage(f"{agent}: field 'correlation_id' must be a non-empty string, got {correlation_id!r}")
         kind = message.get("kind")
         if kind == "open":
-            total = message.get("total")
-            deadline_ms = message.get("deadline_ms")
-            if not isinstance(deadline_ms, int) or not (total is None or (isinstance(total, int) and total > 0)):
-                raise InvalidMessage(
-                    f"{agent}: 'open' of {correlation_id!r} needs an integer deadline_ms and a positive total, got {message!r:.200}"
-                )
-            if self.done_groups.get(correlation_id) is not None:
-                return  # a redelivered open of a completed group
-            previous = self._load(correlation_id)
-            transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=message.get("context"))
-            await self._apply(event, correlation_id, transition, previous)
+            await self._open(event, correlation_id, message, message.get("total"), now)
             return
+        outcomes: Any
         if kind == "item":
-            await self._merge(event, correlation_id, message, message.get("total"), now)
-            return
-        if kind != "items":
+            outcomes = [message]
+        elif kind == "items":
+            outcomes = message.get("items")
+            if not isinstance(outcomes, list) or not outcomes or not all(isinstance(outcome, dict) for outcome in outcomes):
+                raise InvalidMessage(f"{agent}: 'items' of {correlation_id!r} needs a non-empty list of objects, got {outcomes!r:.200}")
+        else:
             raise InvalidMessage(f"{agent}: field 'kind' must be 'open', 'item', 'items' or 'tick', got {kind!r}")
-        outcomes = message.get("items")
-        if not isinstance(outcomes, list) or not outcomes or not all(isinstance(outcome, dict) for outcome in outcomes):
-            raise InvalidMessage(f"{agent}: 'items' of {correlation_id!r} needs a non-empty list of objects, got {outcomes!r:.200}")
-        for outcome in outcomes:
-            await self._merge(event, correlation_id, outcome, message.get("total"), now)
+        folded = message.get("open")  # the group's open, come with its outcomes (a split of one chunk)
+        if folded is not None and not isinstance(folded, dict):
+            raise InvalidMessage(f"{agent}: field 'open' of {correlation_id!r} must be an object, got {type(folded).__name__}")
+        await self._merge(event, correlation_id, outcomes, message.get("total"), now, folded)
 
-    async def _merge(self, event: EventT[bytes], correlation_id: str, item: dict[str, Any], total: Any, now: int) -> None:
-        """Merge one item's outcome into its group (or count it late when the group is done)."""
-        index = item.get("index")
-        if not isinstance(index, int) or isinstance(index, bool) or not (total is None or isinstance(total, int)):
-            raise InvalidMessage(f"{self.agent}: item of {correlation_id!r} needs an integer 'index' and 'total', got {index!r}, {total!r}")
-        outcome = ItemOutcome(index=index, ok=bool(item.get("ok")), result=item.get("result"), error=item.get("error"))
+    def _open_fields(self, correlation_id: str, opened: dict[str, Any], total: Any) -> int:
+        deadline_ms = opened.get("deadline_ms")
+        if not isinstance(deadline_ms, int) or not (total is None or (isinstance(total, int) and total > 0)):
+            raise InvalidMessage(
+                f"{self.agent}: 'open' of {correlation_id!r} needs an integer deadline_ms and a positive total, got {opened!r:.200}"
+            )
+        return deadline_ms
+
+    async def _open(self, event: EventT[bytes], correlation_id: str, opened: dict[str, Any], total: Any, now: int) -> None:
+        deadline_ms = self._open_fields(correlation_id, opened, total)
+        if self.done_groups.get(correlation_id) is not None:
+            return  # a redelivered open of a completed group
+        previous = self._load(correlation_id)
+        transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"))
+        await self._apply(event, correlation_id, transition, previous)
+
+    def _outcomes(self, correlation_id: str, items: list[dict[str, Any]], total: Any) -> list[tuple[ItemOutcome, bool]]:
+        if not (total is None or isinstance(total, int)) or isinstance(total, bool):
+            raise InvalidMessage(f"{self.agent}: items of {correlation_id!r} need an integer 'total', got {total!r}")
+        parsed = []
+        for item in items:
+            index = item.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise InvalidMessage(f"{self.agent}: item of {correlation_id!r} needs an integer 'index', got {index!r}")
+            outcome = ItemOutcome(index=index, ok=bool(item.get("ok")), result=item.get("result"), error=item.get("error"))
+            parsed.append((outcome, bool(item.get("last"))))
+        return parsed
+
+    async def _merge(
+        self, event: EventT[bytes], correlation_id: str, items: list[dict[str, Any]], total: Any, now: int, opened: dict[str, Any] | None
+    ) -> None:
+        """Merge a message's item outcomes into their group: read once, folded in memory, written once.
+
+        ``opened``: the group's open came with them; it is applied first. Outcomes for a completed group
+        (or after the one that completes it) are counted late by index, never merged.
+        """
+        outcomes = self._outcomes(correlation_id, items, total)
+        deadline_ms = None if opened is None else self._open_fields(correlation_id, opened, total)
         done_raw = self.done_groups.get(correlation_id)
         if done_raw is not None:
-            done = DoneState.from_dict(done_raw)
-            updated = on_late_item(done, index)
-            if updated != done:
-                self.late_items += 1
-                self.done_groups[correlation_id] = updated.to_dict()
+            self._count_late(correlation_id, DoneState.from_dict(done_raw), outcomes)
             return
         previous = self._load(correlation_id)
-        transition = on_item(previous, self.config, correlation_id, outcome, total, bool(item.get("last")), now)
-        await self._apply(event, correlation_id, transition, previous)
+        state = previous
+        if opened is not None and deadline_ms is not None:
+            state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
+        for position, (outcome, last) in enumerate(outcomes):
+            transition = on_item(state, self.config, correlation_id, outcome, total, last, now)
+            if transition.rejected is not None:
+                await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=self.agent, step="merge")
+                continue
+            if transition.done is not None:
+                await self._apply(event, correlation_id, transition, previous)
+                self._count_late(correlation_id, transition.done, outcomes[position + 1 :])
+                return
+            state = transition.state
+        await self._apply(event, correlation_id, Transition(state=state), previous)
+
+    def _count_late(self, correlation_id: str, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> None:
+        updated = done
+        for outcome, _ in outcomes:
+            counted = on_late_item(updated, outcome.index)
+            if counted != updated:
+                self.late_items += 1
+                updated = counted
+        if updated != done:
+            self.done_groups[correlation_id] = updated.to_dict()
 
     async def _on_tick(self, event: EventT[bytes], now: int) -> None:
         """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""

@@ -12,7 +12,7 @@ core, from /proc/<pid>/stat), and writes it as markdown to bench/results.md:
 - weir's split/aggregate (one splitter+aggregator process, two items processes, exactly_once) and the same
   pipeline on Quix Streams (bench/quix_split_aggregate.py, one process, exactly-once): a backlog of orders
   sent at once (orders/s, items/s, latency p50/p99 from the order's send to the result read by a
-  read_committed consumer) and a fixed offered rate (latency);
+  read_committed consumer), a fixed offered rate, and half the rate the backlog run sustained (latency);
 - weir's counter trigger (agents/triggers.py, one `triggers` worker process): a backlog of registrations, then
   the children's completions shuffled across parents, sent at once; completion events/s until every parent's
   wake is read (read_committed), and state writes per event: the records the trigger tables' changelogs gained
@@ -303,6 +303,10 @@ def _measure_pipeline(
     light = f"offered {rate:g} orders/s for {light_seconds:g} s"
     light_p50 = ctx.figure(system, f"{light}: latency p50", "ms")
     light_p99 = ctx.figure(system, f"{light}: latency p99", "ms")
+    half = f"offered half the backlog rate for {light_seconds:g} s"
+    half_rate = ctx.figure(system, f"{half}: rate offered", "orders/s", "{:,.1f}")
+    half_p50 = ctx.figure(system, f"{half}: latency p50", "ms")
+    half_p99 = ctx.figure(system, f"{half}: latency p99", "ms")
     # Warm-up: every stage has handled an order before the clock starts.
     asyncio.run(_orders_run(ctx, pipeline, 0, 20, None))
     first = 20
@@ -313,10 +317,18 @@ def _measure_pipeline(
         items_s.add(figures["orders_per_s"] * ITEMS, figures["cpu"])
         p50.add(figures["p50_ms"], figures["cpu"])
         p99.add(figures["p99_ms"], figures["cpu"])
+        half_of_max = figures["orders_per_s"] / 2
         figures = asyncio.run(_orders_run(ctx, pipeline, first, light_count, rate))
         first += light_count
         light_p50.add(figures["p50_ms"], figures["cpu"])
         light_p99.add(figures["p99_ms"], figures["cpu"])
+        # The issue's "half the maximum rate": half of what this run's backlog sustained.
+        half_count = int(half_of_max * light_seconds)
+        figures = asyncio.run(_orders_run(ctx, pipeline, first, half_count, half_of_max))
+        first += half_count
+        half_rate.add(half_of_max, figures["cpu"])
+        half_p50.add(figures["p50_ms"], figures["cpu"])
+        half_p99.add(figures["p99_ms"], figures["cpu"])
 
 
 def _free_port() -> int:

@@ -1,0 +1,108 @@
+"""The aggregate stage's shell (app.aggregation.Aggregation) over plain dicts as its tables.
+
+An outcome message is read once and folded in memory; a split of one chunk brings its open along. Whatever
+the order and the redeliveries, a group completes once, with every item, and what comes after is counted late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.aggregation import Aggregation, split_messages
+from tables.aggregates import AggregatorConfig
+
+
+def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
+    emitted: list[Any] = []
+    tables: dict[str, Any] = {"open": {}, "done": {}, "deadlines": {}}
+
+    async def emit(event: Any, correlation_id: str, result: dict[str, Any], context: Any) -> None:
+        emitted.append((correlation_id, result, context))
+
+    config = AggregatorConfig(name="t", timeout_ms=60_000, done_retention_ms=600_000)
+    stage = Aggregation(
+        agent="t",
+        config=config,
+        open_groups=tables["open"],  # type: ignore[arg-type]
+        done_groups=tables["done"],  # type: ignore[arg-type]
+        deadlines=tables["deadlines"],  # type: ignore[arg-type]
+        emit=emit,
+    )
+    return stage, emitted, tables
+
+
+def _event() -> Any:
+    return SimpleNamespace(message=SimpleNamespace(partition=0))
+
+
+def _outcomes(chunk: dict[str, Any]) -> dict[str, Any]:
+    """What the item stage sends for a chunk whose items all succeed (result: the payload)."""
+    results = [
+        {"index": item["index"], "last": item["last"], "ok": True, "result": item["payload"], "error": None} for item in chunk["items"]
+    ]
+    message = {"kind": "items", "correlation_id": chunk["correlation_id"], "total": chunk["total"], "items": results}
+    if "open" in chunk:
+        message["open"] = chunk["open"]
+    return message
+
+
+def _deadline_entries(tables: dict[str, Any]) -> list[Any]:
+    return [value for key, value in tables["deadlines"].items() if isinstance(value, list)]
+
+
+def test_one_chunk_with_its_open_completes_in_one_message_and_files_no_group_deadline() -> None:
+    stage, emitted, tables = _stage()
+    opened, [chunk] = split_messages("o-1", ["a", "b", "c"], chunk=10, deadline_ms=10**13, context={"resume": 2})
+    assert opened is None
+    asyncio.run(stage.handle(_event(), _outcomes(chunk)))
+    [(correlation_id, result, context)] = emitted
+    assert (correlation_id, result["status"], context) == ("o-1", "complete", {"resume": 2})
+    assert [item["result"] for item in result["items"]] == ["a", "b", "c"]
+    assert tables["open"] == {}
+    assert "o-1" in tables["done"]
+    assert _deadline_entries(tables) == [["done", "o-1"]], "a group completed at once needs no deadline of its own"
+
+
+def test_outcomes_after_the_one_that_completes_a_group_are_counted_late() -> None:
+    stage, emitted, tables = _stage()
+    message = {
+        "kind": "items",
+        "correlation_id": "o-2",
+        "total": 2,
+        "open": {"deadline_ms": 10**13},
+        "items": [{"index": index, "ok": True, "result": index} for index in (0, 1, 1, 0)],
+    }
+    asyncio.run(stage.handle(_event(), message))
+    assert len(emitted) == 1
+    assert stage.late_items == 2
+    assert tables["done"]["o-2"]["late_indexes"] == [0, 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    total=st.integers(1, 12),
+    chunk=st.integers(1, 12),
+    order=st.randoms(use_true_random=False),
+    repeats=st.lists(st.integers(0, 20), max_size=6),
+)
+def test_any_order_with_redeliveries_completes_once_with_every_item(total: int, chunk: int, order: Any, repeats: list[int]) -> None:
+    stage, emitted, _ = _stage()
+    opened, chunks = split_messages("g", [f"p{index}" for index in range(total)], chunk=chunk, deadline_ms=10**13, context="ctx")
+    messages = [_outcomes(each) for each in chunks]
+    if opened is not None:
+        messages.append(opened)
+    messages += [messages[number % len(messages)] for number in repeats]  # redeliveries
+    order.shuffle(messages)
+    for message in messages:
+        asyncio.run(stage.handle(_event(), message))
+    [(correlation_id, result, context)] = emitted
+    assert correlation_id == "g"
+    assert result["status"] == "complete"
+    assert [item["result"] for item in result["items"]] == [f"p{index}" for index in range(total)]
+    if opened is None or messages.index(opened) == 0:
+        assert context == "ctx", "the context comes from the open (folded into the only chunk, or first to arrive)"
