@@ -58,6 +58,7 @@ def broker_credentials(config: Settings) -> CredentialsT | None:
 
 (settings.data_dir / settings.group_id).mkdir(parents=True, exist_ok=True)
 eos.COMMIT_IDLE_S = settings.commit_idle_ms / 1000
+eos.DEFER_DELIVERIES = settings.processing_guarantee == "exactly_once"
 
 app = faust.App(
     settings.group_id,

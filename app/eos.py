@@ -145,13 +145,26 @@ class WeirTransactionManager(TransactionManager):
         return await self.producer.send(topic, key, value, partition, timestamp, headers, transactional_id=owner)
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        asked = time.monotonic()
         async with gate.committing():
-            return await self._commit(offsets, start_new_transaction)
+            began = time.monotonic()
+            try:
+                return await self._commit(offsets, start_new_transaction)
+            finally:
+                if _TRACE_FILE is not None:
+                    took = f"{1000 * (began - asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
+                    trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))
 
     async def _commit(self, offsets: Mapping[TP, int], start_new_transaction: bool) -> bool:
         # Events delivered their own changelog writes (event_scope); a write made outside an event
         # would still wait in Faust's buffer, and belongs to this transaction.
         await self.app.producer.buffer.flush()
+        # The batches handled since the last commit left their deliveries to it (batch_scope): a commit
+        # never covers an offset whose writes or sends failed.
+        deferred = list(_deferred)
+        _deferred.clear()
+        if not await await_deliveries(deferred):
+            return False
         by_transaction: dict[str, dict[TP, int]] = {}
         for tp, offset in offsets.items():
             by_transaction.setdefault(self._transactional_id(tp.topic, tp.partition), {})[tp] = offset
@@ -926,6 +939,10 @@ class WeirTopic(faust.Topic):  # type: ignore[misc]
 
 #: Set by app.core from WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: fixed interval).
 COMMIT_IDLE_S = 0.0
+#: Set by app.core under exactly_once: a batch's deliveries are awaited by the commit, not by the batch (batch_scope).
+DEFER_DELIVERIES = False
+#: The parts handled since the last commit whose deliveries nobody awaited yet (DEFER_DELIVERIES).
+_deferred: list[tuple[EventT[bytes], list[FutureMessage]]] = []
 #: How long a scope waits for its table changelog writes and sends to be delivered before the worker gives up.
 DELIVERY_TIMEOUT_S = 30.0
 
@@ -953,11 +970,21 @@ class BatchScope:
 
 @contextlib.asynccontextmanager
 async def batch_scope() -> AsyncIterator[BatchScope]:
-    """Handle a batch between commits: its parts (``scope.part(event)``), then all their deliveries awaited at once."""
+    """Handle a batch between commits: its parts (``scope.part(event)``), then all their deliveries awaited at once.
+
+    Under exactly_once (:data:`DEFER_DELIVERIES`) the deliveries are awaited by the next commit instead,
+    before its transactions commit (:meth:`WeirTransactionManager._commit`): the batch's sends and the
+    offsets it acked commit together or not at all, so the batch need not wait for the broker's acks. The
+    worker goes on with the next batch while they are in flight, instead of one round trip (two, with the
+    transaction's AddPartitionsToTxn) per batch.
+    """
     async with gate.processing():
         scope = BatchScope()
         yield scope
-        await await_deliveries(scope.handled)
+        if DEFER_DELIVERIES:
+            _deferred.extend(part for part in scope.handled if part[1])
+        else:
+            await await_deliveries(scope.handled)
 
 
 @contextlib.asynccontextmanager
@@ -990,18 +1017,19 @@ def part_scope(event: EventT[bytes], pending: list[FutureMessage]) -> Iterator[N
         _scope_sends.reset(sends_token)
 
 
-async def await_deliveries(parts: list[tuple[EventT[bytes], list[FutureMessage]]]) -> None:
-    """Wait until every part's changelog writes and sends are delivered; crash the worker when one was not."""
+async def await_deliveries(parts: list[tuple[EventT[bytes], list[FutureMessage]]]) -> bool:
+    """Wait until every part's changelog writes and sends are delivered; crash the worker when one was not (False)."""
     futures = [future for _, pending in parts for future in pending]
     if not futures:
-        return
+        return True
     await asyncio.wait(futures, timeout=DELIVERY_TIMEOUT_S)
     for event, pending in parts:
         undelivered = [future for future in pending if not future.done()]
         failed = [future for future in pending if future.done() and future.exception() is not None]
         if undelivered or failed:
             await _undelivered(event, failed[0].exception() if failed else TimeoutError(f"not delivered in {DELIVERY_TIMEOUT_S}s"))
-            return
+            return False
+    return True
 
 
 async def _undelivered(event: EventT[bytes], problem: BaseException | None) -> None:
