@@ -109,11 +109,12 @@ class Settings:
     processing_guarantee: str = "exactly_once"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
     partitions: int = 4
-    #: WEIR_COMMIT_INTERVAL: seconds between offset commits (= transaction length under exactly_once).
-    commit_interval: float = 0.5
+    #: WEIR_COMMIT_INTERVAL: seconds between offset commits while busy (= longest transaction under exactly_once;
+    #: 0.1 s is Kafka Streams' default under exactly-once).
+    commit_interval: float = 0.1
     #: WEIR_COMMIT_IDLE_MS: commit as soon as no event has been processed for this long (0: only every
-    #: commit_interval). Under load commits still come every commit_interval at most.
-    commit_idle_ms: int = 10
+    #: commit_interval), spaced by twice the last commit's duration. Under load commits come every commit_interval.
+    commit_idle_ms: int = 3
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0
