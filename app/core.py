@@ -387,7 +387,9 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
     sent. Events of an older consumer generation are acked without processing, as Faust's own
     stream does: the partition's new owner gets them again from the committed offset.
     """
+    began = time.monotonic()
     async with eos.batch_scope() as scope:
+        entered = time.monotonic()
         # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (eos.to_process).
         parts: dict[Any, list[EventT[bytes]]] = {}
         for event in events:
@@ -399,6 +401,9 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
                 await handle_part(part)
             for event in part:
                 eos.ack_handled(event)
+    if events:  # the trace file (WEIR_TRACE_FILE) gets the batch's size, its wait at the gate and its time inside
+        took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
+        eos.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
 
 
 async def send_dead_letter_record(record: dict[str, Any]) -> None:

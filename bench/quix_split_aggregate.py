@@ -12,7 +12,7 @@ the way Quix Streams does it, in one process:
       -> stateful merge by index per order id (RocksDB + changelog); complete when all N arrived
       -> aggregates (key: order id)
 
-``processing_guarantee="exactly-once"`` (Kafka transactions, read_committed), commit interval 0.5 s like
+``processing_guarantee="exactly-once"`` (Kafka transactions, read_committed), commit interval 0.1 s like
 weir's WEIR_COMMIT_INTERVAL default (Quix's own default is 5 s; BENCH_COMMIT_INTERVAL changes it), every other
 setting Quix's default (BENCH_POLL_TIMEOUT sets consumer_poll_timeout, default 1 s), 4 partitions everywhere (the repartition
 topics copy the source topic's). Not built here (weir has them): deadlines and partial results,
@@ -93,7 +93,7 @@ def build() -> Application:
         broker_address=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
         consumer_group=os.environ.get("BENCH_APP_ID", "bench-quix"),
         processing_guarantee="exactly-once",
-        commit_interval=float(os.environ.get("BENCH_COMMIT_INTERVAL", "0.5")),
+        commit_interval=float(os.environ.get("BENCH_COMMIT_INTERVAL", "0.1")),
         auto_offset_reset="earliest",
         consumer_poll_timeout=float(os.environ.get("BENCH_POLL_TIMEOUT", "1.0")),
         state_dir=os.environ.get("BENCH_STATE_DIR", "/tmp/bench-quix-state"),
