@@ -381,10 +381,11 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
 
     No commit can start while a batch is handled. Each partition has its own transaction: while its part is
     handled Faust's current event is the part's last event (tables use that partition's store and changelog,
-    sends join its transaction) and each table key is written once (``eos.part_scope``). Every send and
-    changelog write of the batch is delivered, and every event of it acked, before the batch leaves the
-    commit gate, so the commit that covers one of its offsets covers all of them and all they wrote and
-    sent. Events of an older consumer generation are acked without processing, as Faust's own
+    sends join its transaction) and each table key is written once (``eos.part_scope``). Every event of
+    the batch is acked before the batch leaves the commit gate, and every send and changelog write of it
+    is delivered before a commit covers it (by the batch under at_least_once, by the next commit under
+    exactly_once: ``eos.batch_scope``), so the commit that covers one of its offsets covers all of them and
+    all they wrote and sent. Events of an older consumer generation are acked without processing, as Faust's own
     stream does: the partition's new owner gets them again from the committed offset.
     """
     began = time.monotonic()
@@ -401,7 +402,7 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
                 await handle_part(part)
             for event in part:
                 eos.ack_handled(event)
-    if events:  # the trace file (WEIR_TRACE_FILE) gets the batch's size, its wait at the gate and its time inside
+    if events and eos.tracing():  # the batch's size, its wait at the gate and its time inside
         took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
         eos.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
 

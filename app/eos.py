@@ -67,6 +67,11 @@ log = logging.getLogger(__name__)
 _TRACE_FILE = os.environ.get("WEIR_TRACE_FILE") or None
 
 
+def tracing() -> bool:
+    """Whether ``WEIR_TRACE_FILE`` is set (worth formatting a trace line)."""
+    return _TRACE_FILE is not None
+
+
 def trace(what: str, tp: TP, offset: int) -> None:
     if _TRACE_FILE is not None:
         with open(_TRACE_FILE, "a") as out:
@@ -161,7 +166,10 @@ class WeirTransactionManager(TransactionManager):
         await self.app.producer.buffer.flush()
         # The batches handled since the last commit left their deliveries to it (batch_scope): a commit
         # never covers an offset whose writes or sends failed.
-        deferred = list(_deferred)
+        # Parts of an older consumer generation are dropped: their transactions ended with the rebalance
+        # (their producers were replaced), and their events come again from the committed offset.
+        generation = self.app.consumer_generation_id
+        deferred = [part for part in _deferred if part[0].message.generation_id == generation]
         _deferred.clear()
         if not await await_deliveries(deferred):
             return False
@@ -733,7 +741,8 @@ class CommitGate:
     effects across two transactions: the changelog write of a table update in one, the result it sent
     in the next; a crash between them commits half of the event (a completed group whose result is
     never sent, or an offset committed without its state). Every event is processed, its changelog
-    writes delivered and its offset acked inside :meth:`processing`; a commit waits in
+    writes made and its offset acked inside :meth:`processing` (their delivery is awaited there or by
+    the commit, :func:`batch_scope`); a commit waits in
     :meth:`committing` until no event is in flight and holds new ones back until it is done.
     """
 
@@ -932,10 +941,10 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
 
 
 class WeirTopic(faust.Topic):  # type: ignore[misc]
-    """A Faust topic whose sends inside :func:`event_scope` are delivered before the scope ends.
+    """A Faust topic whose sends inside :func:`event_scope` are delivered before a commit covers them.
 
-    An agent can send without awaiting each delivery: the scope awaits all of them once, at its end,
-    before the events it covers are acked.
+    An agent can send without awaiting each delivery: the scope collects them, and they are awaited once,
+    at the end of the batch (at_least_once) or by the next commit (exactly_once, :func:`batch_scope`).
     """
 
     async def _get_producer(self) -> Any:
