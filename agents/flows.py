@@ -23,7 +23,7 @@ from typing import Any
 import faust
 from faust.types import EventT, StreamT, TableT
 
-from app.aggregation import Aggregation, ItemWorker, split_messages
+from app.aggregation import Aggregation, ItemWorker, send_split, split_messages
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -402,10 +402,7 @@ async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Excha
         context=context,
         headers=exchange.headers,
     )
-    if opened is not None:
-        await segment.results.send(key=correlation_id.encode(), value=dumps(opened))
-    for chunk in chunks:
-        await segment.items.send(key=f"{correlation_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
+    await send_split(correlation_id, opened, chunks, results=segment.results, items=segment.items)
 
 
 def _exchange_from_event(event: EventT[bytes], body: Any) -> Exchange:

@@ -6,8 +6,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from app.aggregation import split_messages
-from app.codec import dumps
+from app.aggregation import send_split, split_messages
 from app.core import app, handle_events, now_ms, settings, topics
 from app.split import split_order
 
@@ -20,8 +19,8 @@ AGENT = "splitter"
 async def splitter(stream: StreamT[bytes]) -> None:
     """Reads orders in batches; writes the order's item chunks to the items topic, its 'open' to the aggregator (or in its only chunk).
 
-    The order's offset is committed with everything it sent: its batch part's scope delivers every send
-    before the offsets are acked, and under exactly_once they share the transaction of those offsets.
+    The order's offset is committed with everything it sent: every send is delivered before a commit covers
+    the offset (``app.eos.batch_scope``), and under exactly_once they share the transaction of that offset.
     """
     await handle_events(stream, agent=AGENT, what="splitter: order", handler=_split, batched=True)
 
@@ -29,7 +28,4 @@ async def splitter(stream: StreamT[bytes]) -> None:
 async def _split(event: EventT[bytes], order: Any) -> None:
     order_id, items = split_order(order)
     opened, chunks = split_messages(order_id, items, chunk=settings.split_chunk, deadline_ms=now_ms() + settings.aggregate_timeout_ms)
-    if opened is not None:
-        await topics.item_results.send(key=order_id.encode(), value=dumps(opened))
-    for chunk in chunks:
-        await topics.items.send(key=f"{order_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
+    await send_split(order_id, opened, chunks, results=topics.item_results, items=topics.items)

@@ -40,7 +40,7 @@ from tables.aggregates import (
     on_open,
 )
 
-__all__ = ["split_messages", "parse_items", "ItemWorker", "Aggregation", "Emit"]
+__all__ = ["split_messages", "send_split", "parse_items", "ItemWorker", "Aggregation", "Emit"]
 
 
 def split_messages(
@@ -81,6 +81,16 @@ def split_messages(
         chunks[0]["open"] = {key: value for key, value in opened.items() if key in ("deadline_ms", "context")}
         return None, chunks
     return opened, chunks
+
+
+async def send_split(
+    correlation_id: str, opened: dict[str, Any] | None, chunks: list[dict[str, Any]], *, results: faust.TopicT, items: faust.TopicT
+) -> None:
+    """Send what :func:`split_messages` made: the open (if apart) to ``results``, each chunk to ``items`` keyed ``id#first index``."""
+    if opened is not None:
+        await results.send(key=correlation_id.encode(), value=dumps(opened))
+    for chunk in chunks:
+        await items.send(key=f"{correlation_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
 
 
 def parse_items(raw: Any) -> list[tuple[str, int, int | None, bool, Any]]:

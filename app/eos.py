@@ -646,8 +646,9 @@ class WeirConsumer(aiokafka_driver.Consumer):
                     continue
                 generation = self.app.consumer_generation_id
                 firsts = {tp: batch[0].offset for tp, batch in records.items() if batch}
-                for tp, first in firsts.items():
-                    trace("fetched", tp, first)
+                if _TRACE_FILE is not None:
+                    for tp, first in firsts.items():
+                        trace("fetched", tp, first)
                 inactive: set[TP] = set()
                 for tp, record in self.scheduler.iterate(records):
                     since_yield += 1
