@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -37,7 +38,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
-eos.install()
+eos.install(
+    (settings.worker_id or uuid.uuid4().hex[:12]) if settings.transactions == "per_worker" else None,
+    settings.transaction_timeout_ms,
+)
 
 
 def broker_credentials(config: Settings) -> CredentialsT | None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import CommitFailedError, ProducerFenced
 from faust.streams import _current_event
 from faust.transport.consumer import CONSUMER_FETCHING, TransactionManager, ensure_TP
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -45,6 +45,8 @@ from faust.types.tuples import FutureMessage, RecordMetadata, ack_lock
 from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
+
+from app import kip447
 
 __all__ = [
     "WeirTransactionManager",
@@ -93,6 +95,8 @@ class WeirTransactionManager(TransactionManager):
         self._partition_counts: dict[str, int] = {}
 
     def _transactional_id(self, topic: str, partition: int) -> str:
+        if WORKER_TRANSACTION is not None:
+            return f"{self.app.conf.id}-worker-{WORKER_TRANSACTION}"
         return f"{self.app.conf.id}-{self._partition_count(topic)}p-{partition}"
 
     def _partition_count(self, topic: str) -> int:
@@ -122,6 +126,15 @@ class WeirTransactionManager(TransactionManager):
             if table.changelog_topic_name == topic:
                 return int(table.partitions or default)
         return None
+
+    async def _start_transactions(self, tids: Any) -> None:
+        # A worker that keeps partitions across a rebalance keeps their producer, its transaction open
+        # since the commit before the rebalance (with one transaction per worker, always the case).
+        producer = cast(aiokafka_driver.Producer, self.producer)
+        for transactional_id in tids:
+            running = producer._transaction_producers.get(transactional_id)
+            if running is None or not running._txn_manager.is_in_transaction():
+                await producer.maybe_begin_transaction(transactional_id)
 
     def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
         assignor = self.app.assignor
@@ -181,8 +194,9 @@ class WeirTransactionManager(TransactionManager):
             await asyncio.gather(
                 *(self._commit_one(txn_id, txn_offsets, start_new_transaction) for txn_id, txn_offsets in by_transaction.items())
             )
-        except ProducerFenced as fenced:
-            # Another worker owns these partitions now: this one must not go on with stale state.
+        except (ProducerFenced, CommitFailedError) as fenced:
+            # Another worker owns these partitions now (per partition: a producer with the same transactional
+            # id; per worker: the group refused this member's generation): this one must not go on with stale state.
             log.warning("producer fenced: %s", fenced)
             await self.app.crash(fenced)
         return True
@@ -217,7 +231,33 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         consumer = self._ensure_consumer()
+        if WORKER_TRANSACTION is not None:
+            # One transaction per worker: the changelog's previous owner may have left one open (killed), or
+            # its commit markers may still be on their way here after its offsets became stable.
+            await kip447.wait_settled(consumer, partitions)
         return cast(Mapping[TP, int], await consumer.end_offsets(partitions))
+
+
+class WeirProducer(aiokafka_driver.Producer):
+    """Faust's producer; with one transaction per worker, its transactional producer commits offsets with the
+    consumer group's generation (KIP-447, :mod:`app.kip447`) and a transaction timeout of weir's choosing."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        extra = dict(super()._settings_extra())
+        if WORKER_TRANSACTION is not None and self.app.in_transaction:
+            extra["transaction_timeout_ms"] = TRANSACTION_TIMEOUT_MS
+        return extra
+
+    def _new_producer(self, transactional_id: str | None = None) -> Any:
+        producer = super()._new_producer(transactional_id=transactional_id)
+        if transactional_id is not None and WORKER_TRANSACTION is not None:
+            kip447.attach_group_member(producer, self._group_member)
+        return producer
+
+    def _group_member(self) -> kip447.GroupMember:
+        """The consumer's generation and member id now (read from the consumer thread's coordinator)."""
+        coordinator = cast(Any, self.app.consumer)._thread._ensure_consumer()._coordinator
+        return coordinator.generation, coordinator.member_id, coordinator._group_instance_id
 
 
 class SkippedOffsets:
@@ -973,6 +1013,11 @@ class WeirTopic(faust.Topic):  # type: ignore[misc]
         return result
 
 
+#: Set by install() from WEIR_TRANSACTIONS=per_worker: the suffix of this worker's one transactional id (None:
+#: one transaction per source partition).
+WORKER_TRANSACTION: str | None = None
+#: Set by install() from WEIR_TRANSACTION_TIMEOUT_MS: the transaction timeout of a per-worker transaction.
+TRANSACTION_TIMEOUT_MS = 10_000
 #: Set by app.core from WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: fixed interval).
 COMMIT_IDLE_S = 0.0
 #: A commit started by a pause comes at least this many times the last commit's duration after it (_commit_handler).
@@ -1137,10 +1182,19 @@ def ack_handled(event: EventT[Any]) -> None:
     event.ack()
 
 
-def install() -> None:
-    """Make every Faust app in this process use weir's transaction manager and consumer."""
+def install(worker_transaction: str | None = None, transaction_timeout_ms: int = 10_000) -> None:
+    """Make every Faust app in this process use weir's transaction manager, consumer and producer.
+
+    ``worker_transaction``: run one transaction per worker under that id suffix (KIP-447, :mod:`app.kip447`)
+    instead of one per source partition; committed-offset fetches then wait for open transactions.
+    """
+    global WORKER_TRANSACTION, TRANSACTION_TIMEOUT_MS
+    WORKER_TRANSACTION = worker_transaction
+    TRANSACTION_TIMEOUT_MS = transaction_timeout_ms
     aiokafka_driver.Transport.TransactionManager = WeirTransactionManager
     aiokafka_driver.Transport.Consumer = WeirConsumer
+    aiokafka_driver.Transport.Producer = WeirProducer
+    kip447.install(stable_offsets=worker_transaction is not None)
     _note_skipped_offsets()
 
 

@@ -115,6 +115,16 @@ class Settings:
     #: WEIR_COMMIT_IDLE_MS: commit as soon as no event has been processed for this long (0: only every
     #: commit_interval), spaced by twice the last commit's duration. Under load commits come every commit_interval.
     commit_idle_ms: int = 3
+    #: WEIR_TRANSACTIONS (exactly_once): "per_partition" (Kafka's EOS v1, as Faust: one transaction per source
+    #: partition, fenced by its transactional id) or "per_worker" (EOS v2, KIP-447: one transaction per worker,
+    #: fenced by the consumer group's generation; see app/kip447.py).
+    transactions: str = "per_partition"
+    #: WEIR_WORKER_ID (per_worker): this worker's transactional id suffix; unique per worker and kept across its
+    #: restarts, a restart then ends the transaction its killed predecessor left open at once. Empty: a new
+    #: random id at each start, and a peer taking over waits up to WEIR_TRANSACTION_TIMEOUT_MS for it.
+    worker_id: str = ""
+    #: WEIR_TRANSACTION_TIMEOUT_MS (per_worker): how long the broker keeps a dead worker's transaction open.
+    transaction_timeout_ms: int = 10_000
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0
@@ -280,6 +290,10 @@ def load_settings() -> Settings:
     if guarantee not in ("exactly_once", "at_least_once"):
         message = f"setting WEIR_GUARANTEE={guarantee!r}: expected 'exactly_once' or 'at_least_once'"
         raise ValueError(message)
+    transactions = _env_str("WEIR_TRANSACTIONS", defaults.transactions)
+    if transactions not in ("per_partition", "per_worker"):
+        message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
+        raise ValueError(message)
     return Settings(
         bootstrap=_env_str("KAFKA_BOOTSTRAP", defaults.bootstrap),
         **_security_from_env(),
@@ -293,6 +307,9 @@ def load_settings() -> Settings:
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),
         commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms),
+        transactions=transactions,
+        worker_id=_env_str("WEIR_WORKER_ID", defaults.worker_id),
+        transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms),
         session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
         heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
         rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),

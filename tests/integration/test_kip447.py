@@ -1,0 +1,128 @@
+"""KIP-447 on aiokafka (app/kip447.py) against the real broker: the group fences a stale member's transactional
+offsets, and a committed-offset fetch waits for a transaction whose offsets are still pending."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.errors import CommitFailedError
+from aiokafka.structs import TopicPartition
+
+from app import kip447
+from app.kafka_io import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+@asynccontextmanager
+async def member_of(bootstrap: str, group: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A read_committed consumer that has joined ``group`` and owns every partition of ``topic``."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, isolation_level="read_committed", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        for _ in range(100):
+            await consumer.getmany(timeout_ms=100)
+            if consumer.assignment():
+                break
+        assert consumer.assignment(), "the consumer never joined its group"
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+@asynccontextmanager
+async def transactional(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"kip447-{uuid.uuid4().hex[:8]}")
+    await producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.stop()
+
+
+def group_member(consumer: AIOKafkaConsumer) -> kip447.GroupMember:
+    coordinator = consumer._coordinator
+    return coordinator.generation, coordinator.member_id, None
+
+
+def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kip447.install(stable_offsets=False)
+    # without require_stable the fetch right after a commit may still miss its offsets (the race KIP-447 closes)
+    monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
+    asyncio.run(stale_generation_refused(kafka_bootstrap))
+
+
+async def stale_generation_refused(kafka_bootstrap: str) -> None:
+    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(kafka_bootstrap, [topic], 1)
+    tp = TopicPartition(topic, 0)
+    async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
+        generation, member_id, _ = group_member(consumer)
+        kip447.attach_group_member(producer, lambda: (generation - 1, member_id, None))
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"stale")
+        with pytest.raises(CommitFailedError):
+            await producer.send_offsets_to_transaction({tp: 1}, group)
+        await producer.abort_transaction()
+
+        kip447.attach_group_member(producer, lambda: (generation, member_id, None))
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"current")
+        await producer.send_offsets_to_transaction({tp: 2}, group)
+        await producer.commit_transaction()
+        assert (await consumer.committed(tp)) == 2
+
+
+def test_a_committed_offset_pending_in_an_open_transaction_is_read_once_it_commits(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kip447.install(stable_offsets=False)
+    monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
+    asyncio.run(pending_offset_waits(kafka_bootstrap))
+
+
+async def pending_offset_waits(kafka_bootstrap: str) -> None:
+    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(kafka_bootstrap, [topic], 1)
+    tp = TopicPartition(topic, 0)
+    async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
+        kip447.attach_group_member(producer, lambda: group_member(consumer))
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"first")
+        await producer.send_offsets_to_transaction({tp: 7}, group)
+        # the offsets are pending in the open transaction: the fetch must wait, not return "no offset"
+        fetch = asyncio.ensure_future(consumer._coordinator.fetch_committed_offsets([tp]))
+        await asyncio.sleep(1.5)
+        assert not fetch.done(), f"a pending offset was read before its transaction ended: {fetch.result()}"
+        await producer.commit_transaction()
+        offsets = await asyncio.wait_for(fetch, 10)
+        assert offsets[tp].offset == 7
+
+
+def test_wait_settled_returns_once_no_transaction_is_open(kafka_bootstrap: str) -> None:
+    asyncio.run(settled_after_commit(kafka_bootstrap))
+
+
+async def settled_after_commit(kafka_bootstrap: str) -> None:
+    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(kafka_bootstrap, [topic], 1)
+    tp = TopicPartition(topic, 0)
+    async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"open")
+        waiting = asyncio.ensure_future(kip447.wait_settled(consumer, [tp]))
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), "returned while a transaction was open on the partition"
+        await producer.commit_transaction()
+        await asyncio.wait_for(waiting, 10)
+        assert (await consumer.end_offsets([tp]))[tp] == 2  # the record and the commit marker
