@@ -221,9 +221,7 @@ def _group_txn_offset_commit_handler() -> type:
                         # Kafka's CommitFailedException: this worker is no longer the member that owns these
                         # partitions. Its transaction can only abort; commit_transaction raises this.
                         txn = self._sender._txn_manager
-                        txn.error_transaction(
-                            Errors.CommitFailedError(f"offsets of {topic}[{partition}] refused: {error_type.__name__}")
-                        )
+                        txn.error_transaction(Errors.CommitFailedError(f"offsets of {topic}[{partition}] refused: {error_type.__name__}"))
                         # send_offsets_to_transaction raises it, commit_transaction would again; an abort
                         # does not look at it, and asyncio would log it as never retrieved
                         txn._transaction_waiter.exception()
@@ -290,12 +288,20 @@ def install(stable_offsets: bool) -> None:
         member = getattr(self._txn_manager, "weir_group_member", None)
         if member is None or not offsets:
             return await original(self, offsets, group_id)
+        generation, member_id, group_instance_id = member()
+        if generation < 0 or not member_id:
+            # The consumer left its generation (it was removed from the group: a session timeout). The
+            # coordinator would take transactional offsets of generation -1 from anyone, unchecked: this
+            # worker's partitions may belong to another member already, so the transaction must abort.
+            self._txn_manager.error_transaction(Errors.CommitFailedError(f"not a member of {group_id} (generation {generation})"))
+            self._txn_manager._transaction_waiter.exception()
+            return None
         try:
             node_id = await self._find_coordinator(sender_module.CoordinationType.GROUP, group_id)
         except Errors.GroupAuthorizationFailedError as exc:
             self._txn_manager.error_transaction(exc)
             return None
-        return await handler_class(self, offsets, group_id, member()).do(node_id)
+        return await handler_class(self, offsets, group_id, (generation, member_id, group_instance_id)).do(node_id)
 
     sender_module.Sender._do_txn_offset_commit = _do_txn_offset_commit
 

@@ -75,6 +75,14 @@ async def stale_generation_refused(kafka_bootstrap: str) -> None:
             await producer.send_offsets_to_transaction({tp: 1}, group)
         await producer.abort_transaction()
 
+        # a consumer removed from its group has generation -1 and no member id: the broker would not check those
+        kip447.attach_group_member(producer, lambda: (-1, "", None))
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"removed")
+        with pytest.raises(CommitFailedError):
+            await producer.send_offsets_to_transaction({tp: 1}, group)
+        await producer.abort_transaction()
+
         kip447.attach_group_member(producer, lambda: (generation, member_id, None))
         await producer.begin_transaction()
         await producer.send_and_wait(topic, b"current")
