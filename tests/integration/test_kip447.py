@@ -53,9 +53,7 @@ def group_member(consumer: AIOKafkaConsumer) -> kip447.GroupMember:
     return coordinator.generation, coordinator.member_id, None
 
 
-def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     kip447.install(stable_offsets=False)
     # without require_stable the fetch right after a commit may still miss its offsets (the race KIP-447 closes)
     monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
