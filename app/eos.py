@@ -1,7 +1,9 @@
 """Exactly-once on Faust, made sound: transaction routing by source partition and a fresh local state.
 
 Faust (0.15) implements exactly-once with one transactional producer per assigned source partition
-(Kafka's EOS v1) but has gaps that lose or duplicate data under a crash:
+(Kafka's EOS v1). weir runs one per worker by default instead (EOS v2, ``WEIR_TRANSACTIONS=per_worker``,
+fenced by the consumer group's generation: :mod:`app.kip447`); with ``per_partition`` it keeps Faust's
+layout. Faust's implementation has gaps that lose or duplicate data under a crash:
 
 * it picks the transaction of a send by the *destination* partition (faust-streaming/faust#517), so an
   output to another topic or partition lands in a transaction that commits without the source offset,
@@ -81,9 +83,11 @@ def trace(what: str, tp: TP, offset: int) -> None:
 
 
 class WeirTransactionManager(TransactionManager):
-    """Faust's transaction manager with one transaction per source partition that every send joins.
+    """Faust's transaction manager: one transaction per worker (``WORKER_TRANSACTION``), or one per source
+    partition that every send made for that partition's events joins.
 
-    A transactional id is ``<app id>-<n>p-<partition>`` where ``n`` is the topic's partition count: the
+    Per worker, the id is ``<app id>-worker-<WEIR_WORKER_ID or a random id per start>``. Per partition, a
+    transactional id is ``<app id>-<n>p-<partition>`` where ``n`` is the topic's partition count: the
     topics one worker consumes, and its tables' changelogs, are co-partitioned (the assignor gives
     partition ``i`` of all of them to the same member), so partition ``i`` of all of them shares one
     transaction, the one that also commits their offsets. Faust's own grouping reads the assignor's

@@ -115,10 +115,10 @@ class Settings:
     #: WEIR_COMMIT_IDLE_MS: commit as soon as no event has been processed for this long (0: only every
     #: commit_interval), spaced by twice the last commit's duration. Under load commits come every commit_interval.
     commit_idle_ms: int = 3
-    #: WEIR_TRANSACTIONS (exactly_once): "per_partition" (Kafka's EOS v1, as Faust: one transaction per source
-    #: partition, fenced by its transactional id) or "per_worker" (EOS v2, KIP-447: one transaction per worker,
-    #: fenced by the consumer group's generation; see app/kip447.py).
-    transactions: str = "per_partition"
+    #: WEIR_TRANSACTIONS (exactly_once): "per_worker" (Kafka's EOS v2, KIP-447: one transaction per worker,
+    #: fenced by the consumer group's generation; see app/kip447.py) or "per_partition" (EOS v1, Faust's layout:
+    #: one transaction per source partition, fenced by its transactional id).
+    transactions: str = "per_worker"
     #: WEIR_WORKER_ID (per_worker): this worker's transactional id suffix; unique per worker and kept across its
     #: restarts, a restart then ends the transaction its killed predecessor left open at once. Empty: a new
     #: random id at each start, and a peer taking over waits up to WEIR_TRANSACTION_TIMEOUT_MS for it.

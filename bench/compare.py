@@ -74,7 +74,7 @@ from tables.triggers import (
 
 PARTITIONS = 4
 ITEMS = 10
-SECTIONS = ("raw", "faust", "weir", "quix", "triggers", "eof", "barrier")
+SECTIONS = ("raw", "faust", "weir", "weir-v1", "quix", "triggers", "eof", "barrier")
 #: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
 TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_child_status", "trigger_sweep", "trigger_fired_deadlines")
 EOF_LINES_PER_BATCH = 20
@@ -358,9 +358,21 @@ def _profiler(workers: dict[str, int], out_dir: Path | None, seconds: int) -> Ca
     return start
 
 
-def run_weir(ctx: Context, orders: int, rate: float, light_seconds: float, profile: Path | None, profile_seconds: int) -> None:
-    prefix = f"cmp-{ctx.run_id}.weir."
-    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"cmp-{ctx.run_id}-weir", "WEIR_GUARANTEE": "exactly_once"}
+def run_weir(
+    ctx: Context,
+    orders: int,
+    rate: float,
+    light_seconds: float,
+    profile: Path | None,
+    profile_seconds: int,
+    transactions: str | None = None,
+) -> None:
+    """The split/aggregate pipeline; ``transactions``: WEIR_TRANSACTIONS for its workers (None: the default)."""
+    label = "weir" if transactions is None else f"weir, {transactions} transactions"
+    prefix = f"cmp-{ctx.run_id}.{'weir' if transactions is None else 'weir-' + transactions}."
+    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": prefix.rstrip(".").replace(".", "-"), "WEIR_GUARANTEE": "exactly_once"}
+    if transactions is not None:
+        env["WEIR_TRANSACTIONS"] = transactions
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     asyncio.run(ensure_topics(ctx.bootstrap, names, PARTITIONS))
     stages = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
@@ -382,7 +394,7 @@ def run_weir(ctx: Context, orders: int, rate: float, light_seconds: float, profi
                 if worker.process is not None and worker.process.poll() is not None:
                     raise RuntimeError(f"weir worker {worker.agents} exited ({worker.log_path})")
 
-        pipeline = Pipeline("weir", f"{prefix}orders", f"{prefix}aggregates", pids, alive)
+        pipeline = Pipeline(label, f"{prefix}orders", f"{prefix}aggregates", pids, alive)
         _measure_pipeline(ctx, pipeline, orders, rate, light_seconds, _profiler(pids, profile, profile_seconds))
     finally:
         for worker in workers.values():
@@ -767,6 +779,7 @@ def main() -> None:
         "raw": lambda: run_raw(ctx, raw_messages),
         "faust": lambda: run_faust(ctx, faust_messages),
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
+        "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
         "quix": lambda: run_quix(ctx, orders, args.rate, light_seconds),
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
         "eof": lambda: run_eof(ctx, eof_clients, eof_batches),

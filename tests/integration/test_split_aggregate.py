@@ -173,16 +173,20 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
     assert {letter["agent"] for letter in letters} == {"splitter", "items", "aggregator"}
 
 
-@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
-def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee: str) -> None:
-    """Two workers run every agent; one is SIGKILLed while orders flow. Under exactly_once no order's
-    result is visible twice to a read_committed consumer; under at_least_once none is lost (duplicates
-    of a result are allowed there and counted)."""
+@pytest.mark.parametrize(
+    ("guarantee", "transactions"),
+    [("exactly_once", "per_worker"), ("exactly_once", "per_partition"), ("at_least_once", "per_worker")],
+)
+def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee: str, transactions: str) -> None:
+    """Two workers run every agent; one is SIGKILLed while orders flow. Under exactly_once (one transaction
+    per worker, the default, or one per source partition) no order's result is visible twice to a
+    read_committed consumer; under at_least_once none is lost (duplicates of a result are allowed there
+    and counted)."""
     create_topics(pipeline)
     orders = make_orders(400, seed=11, max_items=10, sleep_s=0.01)
     # A long group timeout: the takeover (session timeout, rebalance, changelog restore) must not turn a
     # slow order into a partial one; this test is about loss and duplication.
-    settings = {"WEIR_GUARANTEE": guarantee, "WEIR_AGGREGATE_TIMEOUT_MS": 180_000}
+    settings = {"WEIR_GUARANTEE": guarantee, "WEIR_TRANSACTIONS": transactions, "WEIR_AGGREGATE_TIMEOUT_MS": 180_000}
     first = pipeline.start_worker("all", **settings)
     second = pipeline.start_worker("all", **settings)
     first.wait_ready()
