@@ -611,8 +611,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
 
         Between batches every fetched record has been delivered, so a fetch position past the next offset
         to deliver means records were consumed from the client and dropped (seen around a takeover: the
-        records after the last delivered one never came again). A transaction marker at the end of a
-        partition also leaves the position one ahead: that case costs one harmless seek every few seconds.
+        records after the last delivered one never came again). Offsets the fetcher stepped over itself
+        (:class:`SkippedOffsets`: transaction markers, aborted records) are not such a gap.
         """
         now = time.monotonic()
         if now - self.__dict__.get("_weir_watched", 0.0) < self.STUCK_AFTER_S / 2:
@@ -635,7 +635,10 @@ class WeirConsumer(aiokafka_driver.Consumer):
                     position = state.position if state is not None and state.has_valid_position else None
                 except (KeyError, AssertionError, AttributeError):  # revoked or being reset meanwhile
                     position = None
-            if position is None or position <= next_offset:
+            if position is None or position <= next_offset or skipped_offsets.covers(tp.topic, tp.partition, next_offset, position):
+                # nothing ahead, or only what the fetcher stepped over itself: transaction markers and aborted
+                # records at the end of the partition (a rewind would only step over them again, and kept a
+                # changelog's recovery from seeing its position reach the end: Faust looks every 5 s)
                 watch.pop(tp, None)
                 continue
             seen = watch.get(tp)
