@@ -53,33 +53,42 @@ def group_member(consumer: AIOKafkaConsumer) -> kip447.GroupMember:
     return coordinator.generation, coordinator.member_id, None
 
 
-def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def fresh_topic(bootstrap: str) -> tuple[str, str, TopicPartition]:
+    """A new one-partition topic, a new group name, and the topic's partition."""
+    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(bootstrap, [topic], 1)
+    return topic, group, TopicPartition(topic, 0)
+
+
+@pytest.fixture
+def stable_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The v3 offset commit installed, and this test's committed-offset fetches with require_stable."""
     kip447.install(stable_offsets=False)
-    # without require_stable the fetch right after a commit may still miss its offsets (the race KIP-447 closes)
     monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
+
+
+async def assert_refused(producer: AIOKafkaProducer, member: kip447.GroupMember, tp: TopicPartition, group: str) -> None:
+    """Offsets committed in a transaction as ``member`` are refused, and the transaction can only abort."""
+    kip447.attach_group_member(producer, lambda: member)
+    await producer.begin_transaction()
+    await producer.send_and_wait(tp.topic, b"refused")
+    with pytest.raises(CommitFailedError):
+        await producer.send_offsets_to_transaction({tp: 1}, group)
+    await producer.abort_transaction()
+
+
+def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(kafka_bootstrap: str, stable_offsets: None) -> None:
+    # (require_stable: the fetch right after a commit might otherwise still miss its offsets, the race KIP-447 closes)
     asyncio.run(stale_generation_refused(kafka_bootstrap))
 
 
 async def stale_generation_refused(kafka_bootstrap: str) -> None:
-    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
-    await ensure_topics(kafka_bootstrap, [topic], 1)
-    tp = TopicPartition(topic, 0)
+    topic, group, tp = await fresh_topic(kafka_bootstrap)
     async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
         generation, member_id, _ = group_member(consumer)
-        kip447.attach_group_member(producer, lambda: (generation - 1, member_id, None))
-        await producer.begin_transaction()
-        await producer.send_and_wait(topic, b"stale")
-        with pytest.raises(CommitFailedError):
-            await producer.send_offsets_to_transaction({tp: 1}, group)
-        await producer.abort_transaction()
-
+        await assert_refused(producer, (generation - 1, member_id, None), tp, group)
         # a consumer removed from its group has generation -1 and no member id: the broker would not check those
-        kip447.attach_group_member(producer, lambda: (-1, "", None))
-        await producer.begin_transaction()
-        await producer.send_and_wait(topic, b"removed")
-        with pytest.raises(CommitFailedError):
-            await producer.send_offsets_to_transaction({tp: 1}, group)
-        await producer.abort_transaction()
+        await assert_refused(producer, (-1, "", None), tp, group)
 
         kip447.attach_group_member(producer, lambda: (generation, member_id, None))
         await producer.begin_transaction()
@@ -89,18 +98,12 @@ async def stale_generation_refused(kafka_bootstrap: str) -> None:
         assert (await consumer.committed(tp)) == 2
 
 
-def test_a_committed_offset_pending_in_an_open_transaction_is_read_once_it_commits(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kip447.install(stable_offsets=False)
-    monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
+def test_a_committed_offset_pending_in_an_open_transaction_is_read_once_it_commits(kafka_bootstrap: str, stable_offsets: None) -> None:
     asyncio.run(pending_offset_waits(kafka_bootstrap))
 
 
 async def pending_offset_waits(kafka_bootstrap: str) -> None:
-    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
-    await ensure_topics(kafka_bootstrap, [topic], 1)
-    tp = TopicPartition(topic, 0)
+    topic, group, tp = await fresh_topic(kafka_bootstrap)
     async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
         kip447.attach_group_member(producer, lambda: group_member(consumer))
         await producer.begin_transaction()
@@ -120,9 +123,7 @@ def test_wait_settled_returns_once_no_transaction_is_open(kafka_bootstrap: str) 
 
 
 async def settled_after_commit(kafka_bootstrap: str) -> None:
-    topic, group = f"kip447-{uuid.uuid4().hex[:8]}", f"kip447-g-{uuid.uuid4().hex[:8]}"
-    await ensure_topics(kafka_bootstrap, [topic], 1)
-    tp = TopicPartition(topic, 0)
+    topic, group, tp = await fresh_topic(kafka_bootstrap)
     async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
         await producer.begin_transaction()
         await producer.send_and_wait(topic, b"open")
