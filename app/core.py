@@ -383,14 +383,15 @@ async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncI
 async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -> None:
     """Hand a batch to ``handle_part`` one source partition at a time, each part inside one exactly-once scope.
 
-    No commit can start while a batch is handled. Each partition has its own transaction: while its part is
-    handled Faust's current event is the part's last event (tables use that partition's store and changelog,
-    sends join its transaction) and each table key is written once (``eos.part_scope``). Every event of
-    the batch is acked before the batch leaves the commit gate, and every send and changelog write of it
-    is delivered before a commit covers it (by the batch under at_least_once, by the next commit under
-    exactly_once: ``eos.batch_scope``), so the commit that covers one of its offsets covers all of them and
-    all they wrote and sent. Events of an older consumer generation are acked without processing, as Faust's own
-    stream does: the partition's new owner gets them again from the committed offset.
+    No commit can start while a batch is handled. While a partition's part is handled Faust's current event
+    is the part's last event (tables use that partition's store and changelog, sends join the transaction
+    that commits that partition's offsets: the worker's one, or the partition's own under per_partition)
+    and each table key is written once (``eos.part_scope``). Every event of the batch is acked before the
+    batch leaves the commit gate, and every send and changelog write of it is delivered before a commit
+    covers it (by the batch under at_least_once, by the next commit under exactly_once:
+    ``eos.batch_scope``), so the commit that covers one of its offsets covers all of them and all they wrote
+    and sent. Events of an older consumer generation are acked without processing, as Faust's own stream
+    does: the partition's new owner gets them again from the committed offset.
     """
     began = time.monotonic()
     async with eos.batch_scope() as scope:

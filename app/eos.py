@@ -194,7 +194,7 @@ class WeirTransactionManager(TransactionManager):
         for tp, offset in offsets.items():
             by_transaction.setdefault(self._transactional_id(tp.topic, tp.partition), {})[tp] = offset
         try:
-            # One transaction per source partition, each on its own producer: they commit side by side.
+            # One transaction per worker, or one per source partition, each on its own producer, side by side.
             await asyncio.gather(
                 *(self._commit_one(txn_id, txn_offsets, start_new_transaction) for txn_id, txn_offsets in by_transaction.items())
             )
@@ -506,7 +506,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         The handler sleeps on events (work handled, the gate going idle), not on a polling timer: a
         commit starts ``COMMIT_IDLE_S`` after the last batch ended, not up to half of it later.
 
-        A commit holds every batch back while it runs (a few broker round trips per source partition).
+        A commit holds every batch back while it runs (a few broker round trips, per source partition
+        under ``per_partition``).
         Under a moderate load the gate is idle often, and committing at each pause spent most of the time
         committing: a worker offered 150 orders/s fell behind. So a commit started by a pause comes at
         least ``COMMIT_SPACING`` times the last commit's duration after it: at most a third of the time
@@ -1201,7 +1202,7 @@ def install(worker_transaction: str | None = None, transaction_timeout_ms: int =
     aiokafka_driver.Transport.TransactionManager = WeirTransactionManager
     aiokafka_driver.Transport.Consumer = WeirConsumer
     aiokafka_driver.Transport.Producer = WeirProducer
-    kip447.install(stable_offsets=worker_transaction is not None)
+    kip447.install(per_worker=worker_transaction is not None)
     _note_skipped_offsets()
 
 

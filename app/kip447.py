@@ -20,8 +20,8 @@ It stays exactly-once because the fencing moves from the transactional id to the
 
 aiokafka (0.14) sends ``TxnOffsetCommit`` v0 and ``OffsetFetch`` up to v3: neither carries these fields.
 This module defines the two requests and installs them into aiokafka's producer sender and group
-coordinator; they are used only by producers given a group member (:func:`attach_group_member`) and
-only when :func:`install` was called with ``stable_offsets=True``.
+coordinator: the v3 commit is sent only by producers given a group member (:func:`attach_group_member`),
+the stable fetch only after :func:`install` with ``per_worker=True``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 from aiokafka import errors as Errors
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -50,6 +50,11 @@ GroupMember = tuple[int, str, str | None]
 _FENCED_MEMBER = (Errors.IllegalGenerationError, Errors.UnknownMemberIdError)
 
 
+def _per_topic(name: str, partitions: Any) -> CompactArray:
+    """The flexible versions' ``[(topic name, partitions, tags)]`` array, as every schema here has one."""
+    return CompactArray((name, CompactString("utf-8")), ("partitions", partitions), ("tags", TaggedFields))
+
+
 class UnstableOffsetCommitError(Errors.BrokerResponseError):  # type: ignore[misc]
     """A transaction with offsets for the partition is still open: ask again (Kafka's error 88)."""
 
@@ -64,14 +69,7 @@ class TxnOffsetCommitResponse_v3(Response):  # type: ignore[misc]
     API_VERSION = 3
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        (
-            "topics",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                ("partitions", CompactArray(("partition", Int32), ("error_code", Int16), ("tags", TaggedFields))),
-                ("tags", TaggedFields),
-            ),
-        ),
+        ("topics", _per_topic("name", CompactArray(("partition", Int32), ("error_code", Int16), ("tags", TaggedFields)))),
         ("tags", TaggedFields),
     )
 
@@ -91,19 +89,15 @@ class TxnOffsetCommitRequest_v3(RequestStruct):  # type: ignore[misc]
         ("group_instance_id", CompactString("utf-8")),
         (
             "topics",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("partition", Int32),
-                        ("offset", Int64),
-                        ("leader_epoch", Int32),
-                        ("metadata", CompactString("utf-8")),
-                        ("tags", TaggedFields),
-                    ),
+            _per_topic(
+                "name",
+                CompactArray(
+                    ("partition", Int32),
+                    ("offset", Int64),
+                    ("leader_epoch", Int32),
+                    ("metadata", CompactString("utf-8")),
+                    ("tags", TaggedFields),
                 ),
-                ("tags", TaggedFields),
             ),
         ),
         ("tags", TaggedFields),
@@ -141,20 +135,16 @@ class OffsetFetchResponse_v7(Response):  # type: ignore[misc]
         ("throttle_time_ms", Int32),
         (
             "topics",
-            CompactArray(
-                ("topic", CompactString("utf-8")),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("partition", Int32),
-                        ("offset", Int64),
-                        ("leader_epoch", Int32),
-                        ("metadata", CompactString("utf-8")),
-                        ("error_code", Int16),
-                        ("tags", TaggedFields),
-                    ),
+            _per_topic(
+                "topic",
+                CompactArray(
+                    ("partition", Int32),
+                    ("offset", Int64),
+                    ("leader_epoch", Int32),
+                    ("metadata", CompactString("utf-8")),
+                    ("error_code", Int16),
+                    ("tags", TaggedFields),
                 ),
-                ("tags", TaggedFields),
             ),
         ),
         ("error_code", Int16),
@@ -169,7 +159,7 @@ class OffsetFetchRequest_v7(RequestStruct):  # type: ignore[misc]
     RESPONSE_TYPE = OffsetFetchResponse_v7
     SCHEMA = Schema(
         ("group_id", CompactString("utf-8")),
-        ("topics", CompactArray(("topic", CompactString("utf-8")), ("partitions", CompactArray(Int32)), ("tags", TaggedFields))),
+        ("topics", _per_topic("topic", CompactArray(Int32))),
         ("require_stable", Boolean),
         ("tags", TaggedFields),
     )
@@ -189,6 +179,16 @@ class StableOffsetFetchRequest(Request[OffsetFetchRequest_v7]):  # type: ignore[
 
     def build(self, request_struct_class: type[OffsetFetchRequest_v7]) -> OffsetFetchRequest_v7:
         return request_struct_class(self._group_id, self._topics, True, {})
+
+
+def _refuse(txn_manager: Any, reason: str) -> None:
+    """Fail the transaction with Kafka's CommitFailedException: it can only abort now.
+
+    ``send_offsets_to_transaction`` raises it, ``commit_transaction`` would again; an abort does not look at
+    it, and asyncio would log it as never retrieved.
+    """
+    txn_manager.error_transaction(Errors.CommitFailedError(reason))
+    txn_manager._transaction_waiter.exception()
 
 
 def attach_group_member(producer: Any, member: Callable[[], GroupMember]) -> None:
@@ -218,13 +218,8 @@ def _group_txn_offset_commit_handler() -> type:
                 for partition, error_code, _ in partitions:
                     error_type = Errors.for_code(error_code)
                     if error_type in _FENCED_MEMBER:
-                        # Kafka's CommitFailedException: this worker is no longer the member that owns these
-                        # partitions. Its transaction can only abort; commit_transaction raises this.
-                        txn = self._sender._txn_manager
-                        txn.error_transaction(Errors.CommitFailedError(f"offsets of {topic}[{partition}] refused: {error_type.__name__}"))
-                        # send_offsets_to_transaction raises it, commit_transaction would again; an abort
-                        # does not look at it, and asyncio would log it as never retrieved
-                        txn._transaction_waiter.exception()
+                        # this worker is no longer the member that owns these partitions
+                        _refuse(self._sender._txn_manager, f"offsets of {topic}[{partition}] refused: {error_type.__name__}")
                         return None
                 errors.append((topic, [(partition, error_code) for partition, error_code, _ in partitions]))
             return super().handle_response(SimpleNamespace(errors=errors))
@@ -244,11 +239,11 @@ async def _stable_fetch_commit_offsets(self: Any, partitions: Any) -> dict[Topic
     for topic, topic_partitions, _ in response.topics:
         for partition, offset, _, metadata, error_code, _ in topic_partitions:
             tp = TopicPartition(topic, partition)
-            error_type = Errors.for_code(error_code) if error_code != UnstableOffsetCommitError.errno else UnstableOffsetCommitError
-            if error_type is UnstableOffsetCommitError:
+            if error_code == UnstableOffsetCommitError.errno:
                 # fetch_committed_offsets retries a retriable error after its backoff
                 log.info("committed offset of %s is pending in an open transaction: waiting for it to end", tp)
                 raise UnstableOffsetCommitError()
+            error_type = Errors.for_code(error_code)
             if error_type is not Errors.NoError:
                 if error_type is Errors.NotCoordinatorForGroupError:
                     self.coordinator_dead()
@@ -270,25 +265,21 @@ async def _stable_fetch_commit_offsets(self: Any, partitions: Any) -> dict[Topic
 CONCURRENT_TRANSACTIONS_BACKOFF_S = 0.005
 
 
-class _Installed:
-    done: ClassVar[bool] = False
-
-
-def install(stable_offsets: bool) -> None:
-    """Teach aiokafka's sender the v3 offset commit (for producers with a group member); with
-    ``stable_offsets``, make every committed-offset fetch of this process wait for open transactions."""
+def install(per_worker: bool) -> None:
+    """Teach aiokafka's sender the v3 offset commit (for producers with a group member); with ``per_worker``
+    (this process runs one transaction per worker), make every committed-offset fetch wait for open
+    transactions, and a transaction's first partitions ask again sooner while the last commit ends."""
     from aiokafka.consumer.group_coordinator import GroupCoordinator
     from aiokafka.producer import sender as sender_module
 
-    if stable_offsets:
+    if per_worker:
         GroupCoordinator._do_fetch_commit_offsets = _stable_fetch_commit_offsets
         # One transaction per worker begins again right after each commit: its first AddPartitionsToTxn
         # often meets the last commit's markers still being written (CONCURRENT_TRANSACTIONS) and waits
         # aiokafka's 20 ms before asking again, on every hop of a lightly loaded pipeline.
         sender_module.BACKOFF_OVERRIDE = CONCURRENT_TRANSACTIONS_BACKOFF_S
-    if _Installed.done:
+    if getattr(sender_module.Sender._do_txn_offset_commit, "_weir_group_member", False):
         return
-    _Installed.done = True
     handler_class = _group_txn_offset_commit_handler()
     original = sender_module.Sender._do_txn_offset_commit
 
@@ -301,8 +292,7 @@ def install(stable_offsets: bool) -> None:
             # The consumer left its generation (it was removed from the group: a session timeout). The
             # coordinator would take transactional offsets of generation -1 from anyone, unchecked: this
             # worker's partitions may belong to another member already, so the transaction must abort.
-            self._txn_manager.error_transaction(Errors.CommitFailedError(f"not a member of {group_id} (generation {generation})"))
-            self._txn_manager._transaction_waiter.exception()
+            _refuse(self._txn_manager, f"not a member of {group_id} (generation {generation})")
             return None
         try:
             node_id = await self._find_coordinator(sender_module.CoordinationType.GROUP, group_id)
@@ -311,6 +301,7 @@ def install(stable_offsets: bool) -> None:
             return None
         return await handler_class(self, offsets, group_id, (generation, member_id, group_instance_id)).do(node_id)
 
+    _do_txn_offset_commit._weir_group_member = True  # type: ignore[attr-defined]
     sender_module.Sender._do_txn_offset_commit = _do_txn_offset_commit
 
 

@@ -63,7 +63,7 @@ async def fresh_topic(bootstrap: str) -> tuple[str, str, TopicPartition]:
 @pytest.fixture
 def stable_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
     """The v3 offset commit installed, and this test's committed-offset fetches with require_stable."""
-    kip447.install(stable_offsets=False)
+    kip447.install(per_worker=False)
     monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
 
 
