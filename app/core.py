@@ -6,7 +6,6 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
 eos.install(
-    (settings.worker_id or uuid.uuid4().hex[:12]) if settings.transactions == "per_worker" else None,
+    settings.worker_id if settings.transactions == "per_worker" else None,
     settings.transaction_timeout_ms,
 )
 

@@ -29,6 +29,7 @@ import contextvars
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 import types
@@ -86,7 +87,7 @@ class WeirTransactionManager(TransactionManager):
     """Faust's transaction manager: one transaction per worker (``WORKER_TRANSACTION``), or one per source
     partition that every send made for that partition's events joins.
 
-    Per worker, the id is ``<app id>-worker-<WEIR_WORKER_ID or a random id per start>``. Per partition, a
+    Per worker, the id is ``<app id>-worker-<WEIR_WORKER_ID or worker_slot()>``. Per partition, a
     transactional id is ``<app id>-<n>p-<partition>`` where ``n`` is the topic's partition count: the
     topics one worker consumes, and its tables' changelogs, are co-partitioned (the assignor gives
     partition ``i`` of all of them to the same member), so partition ``i`` of all of them shares one
@@ -100,7 +101,7 @@ class WeirTransactionManager(TransactionManager):
 
     def _transactional_id(self, topic: str, partition: int) -> str:
         if WORKER_TRANSACTION is not None:
-            return f"{self.app.conf.id}-worker-{WORKER_TRANSACTION}"
+            return f"{self.app.conf.id}-worker-{WORKER_TRANSACTION or worker_slot(self.app.conf.web_port)}"
         return f"{self.app.conf.id}-{self._partition_count(topic)}p-{partition}"
 
     def _partition_count(self, topic: str) -> int:
@@ -255,6 +256,7 @@ class WeirProducer(aiokafka_driver.Producer):
     def _new_producer(self, transactional_id: str | None = None) -> Any:
         producer = super()._new_producer(transactional_id=transactional_id)
         if transactional_id is not None and WORKER_TRANSACTION is not None:
+            log.info("exactly_once: this worker's transactions run under transactional id %s", transactional_id)
             kip447.attach_group_member(producer, self._group_member)
         return producer
 
@@ -1190,11 +1192,25 @@ def ack_handled(event: EventT[Any]) -> None:
     event.ack()
 
 
+def worker_slot(web_port: int) -> str:
+    """The default per-worker transaction id suffix: ``<host name>-<web port>``.
+
+    Unique among live workers: two workers of one host cannot both listen on one port, and a worker's web
+    server is up before its consumer joins the group, i.e. before its first transaction (a second worker
+    started on a taken port stops before it could fence the first one). Kept across restarts: a worker
+    restarted on its host and port (a service manager's restart, a container's) ends the transaction its
+    killed predecessor left open when it starts, instead of its partitions waiting for the transaction
+    timeout. The port is read when the first transaction starts, after ``faust worker --web-port``.
+    """
+    return f"{socket.gethostname()}-{web_port}"
+
+
 def install(worker_transaction: str | None = None, transaction_timeout_ms: int = 10_000) -> None:
     """Make every Faust app in this process use weir's transaction manager, consumer and producer.
 
-    ``worker_transaction``: run one transaction per worker under that id suffix (KIP-447, :mod:`app.kip447`)
-    instead of one per source partition; committed-offset fetches then wait for open transactions.
+    ``worker_transaction``: run one transaction per worker under that id suffix ("": :func:`worker_slot`;
+    KIP-447, :mod:`app.kip447`) instead of one per source partition (None); committed-offset fetches then wait
+    for open transactions.
     """
     global WORKER_TRANSACTION, TRANSACTION_TIMEOUT_MS
     WORKER_TRANSACTION = worker_transaction

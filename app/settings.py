@@ -119,9 +119,10 @@ class Settings:
     #: fenced by the consumer group's generation; see app/kip447.py) or "per_partition" (EOS v1, Faust's layout:
     #: one transaction per source partition, fenced by its transactional id).
     transactions: str = "per_worker"
-    #: WEIR_WORKER_ID (per_worker): this worker's transactional id suffix; unique per worker and kept across its
-    #: restarts, a restart then ends the transaction its killed predecessor left open at once. Empty: a new
-    #: random id at each start, and a peer taking over waits up to WEIR_TRANSACTION_TIMEOUT_MS for it.
+    #: WEIR_WORKER_ID (per_worker): this worker's transactional id suffix; unique among live workers and kept
+    #: across its restarts, a restart then ends the transaction its killed predecessor left open at once.
+    #: Empty: "<host name>-<web port>" (app.eos.worker_slot). A peer taking over from a worker that does not
+    #: come back waits up to WEIR_TRANSACTION_TIMEOUT_MS for its open transaction.
     worker_id: str = ""
     #: WEIR_TRANSACTION_TIMEOUT_MS (per_worker): how long the broker keeps a dead worker's transaction open.
     transaction_timeout_ms: int = 10_000

@@ -174,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         while not done.wait(rng.uniform(0.75, 1.25) * arguments.kill_every):
             stage = rng.choice(victims)
             group = workers[stage]
-            group.pop(rng.randrange(len(group))).kill()
+            victim = group.pop(rng.randrange(len(group)))
+            victim.kill()
             kills[stage] += 1
-            group.append(pipeline.start_worker(stage, **SHOP_ENV, **env))
+            # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
+            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, **env))
             if chunks:
                 batch = [(pipeline.topic(name), key, value) for name, key, value in chunks.pop()]
                 garbage_positions.extend(asyncio.run(send_raw(pipeline.bootstrap, batch)))

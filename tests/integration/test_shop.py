@@ -135,7 +135,8 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
             victim = group.pop(rng.randrange(len(group)))
             victim.kill()
             kills.append(stage)
-            group.append(pipeline.start_worker(stage, **SHOP_ENV, WEIR_SHOP_DISPATCH_TIMEOUT_MS=600_000))
+            # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
+            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, WEIR_SHOP_DISPATCH_TIMEOUT_MS=600_000))
 
     killer = threading.Thread(target=chaos, daemon=True)
     killer.start()

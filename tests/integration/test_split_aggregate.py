@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
+import socket
 import time
 from collections import Counter
 from typing import Any
@@ -12,6 +14,7 @@ import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, produce, produce_json, read_topic
+from app.processes import WorkerProcess
 from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -235,6 +238,10 @@ def test_late_items_are_counted_by_index_and_never_merged(pipeline: Pipeline) ->
     assert len(read_json(pipeline, "aggregates", expected=2, timeout_s=3)) == 1, "a late item must not complete the group again"
 
 
+def transactional_ids(worker: WorkerProcess) -> set[str]:
+    return set(re.findall(r"transactions run under transactional id (\S+)", worker.log_text()))
+
+
 def test_a_deadline_survives_a_worker_crash(pipeline: Pipeline) -> None:
     """The deadline lives in the table: a group whose deadline passes while its worker is down
     completes as soon as the partition has an owner again."""
@@ -253,9 +260,13 @@ def test_a_deadline_survives_a_worker_crash(pipeline: Pipeline) -> None:
     worker.kill()
     assert not read_json(pipeline, "aggregates", expected=1, timeout_s=1), "completed before the crash: the test proves nothing"
     time.sleep(max(0.0, deadline_ms / 1000 - time.time()) + 1)
-    restarted = pipeline.start_worker("all")
+    restarted = pipeline.start_worker("all", web_port=worker.web_port)
     restarted.wait_ready()
     [result] = read_json(pipeline, "aggregates", expected=1, timeout_s=30)
+    # Restarted on its port, it ran under its predecessor's transactional id (and so ended its open transaction).
+    [before] = transactional_ids(worker)
+    assert before.endswith(f"-worker-{socket.gethostname()}-{worker.web_port}"), before
+    assert transactional_ids(restarted) == {before}
     assert (result["status"], result["reason"], result["missing"]) == ("partial", "timeout", [1])
     assert result["items"][0] == {"index": 0, "status": "ok", "result": result["items"][0]["result"]}
     assert result["items"][0]["result"]["value"] == "kept"
