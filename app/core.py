@@ -40,6 +40,7 @@ settings: Settings = load_settings()
 eos.install(
     settings.worker_id if settings.transactions == "per_worker" else None,
     settings.transaction_timeout_ms,
+    settings.worker_id if settings.static_membership else None,
 )
 
 

@@ -234,6 +234,15 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     read_committed consumer's ``end_offsets`` is the last stable offset, from the broker.
     """
 
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        if STATIC_MEMBER is not None:
+            # Static membership (KIP-345): a worker restarted under its instance id within the session timeout
+            # gets its partitions back without a rebalance of the group; it does not leave the group on a stop.
+            consumer._group_instance_id = STATIC_MEMBER or worker_slot(self.app.conf.web_port)
+            log.info("static group membership: instance id %s", consumer._group_instance_id)
+        return consumer
+
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         consumer = self._ensure_consumer()
         if WORKER_TRANSACTION is not None:
@@ -345,6 +354,49 @@ def _note_skipped_offsets() -> None:
     records_class.__init__ = __init__
     records_class.__next__ = __next__
     records_class._weir_notes_skips = True
+
+
+def _fetch_position(app: Any, tp: TP) -> int | None:
+    """The consumer's fetch position of ``tp`` now (None: not assigned, or no position yet)."""
+    try:
+        client = app.consumer._thread._consumer
+        state = client._subscription.subscription.assignment.state_value(tp)
+        return int(state.position) if state is not None and state.has_valid_position else None
+    except (AttributeError, KeyError, AssertionError):  # not started, revoked or being reset meanwhile
+        return None
+
+
+def _end_restores_at_markers() -> None:
+    """Make Faust's recovery see that a changelog partition whose tail is transaction markers is restored.
+
+    Recovery ends a partition's restore once it has seen the record at its "highwater" (end offset - 1).
+    Under transactions the last offset of a changelog is a commit (or abort) marker, which no fetch
+    returns: Faust waited for two 5-second timeouts of its changelog queue before it looked at the fetch
+    position ("Aborted tx until highwater"), so every restore of a non-empty changelog, at every
+    rebalance and every restart, took 10 s more. Here a partition is restored as soon as the fetch
+    position is past its highwater and every offset after the last record recovery saw was stepped over
+    by the fetcher itself (:class:`SkippedOffsets`: markers, aborted records): no record is on its way.
+    """
+    from faust.tables.recovery import Recovery
+
+    if getattr(Recovery, "_weir_ends_at_markers", False):
+        return
+    original: Any = Recovery.need_recovery
+
+    def need_recovery(self: Any) -> bool:
+        if self.app.in_transaction:
+            offsets = self.active_offsets
+            for tp, highwater in list(self.active_highwaters.items()):
+                seen = offsets.get(tp)
+                if highwater is None or seen is None or seen >= highwater:
+                    continue
+                position = _fetch_position(self.app, tp)
+                if position is not None and position > highwater and skipped_offsets.covers(tp.topic, tp.partition, seen + 1, position):
+                    offsets[tp] = highwater  # what Faust's own "Aborted tx until highwater" sets, 10 s later
+        return bool(original(self))
+
+    Recovery.need_recovery = need_recovery  # type: ignore[method-assign]
+    Recovery._weir_ends_at_markers = True  # type: ignore[attr-defined]
 
 
 class WeirConsumer(aiokafka_driver.Consumer):
@@ -1026,6 +1078,9 @@ class WeirTopic(faust.Topic):  # type: ignore[misc]
 #: Set by install() from WEIR_TRANSACTIONS=per_worker: the suffix of this worker's one transactional id (None:
 #: one transaction per source partition).
 WORKER_TRANSACTION: str | None = None
+#: Set by install() from WEIR_STATIC_MEMBERSHIP: this worker's group instance id ("": worker_slot(); None: a
+#: dynamic member).
+STATIC_MEMBER: str | None = None
 #: Set by install() from WEIR_TRANSACTION_TIMEOUT_MS: the transaction timeout of a per-worker transaction.
 TRANSACTION_TIMEOUT_MS = 10_000
 #: Set by app.core from WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: fixed interval).
@@ -1205,21 +1260,24 @@ def worker_slot(web_port: int) -> str:
     return f"{socket.gethostname()}-{web_port}"
 
 
-def install(worker_transaction: str | None = None, transaction_timeout_ms: int = 10_000) -> None:
+def install(worker_transaction: str | None = None, transaction_timeout_ms: int = 10_000, static_member: str | None = None) -> None:
     """Make every Faust app in this process use weir's transaction manager, consumer and producer.
 
     ``worker_transaction``: run one transaction per worker under that id suffix ("": :func:`worker_slot`;
     KIP-447, :mod:`app.kip447`) instead of one per source partition (None); committed-offset fetches then wait
-    for open transactions.
+    for open transactions. ``static_member``: join the consumer groups under that group instance id ("":
+    :func:`worker_slot`; None: as a dynamic member).
     """
-    global WORKER_TRANSACTION, TRANSACTION_TIMEOUT_MS
+    global WORKER_TRANSACTION, TRANSACTION_TIMEOUT_MS, STATIC_MEMBER
     WORKER_TRANSACTION = worker_transaction
+    STATIC_MEMBER = static_member
     TRANSACTION_TIMEOUT_MS = transaction_timeout_ms
     aiokafka_driver.Transport.TransactionManager = WeirTransactionManager
     aiokafka_driver.Transport.Consumer = WeirConsumer
     aiokafka_driver.Transport.Producer = WeirProducer
     kip447.install(per_worker=worker_transaction is not None)
     _note_skipped_offsets()
+    _end_restores_at_markers()
 
 
 def wipe_local_tables(tabledir: Path) -> None:

@@ -60,6 +60,18 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(message) from None
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    message = f"setting {name}={raw!r}: expected 1/true/yes/on or 0/false/no/off"
+    raise ValueError(message)
+
+
 def _env_str(name: str, default: str) -> str:
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else raw
@@ -126,6 +138,11 @@ class Settings:
     worker_id: str = ""
     #: WEIR_TRANSACTION_TIMEOUT_MS (per_worker): how long the broker keeps a dead worker's transaction open.
     transaction_timeout_ms: int = 10_000
+    #: WEIR_STATIC_MEMBERSHIP: join the consumer groups as a static member (KIP-345), instance id WEIR_WORKER_ID
+    #: or "<host name>-<web port>": a worker restarted in place within the session timeout gets its partitions
+    #: back without a rebalance; a stopped worker does not leave its groups (its partitions wait for it, or
+    #: for the session timeout). For workers that a supervisor restarts in place.
+    static_membership: bool = False
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0
@@ -311,6 +328,7 @@ def load_settings() -> Settings:
         transactions=transactions,
         worker_id=_env_str("WEIR_WORKER_ID", defaults.worker_id),
         transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms),
+        static_membership=_env_bool("WEIR_STATIC_MEMBERSHIP", defaults.static_membership),
         session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
         heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
         rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),

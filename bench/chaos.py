@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         default="exactly_once",
         help="processing guarantee of every worker (at_least_once: duplicates are counted, not a failure)",
     )
+    parser.add_argument(
+        "--static-membership",
+        action="store_true",
+        help="workers join their groups as static members (WEIR_STATIC_MEMBERSHIP=1): a victim restarted in its slot"
+        " gets its partitions back without a rebalance",
+    )
     arguments = parser.parse_args(argv)
 
     settings = load_settings()
@@ -152,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(arguments.seed)
     print(
         f"weir chaos: {orders} orders over {len(screens)} screens, a SIGKILL every ~{arguments.kill_every}s, "
-        f"{arguments.guarantee}, broker {pipeline.bootstrap}"
+        f"{arguments.guarantee}{', static members' if arguments.static_membership else ''}, broker {pipeline.bootstrap}"
     )
     print(f"  topics {pipeline.prefix}*, worker logs in {tmp}")
-    env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_GUARANTEE": arguments.guarantee}
+    env = {
+        "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
+        "WEIR_GUARANTEE": arguments.guarantee,
+        "WEIR_STATIC_MEMBERSHIP": int(arguments.static_membership),
+    }
     workers = start_shop(pipeline, **env)
     # a stage is named by any agent it runs ("shop_orders" is the orders+reports worker)
     wanted = {name.strip() for name in arguments.victims.split(",") if name.strip()}
