@@ -312,14 +312,15 @@ class SkippedOffsets:
             tree = self._ranges.get((topic, partition))
             if tree is None:
                 return False
+            # from interval to interval: a few point lookups, and an early no at the first offset not covered
+            # (recovery asks after every restored record, over the rest of the partition)
             position = begin
-            for interval in sorted(tree.overlap(begin, end), key=lambda interval: interval.begin):
-                if interval.begin > position:
+            while position < end:
+                found = tree.at(position)
+                if not found:
                     return False
-                position = max(position, interval.end)
-                if position >= end:
-                    return True
-            return position >= end
+                position = max(interval.end for interval in found)
+            return True
 
 
 skipped_offsets = SkippedOffsets()

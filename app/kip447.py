@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 GroupMember = tuple[int, str, str | None]
 
 _FENCED_MEMBER = (Errors.IllegalGenerationError, Errors.UnknownMemberIdError)
+#: FENCED_INSTANCE_ID: a static member (WEIR_STATIC_MEMBERSHIP) whose instance id a newer member took over
+#: (aiokafka has no class for it).
+_FENCED_INSTANCE_ID = 82
 
 
 def _per_topic(name: str, partitions: Any) -> CompactArray:
@@ -217,9 +220,10 @@ def _group_txn_offset_commit_handler() -> type:
             for topic, partitions, _ in resp.topics:
                 for partition, error_code, _ in partitions:
                     error_type = Errors.for_code(error_code)
-                    if error_type in _FENCED_MEMBER:
+                    if error_type in _FENCED_MEMBER or error_code == _FENCED_INSTANCE_ID:
                         # this worker is no longer the member that owns these partitions
-                        _refuse(self._sender._txn_manager, f"offsets of {topic}[{partition}] refused: {error_type.__name__}")
+                        name = error_type.__name__ if error_code != _FENCED_INSTANCE_ID else "FENCED_INSTANCE_ID"
+                        _refuse(self._sender._txn_manager, f"offsets of {topic}[{partition}] refused: {name}")
                         return None
                 errors.append((topic, [(partition, error_code) for partition, error_code, _ in partitions]))
             return super().handle_response(SimpleNamespace(errors=errors))

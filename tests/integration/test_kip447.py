@@ -21,10 +21,15 @@ pytestmark = pytest.mark.integration
 
 
 @asynccontextmanager
-async def member_of(bootstrap: str, group: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
-    """A read_committed consumer that has joined ``group`` and owns every partition of ``topic``."""
+async def member_of(bootstrap: str, group: str, topic: str, instance: str | None = None) -> AsyncIterator[AIOKafkaConsumer]:
+    """A read_committed consumer that has joined ``group`` (as static member ``instance``) and owns every partition of ``topic``."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, isolation_level="read_committed", enable_auto_commit=False
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        group_instance_id=instance,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
@@ -96,6 +101,27 @@ async def stale_generation_refused(kafka_bootstrap: str) -> None:
         await producer.send_offsets_to_transaction({tp: 2}, group)
         await producer.commit_transaction()
         assert (await consumer.committed(tp)) == 2
+
+
+def test_offsets_of_a_static_member_whose_instance_id_was_taken_over_are_refused(kafka_bootstrap: str, stable_offsets: None) -> None:
+    asyncio.run(replaced_static_member_refused(kafka_bootstrap))
+
+
+async def replaced_static_member_refused(kafka_bootstrap: str) -> None:
+    topic, group, tp = await fresh_topic(kafka_bootstrap)
+    async with member_of(kafka_bootstrap, group, topic, instance="slot-1") as first:
+        generation, member_id, instance = first._coordinator.generation, first._coordinator.member_id, "slot-1"
+        # the worker restarted in its slot (WEIR_STATIC_MEMBERSHIP): same instance id, a new member id
+        async with member_of(kafka_bootstrap, group, topic, instance="slot-1") as restarted, transactional(kafka_bootstrap) as producer:
+            assert restarted._coordinator.member_id != member_id
+            await assert_refused(producer, (generation, member_id, instance), tp, group)
+            current = (restarted._coordinator.generation, restarted._coordinator.member_id, instance)
+            kip447.attach_group_member(producer, lambda: current)
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"current")
+            await producer.send_offsets_to_transaction({tp: 3}, group)
+            await producer.commit_transaction()
+            assert (await restarted.committed(tp)) == 3
 
 
 def test_a_committed_offset_pending_in_an_open_transaction_is_read_once_it_commits(kafka_bootstrap: str, stable_offsets: None) -> None:

@@ -114,29 +114,40 @@ def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) 
     assert result["reports"]["screen-3"]["aborted_by_reason"].get("out of stock", 0) > 0, "the scarce flavour ran out"
 
 
-def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invariant(pipeline: Pipeline) -> None:
+@pytest.mark.parametrize(
+    ("membership", "kill_every_s"),
+    [
+        # each kill costs a rebalance after the session timeout, and the restarted worker's join another
+        ("dynamic", (12.0, 18.0)),
+        # a victim restarted in its slot gets its partitions back without a rebalance: kills every few seconds
+        ("static", (2.0, 5.0)),
+    ],
+)
+def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invariant(
+    pipeline: Pipeline, membership: str, kill_every_s: tuple[float, float]
+) -> None:
     orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "90")) // 3
     screens = make_screens(orders, seed=8)
     # No order may time out at the barrier while a rebalance holds its partition: the reports must equal the reference.
-    workers = start_shop(pipeline, WEIR_SHOP_DISPATCH_TIMEOUT_MS=600_000)
+    env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_STATIC_MEMBERSHIP": int(membership == "static")}
+    workers = start_shop(pipeline, **env)
     done = threading.Event()
     kills: list[str] = []
 
     def chaos() -> None:
         rng = random.Random(3)
         # The first kill early (a day of 90 orders may take only about 10 s without faults), then one every
-        # 12-18 s: each costs a rebalance of about the session timeout plus a restore, and the restarted
-        # worker's join costs another; kills closer than that keep the groups rebalancing.
+        # kill_every_s: with dynamic members kills closer than about 12 s keep the groups rebalancing.
         wait_s = rng.uniform(2.0, 4.0)
         while not done.wait(wait_s):
-            wait_s = rng.uniform(12.0, 18.0)
+            wait_s = rng.uniform(*kill_every_s)
             stage = rng.choice(["shop_kitchen", "shop_payments"])
             group = workers[stage]
             victim = group.pop(rng.randrange(len(group)))
             victim.kill()
             kills.append(stage)
             # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
-            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, WEIR_SHOP_DISPATCH_TIMEOUT_MS=600_000))
+            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, **env))
 
     killer = threading.Thread(target=chaos, daemon=True)
     killer.start()

@@ -1,9 +1,13 @@
-"""WEIR_TRANSACTIONS: one transaction per worker by default, per partition on request, nothing else."""
+"""WEIR_TRANSACTIONS: one transaction per worker by default, per partition on request, nothing else; the worker id;
+WEIR_STATIC_MEMBERSHIP."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+from app import eos
 from app.settings import load_settings
 
 
@@ -25,4 +29,22 @@ def test_per_partition_and_a_stable_worker_id_are_read(monkeypatch: pytest.Monke
 def test_an_unknown_transaction_layout_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WEIR_TRANSACTIONS", "per_batch")
     with pytest.raises(ValueError, match="WEIR_TRANSACTIONS='per_batch'"):
+        load_settings()
+
+
+def test_the_default_worker_id_is_the_host_and_web_port() -> None:
+    # unique among live workers (one port per listener on a host), the same for a worker restarted in place
+    assert eos.worker_slot(6067) == f"{socket.gethostname()}-6067"
+    assert eos.worker_slot(6067) != eos.worker_slot(6068)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", False), ("1", True), ("true", True), ("0", False), ("off", False)])
+def test_static_membership_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+    monkeypatch.setenv("WEIR_STATIC_MEMBERSHIP", raw)
+    assert load_settings().static_membership is expected
+
+
+def test_a_static_membership_setting_that_is_not_a_boolean_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEIR_STATIC_MEMBERSHIP", "sometimes")
+    with pytest.raises(ValueError, match="WEIR_STATIC_MEMBERSHIP='sometimes'"):
         load_settings()

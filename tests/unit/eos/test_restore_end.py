@@ -1,4 +1,5 @@
-"""Faust's recovery ends a restore whose changelog ends in transaction markers as soon as the fetch is past them."""
+"""Faust's recovery ends a restore whose changelog ends in transaction markers as soon as the fetch is past them;
+SkippedOffsets.covers, which it asks after every restored record."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 from faust.tables.recovery import Recovery
 from faust.types import TP
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app import eos
 
@@ -72,3 +75,19 @@ def test_without_transactions_faust_decides_alone(monkeypatch: pytest.MonkeyPatc
     eos.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
     at_position(monkeypatch, 9)
     assert Recovery.need_recovery(recovery(tp, seen=7, highwater=8, in_transaction=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranges=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 8)), max_size=30),
+    begin=st.integers(0, 70),
+    length=st.integers(1, 20),
+)
+def test_covers_says_whether_every_offset_of_a_range_was_stepped_over(ranges: list[tuple[int, int]], begin: int, length: int) -> None:
+    skipped = eos.SkippedOffsets()
+    stepped_over: set[int] = set()
+    for start, size in ranges:
+        skipped.note("t", 0, start, start + size)
+        stepped_over.update(range(start, start + size))
+    expected = all(offset in stepped_over for offset in range(begin, begin + length))
+    assert skipped.covers("t", 0, begin, begin + length) is expected
