@@ -24,6 +24,7 @@ layout. Faust's implementation has gaps that lose or duplicate data under a cras
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import logging
@@ -564,9 +565,11 @@ class WeirConsumer(aiokafka_driver.Consumer):
         A commit holds every batch back while it runs (a few broker round trips, per source partition
         under ``per_partition``).
         Under a moderate load the gate is idle often, and committing at each pause spent most of the time
-        committing: a worker offered 150 orders/s fell behind. So a commit started by a pause comes at
-        least ``COMMIT_SPACING`` times the last commit's duration after it: at most a third of the time
-        goes to commits, and a hop's latency stays a few commit durations.
+        committing: a worker offered 150 orders/s fell behind. So once commits took more than a third of
+        the last second, a commit started by a pause comes at least ``COMMIT_SPACING`` times the last
+        commit's duration after it (:class:`CommitBudget`), and a hop's latency stays a few commit
+        durations. Under a light load commits are not spaced: a slow commit (20-30 ms now and then) made
+        the next one wait twice as long, the tail of the light-load latency.
         """
         interval = self.commit_interval
         idle_s = COMMIT_IDLE_S
@@ -576,6 +579,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 await self.commit()
             return
         work = self._weir_work
+        budget = CommitBudget(COMMIT_SPACING)
         last = spare_at = time.monotonic()
         while not self.should_stop:
             now = time.monotonic()
@@ -591,7 +595,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 began = time.monotonic()
                 await self.commit()
                 last = time.monotonic()
-                spare_at = last + COMMIT_SPACING * (last - began)
+                spare_at = budget.next_commit_at(began, last)
             elif idle > 0:
                 wake_at = min(max(now + idle_s - idle, spare_at), last + interval)
                 await asyncio.sleep(max(0.0, wake_at - now))
@@ -836,6 +840,29 @@ def _resume(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any,
 
 async def _go_on(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Any:
     return await _resume(coroutine, pending)
+
+
+class CommitBudget:
+    """When a commit started by a pause may follow the last one (``WeirConsumer._commit_handler``).
+
+    At once while the commits of the last ``window_s`` took at most ``1 / (1 + spacing)`` of it (a light
+    load); otherwise ``spacing`` times the last commit's duration after it, so that commits take at most
+    that share of the time under a moderate load.
+    """
+
+    def __init__(self, spacing: float, window_s: float = 1.0) -> None:
+        self.spacing = spacing
+        self.window_s = window_s
+        self._recent: collections.deque[tuple[float, float]] = collections.deque()  # (ended, duration)
+
+    def next_commit_at(self, began: float, ended: float) -> float:
+        recent = self._recent
+        recent.append((ended, ended - began))
+        while recent and recent[0][0] < ended - self.window_s:
+            recent.popleft()
+        if sum(duration for _, duration in recent) <= self.window_s / (1 + self.spacing):
+            return ended
+        return ended + self.spacing * (ended - began)
 
 
 class CommitGate:
