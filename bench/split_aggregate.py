@@ -112,6 +112,7 @@ def main() -> None:
             worker.wait_ready()
         backlog = asyncio.run(_measure(settings.bootstrap, prefix, 0, args.orders, args.items, None, timeout_s=600))
         light_count = int(args.rate * args.light_seconds)
+        time.sleep(2.0)  # the backlog's last commits and timers settle: the light run measures the light load alone
         light = asyncio.run(_measure(settings.bootstrap, prefix, args.orders, light_count, args.items, args.rate, timeout_s=300))
     finally:
         for worker in workers:
