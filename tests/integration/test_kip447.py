@@ -55,7 +55,7 @@ async def transactional(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
 
 def group_member(consumer: AIOKafkaConsumer) -> kip447.GroupMember:
     coordinator = consumer._coordinator
-    return coordinator.generation, coordinator.member_id, None
+    return coordinator.generation, coordinator.member_id, coordinator._group_instance_id
 
 
 async def fresh_topic(bootstrap: str) -> tuple[str, str, TopicPartition]:
@@ -82,6 +82,18 @@ async def assert_refused(producer: AIOKafkaProducer, member: kip447.GroupMember,
     await producer.abort_transaction()
 
 
+async def assert_commits(
+    producer: AIOKafkaProducer, member: kip447.GroupMember, consumer: AIOKafkaConsumer, tp: TopicPartition, group: str, offset: int
+) -> None:
+    """Offsets committed in a transaction as ``member`` are taken: ``consumer`` reads ``offset`` back."""
+    kip447.attach_group_member(producer, lambda: member)
+    await producer.begin_transaction()
+    await producer.send_and_wait(tp.topic, b"current")
+    await producer.send_offsets_to_transaction({tp: offset}, group)
+    await producer.commit_transaction()
+    assert (await consumer.committed(tp)) == offset
+
+
 def test_offsets_of_a_stale_generation_are_refused_and_a_current_one_commits(kafka_bootstrap: str, stable_offsets: None) -> None:
     # (require_stable: the fetch right after a commit might otherwise still miss its offsets, the race KIP-447 closes)
     asyncio.run(stale_generation_refused(kafka_bootstrap))
@@ -95,12 +107,7 @@ async def stale_generation_refused(kafka_bootstrap: str) -> None:
         # a consumer removed from its group has generation -1 and no member id: the broker would not check those
         await assert_refused(producer, (-1, "", None), tp, group)
 
-        kip447.attach_group_member(producer, lambda: (generation, member_id, None))
-        await producer.begin_transaction()
-        await producer.send_and_wait(topic, b"current")
-        await producer.send_offsets_to_transaction({tp: 2}, group)
-        await producer.commit_transaction()
-        assert (await consumer.committed(tp)) == 2
+        await assert_commits(producer, (generation, member_id, None), consumer, tp, group, 2)
 
 
 def test_offsets_of_a_static_member_whose_instance_id_was_taken_over_are_refused(kafka_bootstrap: str, stable_offsets: None) -> None:
@@ -110,18 +117,14 @@ def test_offsets_of_a_static_member_whose_instance_id_was_taken_over_are_refused
 async def replaced_static_member_refused(kafka_bootstrap: str) -> None:
     topic, group, tp = await fresh_topic(kafka_bootstrap)
     async with member_of(kafka_bootstrap, group, topic, instance="slot-1") as first:
-        generation, member_id, instance = first._coordinator.generation, first._coordinator.member_id, "slot-1"
+        replaced = group_member(first)
         # the worker restarted in its slot (WEIR_STATIC_MEMBERSHIP): same instance id, a new member id
         async with member_of(kafka_bootstrap, group, topic, instance="slot-1") as restarted, transactional(kafka_bootstrap) as producer:
-            assert restarted._coordinator.member_id != member_id
-            await assert_refused(producer, (generation, member_id, instance), tp, group)
-            current = (restarted._coordinator.generation, restarted._coordinator.member_id, instance)
-            kip447.attach_group_member(producer, lambda: current)
-            await producer.begin_transaction()
-            await producer.send_and_wait(topic, b"current")
-            await producer.send_offsets_to_transaction({tp: 3}, group)
-            await producer.commit_transaction()
-            assert (await restarted.committed(tp)) == 3
+            current = group_member(restarted)
+            assert current[1] != replaced[1], "a restarted static member has a new member id"
+            assert current[2] == replaced[2] == "slot-1"
+            await assert_refused(producer, replaced, tp, group)
+            await assert_commits(producer, current, restarted, tp, group, 3)
 
 
 def test_a_committed_offset_pending_in_an_open_transaction_is_read_once_it_commits(kafka_bootstrap: str, stable_offsets: None) -> None:
