@@ -388,14 +388,28 @@ def _note_skipped_offsets() -> None:
     records_class._weir_notes_skips = True
 
 
+def _assignment(consumer: Any) -> Any:
+    """aiokafka's current assignment of a Faust consumer's client (None: not started, or between assignments)."""
+    try:
+        client = consumer._thread._consumer
+        return client._subscription.subscription.assignment if client is not None else None
+    except AttributeError:
+        return None
+
+
+def _position(assignment: Any, tp: TP) -> int | None:
+    """The fetch position of ``tp`` in an aiokafka assignment (None: not assigned, or no position yet)."""
+    try:
+        state = assignment.state_value(tp)
+        return int(state.position) if state is not None and state.has_valid_position else None
+    except (KeyError, AssertionError, AttributeError):  # revoked or being reset meanwhile
+        return None
+
+
 def _fetch_position(app: Any, tp: TP) -> int | None:
     """The consumer's fetch position of ``tp`` now (None: not assigned, or no position yet)."""
-    try:
-        client = app.consumer._thread._consumer
-        state = client._subscription.subscription.assignment.state_value(tp)
-        return int(state.position) if state is not None and state.has_valid_position else None
-    except (AttributeError, KeyError, AssertionError):  # not started, revoked or being reset meanwhile
-        return None
+    assignment = _assignment(app.consumer)
+    return None if assignment is None else _position(assignment, tp)
 
 
 def _end_restores_at_markers() -> None:
@@ -709,22 +723,12 @@ class WeirConsumer(aiokafka_driver.Consumer):
             return
         self.__dict__["_weir_watched"] = now
         watch: dict[TP, tuple[int, int, float]] = self.__dict__.setdefault("_weir_watch", {})
-        try:
-            client = self._thread._consumer  # type: ignore[attr-defined]
-            assignment = client._subscription.subscription.assignment if client is not None else None
-        except AttributeError:
-            return
+        assignment = _assignment(self)
         if assignment is None:
             return
         acks_enabled_for = self.app.topics.acks_enabled_for
         for tp, next_offset in list(self._next.items()):
-            position: int | None = None
-            if acks_enabled_for(tp.topic):
-                try:
-                    state = assignment.state_value(tp)
-                    position = state.position if state is not None and state.has_valid_position else None
-                except (KeyError, AssertionError, AttributeError):  # revoked or being reset meanwhile
-                    position = None
+            position = _position(assignment, tp) if acks_enabled_for(tp.topic) else None
             if position is None or position <= next_offset or skipped_offsets.covers(tp.topic, tp.partition, next_offset, position):
                 # nothing ahead, or only what the fetcher stepped over itself: transaction markers and aborted
                 # records at the end of the partition (a rewind would only step over them again, and kept a
