@@ -99,10 +99,15 @@ class WeirTransactionManager(TransactionManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._partition_counts: dict[str, int] = {}
+        self._worker_id: str | None = None
 
     def _transactional_id(self, topic: str, partition: int) -> str:
         if WORKER_TRANSACTION is not None:
-            return f"{self.app.conf.id}-worker-{WORKER_TRANSACTION or worker_slot(self.app.conf.web_port)}"
+            # Asked on every send: the host name and the settings lookups cost a few % of a busy worker.
+            # Fixed once the first transaction began (the web port is set by then, ``worker_slot``).
+            if self._worker_id is None:
+                self._worker_id = f"{self.app.conf.id}-worker-{WORKER_TRANSACTION or worker_slot(self.app.conf.web_port)}"
+            return self._worker_id
         return f"{self.app.conf.id}-{self._partition_count(topic)}p-{partition}"
 
     def _partition_count(self, topic: str) -> int:
@@ -297,7 +302,7 @@ class WeirProducer(aiokafka_driver.Producer):
         producer = super()._new_producer(transactional_id=transactional_id)
         if transactional_id is not None and WORKER_TRANSACTION is not None:
             log.info("exactly_once: this worker's transactions run under transactional id %s", transactional_id)
-            kip447.attach_group_member(producer, self._group_member)
+            kip447.attach_group_member(producer, self._group_member, group_id=self.app.conf.id)
         return producer
 
     def _group_member(self) -> kip447.GroupMember:

@@ -194,9 +194,36 @@ def _refuse(txn_manager: Any, reason: str) -> None:
     txn_manager._transaction_waiter.exception()
 
 
-def attach_group_member(producer: Any, member: Callable[[], GroupMember]) -> None:
-    """Make a transactional aiokafka producer commit offsets with ``member()``'s generation (TxnOffsetCommit v3)."""
+def attach_group_member(producer: Any, member: Callable[[], GroupMember], group_id: str | None = None) -> None:
+    """Make a transactional aiokafka producer commit offsets with ``member()``'s generation (TxnOffsetCommit v3).
+
+    ``group_id``: the group whose offsets its transactions commit; each transaction adds it as soon as its
+    first partitions are added (:func:`_early_group_to_add`), not when the offsets are sent.
+    """
     producer._txn_manager.weir_group_member = member
+    producer._txn_manager.weir_early_group = group_id
+
+
+def _early_group_to_add(original: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    """aiokafka's ``TransactionManager.consumer_group_to_add``, naming the producer's group early.
+
+    aiokafka adds the consumer group to a transaction (``AddOffsetsToTxn``) only when the offsets are sent,
+    at the commit: one broker round trip of the three a commit waits for (then ``TxnOffsetCommit`` and
+    ``EndTxn``), while the worker's events are held back. Here the sender adds the group as soon as the
+    transaction's first partitions are added (the transaction is open on the coordinator then, so adding
+    the group starts no transaction timeout of its own), alongside the transaction's produce requests.
+    A transaction whose group is added and whose offsets are never sent commits no offsets, as before.
+    """
+    from aiokafka.producer.transaction_manager import TransactionState
+
+    def consumer_group_to_add(self: Any) -> str | None:
+        group = original(self)
+        if group is None and self._txn_consumer_group is None and self._txn_partitions and self.state == TransactionState.IN_TRANSACTION:
+            return getattr(self, "weir_early_group", None)
+        return group
+
+    consumer_group_to_add._weir_early = True  # type: ignore[attr-defined]
+    return consumer_group_to_add
 
 
 def _group_txn_offset_commit_handler() -> type:
@@ -270,7 +297,8 @@ CONCURRENT_TRANSACTIONS_BACKOFF_S = 0.005
 
 
 def install(per_worker: bool) -> None:
-    """Teach aiokafka's sender the v3 offset commit (for producers with a group member); with ``per_worker``
+    """Teach aiokafka's sender the v3 offset commit and the early group add (for producers with a group
+    member: :func:`attach_group_member`); with ``per_worker``
     (this process runs one transaction per worker), make every committed-offset fetch wait for open
     transactions, and a transaction's first partitions ask again sooner while the last commit ends."""
     from aiokafka.consumer.group_coordinator import GroupCoordinator
@@ -284,6 +312,9 @@ def install(per_worker: bool) -> None:
         sender_module.BACKOFF_OVERRIDE = CONCURRENT_TRANSACTIONS_BACKOFF_S
     if getattr(sender_module.Sender._do_txn_offset_commit, "_weir_group_member", False):
         return
+    from aiokafka.producer.transaction_manager import TransactionManager
+
+    TransactionManager.consumer_group_to_add = _early_group_to_add(TransactionManager.consumer_group_to_add)
     handler_class = _group_txn_offset_commit_handler()
     original = sender_module.Sender._do_txn_offset_commit
 
