@@ -72,23 +72,48 @@ def stable_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GroupCoordinator, "_do_fetch_commit_offsets", kip447._stable_fetch_commit_offsets)
 
 
-async def assert_refused(producer: AIOKafkaProducer, member: kip447.GroupMember, tp: TopicPartition, group: str) -> None:
-    """Offsets committed in a transaction as ``member`` are refused, and the transaction can only abort."""
-    kip447.attach_group_member(producer, lambda: member)
+async def group_added_early(producer: AIOKafkaProducer, group: str) -> None:
+    """The open transaction added ``group`` (AddOffsetsToTxn) on its own, before any offsets were sent."""
+    manager = producer._txn_manager
+    for _ in range(200):
+        if manager._txn_consumer_group == group:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the transaction did not add group {group} before its offsets were sent")
+
+
+async def assert_refused(
+    producer: AIOKafkaProducer, member: kip447.GroupMember, tp: TopicPartition, group: str, early: bool = False
+) -> None:
+    """Offsets committed in a transaction as ``member`` are refused, and the transaction can only abort.
+
+    ``early``: the transaction adds the group as soon as its partition is added (as weir's workers do).
+    """
+    kip447.attach_group_member(producer, lambda: member, group_id=group if early else None)
     await producer.begin_transaction()
     await producer.send_and_wait(tp.topic, b"refused")
+    if early:
+        await group_added_early(producer, group)
     with pytest.raises(CommitFailedError):
         await producer.send_offsets_to_transaction({tp: 1}, group)
     await producer.abort_transaction()
 
 
 async def assert_commits(
-    producer: AIOKafkaProducer, member: kip447.GroupMember, consumer: AIOKafkaConsumer, tp: TopicPartition, group: str, offset: int
+    producer: AIOKafkaProducer,
+    member: kip447.GroupMember,
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    group: str,
+    offset: int,
+    early: bool = False,
 ) -> None:
     """Offsets committed in a transaction as ``member`` are taken: ``consumer`` reads ``offset`` back."""
-    kip447.attach_group_member(producer, lambda: member)
+    kip447.attach_group_member(producer, lambda: member, group_id=group if early else None)
     await producer.begin_transaction()
     await producer.send_and_wait(tp.topic, b"current")
+    if early:
+        await group_added_early(producer, group)
     await producer.send_offsets_to_transaction({tp: offset}, group)
     await producer.commit_transaction()
     assert (await consumer.committed(tp)) == offset
@@ -108,6 +133,21 @@ async def stale_generation_refused(kafka_bootstrap: str) -> None:
         await assert_refused(producer, (-1, "", None), tp, group)
 
         await assert_commits(producer, (generation, member_id, None), consumer, tp, group, 2)
+
+
+def test_a_transaction_that_added_its_group_early_commits_current_offsets_and_is_refused_stale_ones(
+    kafka_bootstrap: str, stable_offsets: None
+) -> None:
+    asyncio.run(early_group(kafka_bootstrap))
+
+
+async def early_group(kafka_bootstrap: str) -> None:
+    topic, group, tp = await fresh_topic(kafka_bootstrap)
+    async with member_of(kafka_bootstrap, group, topic) as consumer, transactional(kafka_bootstrap) as producer:
+        generation, member_id, _ = group_member(consumer)
+        await assert_commits(producer, (generation, member_id, None), consumer, tp, group, 4, early=True)
+        await assert_refused(producer, (generation - 1, member_id, None), tp, group, early=True)
+        await assert_commits(producer, (generation, member_id, None), consumer, tp, group, 6, early=True)
 
 
 def test_offsets_of_a_static_member_whose_instance_id_was_taken_over_are_refused(kafka_bootstrap: str, stable_offsets: None) -> None:
