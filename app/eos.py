@@ -268,16 +268,9 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     async def _until_listed(self, topics: set[str]) -> None:
         client = self._ensure_consumer()._client
-        deadline = time.monotonic() + self.TOPICS_VISIBLE_WITHIN_S
-        while True:
-            listed = await client.fetch_all_metadata()
-            missing = sorted(topic for topic in topics if not listed.partitions_for_topic(topic))
-            if not missing:
-                break
-            if time.monotonic() > deadline:
-                log.warning("joining without topics the broker does not list yet: %s", missing)
-                break
-            await asyncio.sleep(0.1)
+        missing = await until_listed(client, topics, self.TOPICS_VISIBLE_WITHIN_S)
+        if missing:
+            log.warning("joining without topics the broker does not list yet: %s", missing)
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         consumer = self._ensure_consumer()
@@ -1312,6 +1305,21 @@ def ack_handled(event: EventT[Any]) -> None:
     if isinstance(consumer, WeirConsumer):
         consumer.mark_handled(event.message)
     event.ack()
+
+
+async def until_listed(client: Any, topics: set[str], within_s: float, every_s: float = 0.1) -> list[str]:
+    """Wait until the broker's metadata lists every topic of ``topics`` (an aiokafka client's fresh metadata).
+
+    Returns the topics still missing after ``within_s`` (none: all listed). ``WeirConsumerThread.subscribe``
+    joins a group only after this.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        listed = await client.fetch_all_metadata()
+        missing = sorted(topic for topic in topics if not listed.partitions_for_topic(topic))
+        if not missing or time.monotonic() > deadline:
+            return missing
+        await asyncio.sleep(every_s)
 
 
 def worker_slot(web_port: int) -> str:
