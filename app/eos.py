@@ -41,8 +41,9 @@ from typing import Any, cast
 
 import faust
 from aiokafka.errors import CommitFailedError, ProducerFenced
+from aiokafka.structs import TopicPartition
 from faust.streams import _current_event
-from faust.transport.consumer import CONSUMER_FETCHING, TransactionManager, ensure_TP
+from faust.transport.consumer import CONSUMER_FETCHING, TransactionManager, ensure_TP, ensure_TPset
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, EventT, Message
 from faust.types.tuples import FutureMessage, RecordMetadata, ack_lock
@@ -488,6 +489,35 @@ class WeirConsumer(aiokafka_driver.Consumer):
     def stop_flow(self) -> None:
         self._moved()
         super().stop_flow()
+
+    def pause_partitions(self, tps: Any) -> None:
+        tps = ensure_TPset(tps)
+        super().pause_partitions(tps)
+        self._fetch_changelogs(tps, fetch=False)
+
+    def resume_partitions(self, tps: Any) -> None:
+        tps = ensure_TPset(tps)
+        super().resume_partitions(tps)
+        self._fetch_changelogs(tps, fetch=True)
+
+    def _fetch_changelogs(self, tps: set[TP], *, fetch: bool) -> None:
+        """Pause (or resume) a table's changelog partitions in aiokafka's fetcher too, not only in Faust's books.
+
+        Faust pauses a partition by leaving it out of the partitions it asks its client for; aiokafka's
+        fetcher went on fetching every assigned partition. A changelog partition is read by recovery only,
+        so its records, once fetched after recovery (the worker's own table writes), were never consumed:
+        they sat in the fetcher's buffer, and while a partition's records wait there (up to aiokafka's
+        100 ms prefetch backoff) the fetcher sends no fetch to that broker at all. With one broker that
+        stalled every partition for 100 ms at each changelog partition's first write after an assignment
+        (a light load's slowest orders). Stream partitions keep Faust's own flow control.
+        """
+        changelogs = self.app.tables.changelog_topics
+        wanted = [TopicPartition(tp.topic, tp.partition) for tp in tps if tp.topic in changelogs]
+        thread = cast(Any, self)._thread
+        client = getattr(thread, "_consumer", None)
+        if wanted and client is not None:
+            # aiokafka's partition state belongs to the consumer thread's loop (a resume sets a future there)
+            thread.thread_loop.call_soon_threadsafe(set_fetching, client, wanted, fetch)
 
     async def seek(self, partition: TP, offset: int) -> None:
         self._moved()
@@ -1320,6 +1350,24 @@ async def until_listed(client: Any, topics: set[str], within_s: float, every_s: 
         if not missing or time.monotonic() > deadline:
             return missing
         await asyncio.sleep(every_s)
+
+
+def set_fetching(client: Any, partitions: list[TopicPartition], fetch: bool) -> None:
+    """Resume (``fetch``) or pause fetching ``partitions`` in an aiokafka consumer; run in its loop.
+
+    A paused partition's fetched and unconsumed records are dropped: its position did not move past them,
+    so they are fetched again once it is resumed. Partitions no longer assigned are left alone.
+    """
+    subscription = client._subscription
+    buffered = client._fetcher._records
+    for tp in partitions:
+        if not subscription.is_assigned(tp):
+            continue
+        if fetch:
+            subscription.resume(tp)
+        else:
+            subscription.pause(tp)
+            buffered.pop(tp, None)
 
 
 def worker_slot(web_port: int) -> str:
