@@ -509,7 +509,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         they sat in the fetcher's buffer, and while a partition's records wait there (up to aiokafka's
         100 ms prefetch backoff) the fetcher sends no fetch to that broker at all. With one broker that
         stalled every partition for 100 ms at each changelog partition's first write after an assignment
-        (a light load's slowest orders). Stream partitions keep Faust's own flow control.
+        (a light load's slowest orders). Stream partitions keep Faust's own flow control. A fetch already on
+        its way when a partition is paused may still bring records of it: one such stall, not one per write.
         """
         changelogs = self.app.tables.changelog_topics
         wanted = [TopicPartition(tp.topic, tp.partition) for tp in tps if tp.topic in changelogs]

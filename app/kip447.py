@@ -222,7 +222,6 @@ def _early_group_to_add(original: Callable[[Any], str | None]) -> Callable[[Any]
             return getattr(self, "weir_early_group", None)
         return group
 
-    consumer_group_to_add._weir_early = True  # type: ignore[attr-defined]
     return consumer_group_to_add
 
 
