@@ -36,3 +36,12 @@ def test_the_window_forgets_old_commits() -> None:
     run(budget, 0.025, 0.012, 80)
     # a pause of two seconds: the busy second is behind, the next commit comes at once
     assert budget.next_commit_at(10.0, 10.004) == 10.004
+
+
+def test_one_slow_commit_in_a_busy_second_spaces_the_next_by_twice_the_average_not_twice_itself() -> None:
+    budget = CommitBudget(spacing=2.0)
+    run(budget, 0.0105, 0.0035, 95)  # 95 commits/s of 3.5 ms: a third of the time, the budget spent
+    began = 95 * 0.0105
+    ended = began + 0.040  # one commit of 40 ms
+    wait = budget.next_commit_at(began, ended) - ended
+    assert 0.0 < wait < 0.010  # twice the window's average (about 4 ms), not 80 ms
