@@ -639,8 +639,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         under ``per_partition``).
         Under a moderate load the gate is idle often, and committing at each pause spent most of the time
         committing: a worker offered 150 orders/s fell behind. So once commits took more than a third of
-        the last second, a commit started by a pause comes at least ``COMMIT_SPACING`` times the last
-        commit's duration after it (:class:`CommitBudget`), and a hop's latency stays a few commit
+        the last second, a commit started by a pause comes at least ``COMMIT_SPACING`` times their
+        average duration after the last one (:class:`CommitBudget`), and a hop's latency stays a few commit
         durations. Under a light load commits are not spaced: a slow commit (20-30 ms now and then) made
         the next one wait twice as long, the tail of the light-load latency.
         """
@@ -1179,7 +1179,7 @@ STATIC_MEMBER: str | None = None
 TRANSACTION_TIMEOUT_MS = 10_000
 #: Set by app.core from WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: fixed interval).
 COMMIT_IDLE_S = 0.0
-#: A commit started by a pause comes at least this many times the last commit's duration after it (_commit_handler).
+#: A commit started by a pause comes at least this many times the recent commits' average duration after the last one (_commit_handler).
 COMMIT_SPACING = 2.0
 #: Set by app.core under exactly_once: a batch's deliveries are awaited by the commit, not by the batch (batch_scope).
 DEFER_DELIVERIES = False

@@ -125,7 +125,7 @@ class Settings:
     #: 0.1 s is Kafka Streams' default under exactly-once).
     commit_interval: float = 0.1
     #: WEIR_COMMIT_IDLE_MS: commit as soon as no event has been processed for this long (0: only every
-    #: commit_interval); once commits took a third of the last second, spaced by twice the last commit's duration.
+    #: commit_interval); once commits took a third of the last second, spaced by twice their average duration.
     #: Under load commits come every commit_interval.
     commit_idle_ms: int = 3
     #: WEIR_TRANSACTIONS (exactly_once): "per_worker" (Kafka's EOS v2, KIP-447: one transaction per worker,

@@ -809,7 +809,7 @@ def main() -> None:
     if {"faust", "weir", "quix"} & set(sections):
         notes += [
             "Latency: from the order's send to its result's arrival at a read_committed consumer. weir commits as soon as a worker"
-            " is idle for 3 ms (WEIR_COMMIT_IDLE_MS; once commits took a third of the last second, spaced by twice the last commit's"
+            " is idle for 3 ms (WEIR_COMMIT_IDLE_MS; once commits took a third of the last second, spaced by twice their average"
             " duration) and at least every 0.1 s while busy; Quix Streams commits every 0.1 s. Half the backlog rate: half the"
             f" orders/s of the same run's backlog, offered evenly. A fixed-rate run starts {SETTLE_S:g} s after the run before it"
             " ended (its last commits and timers): the figure is the rate's, not the way down from a backlog.",
