@@ -387,10 +387,15 @@ def _note_skipped_offsets() -> None:
     records_class._weir_notes_skips = True
 
 
+def _client(consumer: Any) -> Any:
+    """The aiokafka consumer behind a Faust consumer's thread (None: not started)."""
+    return getattr(getattr(consumer, "_thread", None), "_consumer", None)
+
+
 def _assignment(consumer: Any) -> Any:
     """aiokafka's current assignment of a Faust consumer's client (None: not started, or between assignments)."""
+    client = _client(consumer)
     try:
-        client = consumer._thread._consumer
         return client._subscription.subscription.assignment if client is not None else None
     except AttributeError:
         return None
@@ -512,13 +517,11 @@ class WeirConsumer(aiokafka_driver.Consumer):
         (a light load's slowest orders). Stream partitions keep Faust's own flow control. A fetch already on
         its way when a partition is paused may still bring records of it: one such stall, not one per write.
         """
-        changelogs = self.app.tables.changelog_topics
-        wanted = [TopicPartition(tp.topic, tp.partition) for tp in tps if tp.topic in changelogs]
-        thread = cast(Any, self)._thread
-        client = getattr(thread, "_consumer", None)
+        wanted = [TopicPartition(tp.topic, tp.partition) for tp in tps if self._is_changelog_tp(tp)]
+        client = _client(self)
         if wanted and client is not None:
             # aiokafka's partition state belongs to the consumer thread's loop (a resume sets a future there)
-            thread.thread_loop.call_soon_threadsafe(set_fetching, client, wanted, fetch)
+            cast(Any, self)._thread.thread_loop.call_soon_threadsafe(set_fetching, client, wanted, fetch)
 
     async def seek(self, partition: TP, offset: int) -> None:
         self._moved()
