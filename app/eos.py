@@ -175,15 +175,14 @@ class WeirTransactionManager(TransactionManager):
         return await self.producer.send(topic, key, value, partition, timestamp, headers, transactional_id=owner)
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        asked = time.monotonic()
-        async with gate.committing():
-            began = time.monotonic()
-            try:
-                return await self._commit(offsets, start_new_transaction)
-            finally:
-                if _TRACE_FILE is not None:
-                    took = f"{1000 * (began - asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
-                    trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))
+        # Inside the commit gate already: WeirConsumer.force_commit closed it before the offsets were chosen.
+        began = time.monotonic()
+        try:
+            return await self._commit(offsets, start_new_transaction)
+        finally:
+            if _TRACE_FILE is not None:
+                took = f"{1000 * (began - _gate_entered[0]):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
+                trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))
 
     async def _commit(self, offsets: Mapping[TP, int], start_new_transaction: bool) -> bool:
         # Events delivered their own changelog writes (event_scope); a write made outside an event
@@ -478,6 +477,22 @@ class WeirConsumer(aiokafka_driver.Consumer):
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return WeirConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        """Under exactly_once, the commit gate closes before the offsets to commit are chosen.
+
+        Faust chooses them first (the acked events), then commits the transaction. The gate waits for the
+        events still in flight, which finish inside the transaction: their outputs and changelog writes
+        were committed, their offsets only by the next commit. A crash in between replayed them and sent
+        their outputs a second time (``tests/integration/test_commit_boundary.py``). Once the gate is closed
+        and idle, every event the transaction holds was acked before the offsets are chosen.
+        """
+        if not self.in_transaction:
+            return cast(bool, await super().force_commit(topics, start_new_transaction))
+        asked = time.monotonic()
+        async with gate.committing():
+            _gate_entered[0] = asked
+            return cast(bool, await super().force_commit(topics, start_new_transaction))
 
     @property
     def _next(self) -> dict[TP, int]:
@@ -1012,6 +1027,8 @@ class CommitGate:
 
 
 gate = CommitGate()
+#: When the running commit asked for the gate (its wait there goes into the trace line of the commit).
+_gate_entered = [0.0]
 #: What the current scope sent (table changelog writes and topic sends): delivered before it ends.
 _scope_sends: contextvars.ContextVar[list[FutureMessage] | None] = contextvars.ContextVar("weir_scope_sends", default=None)
 #: The current scope's table writes, per table: written (store and changelog) once per key when it ends.
