@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -248,7 +248,7 @@ class Pipeline:
     alive: Callable[[], None]
 
 
-async def _orders_run(
+async def orders_run(
     ctx: Context, pipeline: Pipeline, first: int, count: int, rate: float | None, *, during: Callable[[], None] | None = None
 ) -> dict[str, Any]:
     """Sends ``count`` orders (all at once, or at ``rate``/s) and waits for their results."""
@@ -284,6 +284,7 @@ async def _orders_run(
             "p50_ms": 1000 * statistics.median(latencies),
             "p99_ms": 1000 * percentile(latencies, 0.99),
             "cpu": cpu,
+            "latencies": latencies,
         }
     finally:
         await producer.stop()
@@ -312,10 +313,10 @@ def _measure_pipeline(
     half_p50 = ctx.figure(system, f"{half}: latency p50", "ms")
     half_p99 = ctx.figure(system, f"{half}: latency p99", "ms")
     # Warm-up: every stage has handled an order before the clock starts.
-    asyncio.run(_orders_run(ctx, pipeline, 0, 20, None))
+    asyncio.run(orders_run(ctx, pipeline, 0, 20, None))
     first = 20
     for run in range(ctx.runs):
-        figures = asyncio.run(_orders_run(ctx, pipeline, first, orders, None, during=during_first if run == 0 else None))
+        figures = asyncio.run(orders_run(ctx, pipeline, first, orders, None, during=during_first if run == 0 else None))
         first += orders
         orders_s.add(figures["orders_per_s"], figures["cpu"])
         items_s.add(figures["orders_per_s"] * ITEMS, figures["cpu"])
@@ -323,14 +324,14 @@ def _measure_pipeline(
         p99.add(figures["p99_ms"], figures["cpu"])
         half_of_max = figures["orders_per_s"] / 2
         time.sleep(SETTLE_S)
-        figures = asyncio.run(_orders_run(ctx, pipeline, first, light_count, rate))
+        figures = asyncio.run(orders_run(ctx, pipeline, first, light_count, rate))
         first += light_count
         light_p50.add(figures["p50_ms"], figures["cpu"])
         light_p99.add(figures["p99_ms"], figures["cpu"])
         # The issue's "half the maximum rate": half of what this run's backlog sustained.
         half_count = int(half_of_max * light_seconds)
         time.sleep(SETTLE_S)
-        figures = asyncio.run(_orders_run(ctx, pipeline, first, half_count, half_of_max))
+        figures = asyncio.run(orders_run(ctx, pipeline, first, half_count, half_of_max))
         first += half_count
         half_rate.add(half_of_max, figures["cpu"])
         half_p50.add(figures["p50_ms"], figures["cpu"])
@@ -364,27 +365,33 @@ def _profiler(workers: dict[str, int], out_dir: Path | None, seconds: int) -> Ca
     return start
 
 
-def run_weir(
-    ctx: Context,
-    orders: int,
-    rate: float,
-    light_seconds: float,
-    profile: Path | None,
-    profile_seconds: int,
-    transactions: str | None = None,
-) -> None:
-    """The split/aggregate pipeline; ``transactions``: WEIR_TRANSACTIONS for its workers (None: the default)."""
-    label = "weir" if transactions is None else f"weir, {transactions} transactions"
-    prefix = f"cmp-{ctx.run_id}.{'weir' if transactions is None else 'weir-' + transactions}."
-    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": prefix.rstrip(".").replace(".", "-"), "WEIR_GUARANTEE": "exactly_once"}
-    if transactions is not None:
-        env["WEIR_TRANSACTIONS"] = transactions
+@contextlib.contextmanager
+def weir_pipeline(
+    ctx: Context, label: str, prefix: str, extra_env: dict[str, str] | None = None, trace_files: dict[str, Path] | None = None
+) -> Iterator[Pipeline]:
+    """The split/aggregate pipeline's three workers (one splitter+aggregator, two items), on new topics
+    ``<prefix>*``, exactly_once; ``extra_env`` adds to their environment, ``trace_files`` names a
+    WEIR_TRACE_FILE per worker (``split+agg``, ``items-1``, ``items-2``). Stopped on leaving."""
+    env = {
+        **os.environ,
+        "WEIR_TOPIC_PREFIX": prefix,
+        "WEIR_APP_ID": prefix.rstrip(".").replace(".", "-"),
+        "WEIR_GUARANTEE": "exactly_once",
+        **(extra_env or {}),
+    }
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     asyncio.run(ensure_topics(ctx.bootstrap, names, PARTITIONS))
     stages = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
     workers = {
         name: WorkerProcess(
-            agents, {**env, "WEIR_DATA_DIR": str(ctx.work_dir / f"weir-data-{name}")}, ctx.work_dir / f"weir-{name}.log", _free_port()
+            agents,
+            {
+                **env,
+                "WEIR_DATA_DIR": str(ctx.work_dir / f"weir-data-{name}"),
+                **({"WEIR_TRACE_FILE": str(trace_files[name])} if trace_files and name in trace_files else {}),
+            },
+            ctx.work_dir / f"weir-{name}.log",
+            _free_port(),
         )
         for name, agents in stages.items()
     }
@@ -400,11 +407,27 @@ def run_weir(
                 if worker.process is not None and worker.process.poll() is not None:
                     raise RuntimeError(f"weir worker {worker.agents} exited ({worker.log_path})")
 
-        pipeline = Pipeline(label, f"{prefix}orders", f"{prefix}aggregates", pids, alive)
-        _measure_pipeline(ctx, pipeline, orders, rate, light_seconds, _profiler(pids, profile, profile_seconds))
+        yield Pipeline(label, f"{prefix}orders", f"{prefix}aggregates", pids, alive)
     finally:
         for worker in workers.values():
             worker.stop()
+
+
+def run_weir(
+    ctx: Context,
+    orders: int,
+    rate: float,
+    light_seconds: float,
+    profile: Path | None,
+    profile_seconds: int,
+    transactions: str | None = None,
+) -> None:
+    """The split/aggregate pipeline; ``transactions``: WEIR_TRANSACTIONS for its workers (None: the default)."""
+    label = "weir" if transactions is None else f"weir, {transactions} transactions"
+    prefix = f"cmp-{ctx.run_id}.{'weir' if transactions is None else 'weir-' + transactions}."
+    extra_env = {} if transactions is None else {"WEIR_TRANSACTIONS": transactions}
+    with weir_pipeline(ctx, label, prefix, extra_env) as pipeline:
+        _measure_pipeline(ctx, pipeline, orders, rate, light_seconds, _profiler(pipeline.workers, profile, profile_seconds))
 
 
 def run_quix(ctx: Context, orders: int, rate: float, light_seconds: float) -> None:
