@@ -285,6 +285,8 @@ async def orders_run(
             "p99_ms": 1000 * percentile(latencies, 0.99),
             "cpu": cpu,
             "latencies": latencies,
+            "sent_at": sent_at,
+            "seen": {key: collector.seen[key] for key in keys},
         }
     finally:
         await producer.stop()
