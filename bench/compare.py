@@ -73,6 +73,8 @@ from tables.triggers import (
 )
 
 PARTITIONS = 4
+#: The weir pipeline's workers in every figure: name -> agents.
+WEIR_STAGES = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
 ITEMS = 10
 SECTIONS = ("raw", "faust", "weir", "weir-v1", "quix", "triggers", "eof", "barrier")
 #: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
@@ -369,11 +371,16 @@ def _profiler(workers: dict[str, int], out_dir: Path | None, seconds: int) -> Ca
 
 @contextlib.contextmanager
 def weir_pipeline(
-    ctx: Context, label: str, prefix: str, extra_env: dict[str, str] | None = None, trace_files: dict[str, Path] | None = None
+    ctx: Context,
+    label: str,
+    prefix: str,
+    extra_env: dict[str, str] | None = None,
+    trace_files: dict[str, Path] | None = None,
+    stages: dict[str, str] | None = None,
 ) -> Iterator[Pipeline]:
-    """The split/aggregate pipeline's three workers (one splitter+aggregator, two items), on new topics
-    ``<prefix>*``, exactly_once; ``extra_env`` adds to their environment, ``trace_files`` names a
-    WEIR_TRACE_FILE per worker (``split+agg``, ``items-1``, ``items-2``). Stopped on leaving."""
+    """The split/aggregate pipeline's workers on new topics ``<prefix>*``, exactly_once: ``stages`` names each
+    worker and its agents (default :data:`WEIR_STAGES`: one splitter+aggregator, two items). ``extra_env``
+    adds to their environment, ``trace_files`` names a WEIR_TRACE_FILE per worker. Stopped on leaving."""
     env = {
         **os.environ,
         "WEIR_TOPIC_PREFIX": prefix,
@@ -383,7 +390,6 @@ def weir_pipeline(
     }
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     asyncio.run(ensure_topics(ctx.bootstrap, names, PARTITIONS))
-    stages = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
     workers = {
         name: WorkerProcess(
             agents,
@@ -395,7 +401,7 @@ def weir_pipeline(
             ctx.work_dir / f"weir-{name}.log",
             _free_port(),
         )
-        for name, agents in stages.items()
+        for name, agents in (stages or WEIR_STAGES).items()
     }
     try:
         for worker in workers.values():

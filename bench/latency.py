@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.settings import load_settings
 from bench._util import broker_pid, percentile
-from bench.compare import ITEMS, PARTITIONS, SETTLE_S, Context, Pipeline, orders_run, weir_pipeline
+from bench.compare import ITEMS, PARTITIONS, SETTLE_S, WEIR_STAGES, Context, Pipeline, orders_run, weir_pipeline
 
 _COMMIT = re.compile(r"commit-gate\+txn-([\d.]+)\+([\d.]+)ms")
 _BATCH = re.compile(r"batch-(\d+)-")
@@ -145,16 +145,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each rate's run")
     parser.add_argument("--warm-up", type=int, default=1000, help="orders in the backlog before the rates")
     parser.add_argument("--trace", action="store_true", help="WEIR_TRACE_FILE per worker: commits and batches per rate")
+    parser.add_argument(
+        "--separate", action="store_true", help="the splitter and the aggregator in two processes (default: one, as in bench.compare)"
+    )
     parser.add_argument("--hops", type=int, default=0, metavar="N", help="latency per hop; N: also the hops of the N slowest orders")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",") if rate.strip()]
     run_id = uuid.uuid4().hex[:6]
     ctx = Context(load_settings().bootstrap, run_id, 1, Path(tempfile.mkdtemp(prefix=f"weir-latency-{run_id}-")), broker_pid())
-    traces = {name: ctx.work_dir / f"trace-{name}.txt" for name in ("split+agg", "items-1", "items-2")} if args.trace else {}
+    stages = {"split": "splitter", "agg": "aggregator", "items-1": "items", "items-2": "items"} if args.separate else WEIR_STAGES
+    traces = {name: ctx.work_dir / f"trace-{name}.txt" for name in stages} if args.trace else {}
     print(f"command: {' '.join(['python -m bench.latency', *sys.argv[1:]])}")
     print(f"run id: {run_id} (topics lat-{run_id}.*, logs in {ctx.work_dir}); load average {os.getloadavg()[0]:.2f} at start")
     prefix = f"lat-{run_id}."
-    with weir_pipeline(ctx, "weir", prefix, {}, traces) as pipeline:
+    with weir_pipeline(ctx, "weir", prefix, {}, traces, stages) as pipeline:
         backlog = asyncio.run(orders_run(ctx, pipeline, 0, args.warm_up, None))
         print(f"warm-up backlog of {args.warm_up:,} orders: {backlog['orders_per_s']:,.0f} orders/s ({ITEMS} items each)")
         print()
