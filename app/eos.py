@@ -181,7 +181,7 @@ class WeirTransactionManager(TransactionManager):
             return await self._commit(offsets, start_new_transaction)
         finally:
             if _TRACE_FILE is not None:
-                took = f"{1000 * (began - _gate_entered[0]):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
+                took = f"{1000 * (began - gate.commit_asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
                 trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))
 
     async def _commit(self, offsets: Mapping[TP, int], start_new_transaction: bool) -> bool:
@@ -489,9 +489,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
         """
         if not self.in_transaction:
             return cast(bool, await super().force_commit(topics, start_new_transaction))
-        asked = time.monotonic()
         async with gate.committing():
-            _gate_entered[0] = asked
             return cast(bool, await super().force_commit(topics, start_new_transaction))
 
     @property
@@ -969,6 +967,8 @@ class CommitGate:
         self._open = asyncio.Event()
         self._open.set()
         self._held = False
+        #: When the running (or last) commit asked for the gate.
+        self.commit_asked = 0.0
 
     def hold(self) -> None:
         """A rebalance began: until :meth:`release` (the new generation is set) events are not processed.
@@ -1014,6 +1014,7 @@ class CommitGate:
 
     @contextlib.asynccontextmanager
     async def committing(self) -> AsyncIterator[None]:
+        self.commit_asked = time.monotonic()  # the trace line of the commit counts its wait here from it
         self._open.clear()
         try:
             try:
@@ -1027,8 +1028,6 @@ class CommitGate:
 
 
 gate = CommitGate()
-#: When the running commit asked for the gate (its wait there goes into the trace line of the commit).
-_gate_entered = [0.0]
 #: What the current scope sent (table changelog writes and topic sends): delivered before it ends.
 _scope_sends: contextvars.ContextVar[list[FutureMessage] | None] = contextvars.ContextVar("weir_scope_sends", default=None)
 #: The current scope's table writes, per table: written (store and changelog) once per key when it ends.

@@ -102,8 +102,13 @@ class Figure:
             return ["-", "-", "-", "-"]
         ordered = sorted(self.values)
         median_run = self.values.index(ordered[(len(ordered) - 1) // 2])
-        cpu = " · ".join(f"{name} {percent:.0f}" for name, percent in self.cpu[median_run].items())
+        cpu = cpu_text(self.cpu[median_run])
         return [self.fmt.format(ordered[0]), self.fmt.format(statistics.median(ordered)), self.fmt.format(ordered[-1]), cpu]
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    """CPU per process as the tables show it: ``broker 33 · split+agg 73 · ...`` (% of one core)."""
+    return " · ".join(f"{name} {percent:.0f}" for name, percent in cpu.items())
 
 
 @dataclass

@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.settings import load_settings
 from bench._util import broker_pid, percentile
-from bench.compare import ITEMS, PARTITIONS, SETTLE_S, WEIR_STAGES, Context, Pipeline, orders_run, weir_pipeline
+from bench.compare import ITEMS, PARTITIONS, SETTLE_S, WEIR_STAGES, Context, Pipeline, cpu_text, orders_run, weir_pipeline
 
 _COMMIT = re.compile(r"commit-gate\+txn-([\d.]+)\+([\d.]+)ms")
 _BATCH = re.compile(r"batch-(\d+)-")
@@ -171,7 +171,7 @@ def main() -> None:
             figures = _rate_run(ctx, pipeline, first, rate, args.seconds, traces)
             first += figures["count"]
             latencies = figures["latencies"]
-            cpu = " · ".join(f"{name} {percent:.0f}" for name, percent in figures["cpu"].items())
+            cpu = cpu_text(figures["cpu"])
             cells = [_ms(latencies, fraction) for fraction in (0.5, 0.9, 0.99, 0.999, 1.0)]
             print(f"| {rate:g} | {figures['count']:,} | {' | '.join(cells)} | {cpu} |", flush=True)
             notes.extend(f"{rate:g}/s, {name}: {summary}" for name, summary in figures["traces"].items())
