@@ -58,7 +58,11 @@ worker = ItemWorker(
 )
 
 
-@app.agent(topics.items, concurrency=settings.item_concurrency)
+@app.agent(topics.items)
 async def items(stream: StreamT[bytes]) -> None:
-    """Runs the item step on every item of every item message (in batches); each message's outcomes go to the aggregator in one message."""
-    await handle_events(stream, agent=AGENT, what="items: item", handler=worker.handle, batched=True)
+    """Runs the item step on every item of every item message (in batches); each message's outcomes go to the aggregator in one message.
+
+    One actor, so that each partition is handled in order (``app.core.run_parts``). An async step runs on
+    every item of a batch at once, up to ``WEIR_ITEM_CONCURRENCY`` items at a time per worker.
+    """
+    await handle_events(stream, agent=AGENT, what="items: item", handler=worker.handle, batched=True, concurrent=worker.concurrent)

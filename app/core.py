@@ -143,9 +143,28 @@ class Topics:
 topics = Topics(app, settings)
 
 
+def refuse_out_of_order_agents(agents: Iterable[Any]) -> None:
+    """Under exactly_once, stop a worker whose agent runs several actors (Faust's ``concurrency`` above 1).
+
+    Such an agent takes a partition's events out of order, and no commit can then cover exactly the events
+    whose outputs it carries (see :func:`run_parts`). An agent that waits on I/O runs its batch's events at
+    once instead (``handle_events(..., concurrent=True)``). Under at_least_once a replay is allowed.
+    """
+    for agent in agents:
+        if getattr(agent, "concurrency", 1) > 1:
+            message = (
+                f"agent {agent.name!r} runs {agent.concurrency} actors (concurrency={agent.concurrency}) under exactly_once: "
+                "they would take a partition's events out of order, and a commit could carry outputs of events whose offsets "
+                "it does not commit; use concurrency=1 and handle_events(..., batched=True, concurrent=True) to run a batch's "
+                "events at once"
+            )
+            raise RuntimeError(message)
+
+
 @app.on_worker_init.connect
 def _prepare_worker(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
     if settings.processing_guarantee == "exactly_once":
+        refuse_out_of_order_agents(sender.agents.values())
         eos.wipe_local_tables(sender.conf.tabledir)
     # Faust creates only its internal topics; a source topic missing at subscription time would never
     # be assigned. The loop is not running yet here, so the admin call runs on a loop of its own.
@@ -268,21 +287,25 @@ def decode_event(event: EventT[bytes], *, what: str) -> Any:
 EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 
 
-async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False) -> None:
+async def handle_events(
+    stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False, concurrent: bool = False
+) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
     handler (a bug, not bad input: user steps have their own retry policy) is dead-lettered too, so the
     agent keeps running and the partition is not blocked. ``batched``: events are taken in batches (see
-    :func:`handle_parts`), one scope per partition's part instead of one per event.
+    :func:`handle_parts`), one scope per partition's part instead of one per event. ``concurrent`` (with
+    ``batched``): a batch's events are all handled at once, every partition's part and every event of a
+    part, for a handler that waits on I/O (it bounds its own concurrency). The batch is still one unit
+    between two commits, so a partition's events are acked in order (:func:`run_parts`).
     """
     if batched:
 
         async def each(part: Sequence[EventT[bytes]]) -> None:
-            for event in part:
-                await _handle_one(event, agent=agent, what=what, handler=handler)
+            await handle_part_events(part, agent=agent, what=what, handler=handler, concurrent=concurrent)
 
-        await handle_parts(stream, each)
+        await handle_parts(stream, each, concurrent=concurrent)
         return
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
@@ -292,6 +315,17 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
             await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
             eos.ack_handled(event)
+
+
+async def handle_part_events(
+    part: Sequence[EventT[bytes]], *, agent: str, what: str, handler: EventHandler, concurrent: bool = False
+) -> None:
+    """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once."""
+    if concurrent:
+        await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler) for event in part)
+        return
+    for event in part:
+        await _handle_one(event, agent=agent, what=what, handler=handler)
 
 
 async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
@@ -311,10 +345,24 @@ async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: E
 PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 
 
-async def handle_parts(stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None) -> None:
+async def handle_parts(
+    stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None, concurrent: bool = False
+) -> None:
     """Take events in batches (:func:`take_ready`: up to ``size``, what is ready) and run :func:`run_parts`."""
     async for batch in take_ready(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
-        await run_parts(batch, handle_part)
+        await run_parts(batch, handle_part, concurrent=concurrent)
+
+
+async def all_at_once(coroutines: Iterable[Awaitable[None]]) -> None:
+    """Run ``coroutines`` concurrently; when one raises, cancel the others, wait for them, and raise its error."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
@@ -380,7 +428,7 @@ async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncI
         faust_stream._processors.remove(add_to_buffer)
 
 
-async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -> None:
+async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *, concurrent: bool = False) -> None:
     """Hand a batch to ``handle_part`` one source partition at a time, each part inside one exactly-once scope.
 
     No commit can start while a batch is handled. While a partition's part is handled Faust's current event
@@ -391,7 +439,15 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
     covers it (by the batch under at_least_once, by the next commit under exactly_once:
     ``eos.batch_scope``), so the commit that covers one of its offsets covers all of them and all they wrote
     and sent. Events of an older consumer generation are acked without processing, as Faust's own stream
-    does: the partition's new owner gets them again from the committed offset.
+    does: the partition's new owner gets them again from the committed offset. ``concurrent``: the parts
+    are handled at once, each in a task of its own (its own part scope).
+
+    A partition's events are handled in offset order, in one batch at a time: when a commit closes the gate,
+    every event this agent took is either handled and acked or not begun, and the acked offsets of each
+    partition are a prefix of what was delivered. That is why an agent must run one actor (Faust's
+    ``concurrency=1``, :func:`refuse_out_of_order_agents`): several actors take one partition's events out
+    of order, and a commit would carry the outputs of handled events above one still waiting at the gate
+    while committing the offsets only below it; a crash then replays them.
     """
     began = time.monotonic()
     async with eos.batch_scope() as scope:
@@ -402,11 +458,18 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler) -
             eos.trace("event", event.message.tp, event.message.offset)
             if eos.to_process(event):
                 parts.setdefault(event.message.tp, []).append(event)
-        for part in parts.values():
+
+        async def run(part: list[EventT[bytes]]) -> None:
             with scope.part(part[-1]):
                 await handle_part(part)
             for event in part:
                 eos.ack_handled(event)
+
+        if concurrent and len(parts) > 1:
+            await all_at_once(run(part) for part in parts.values())
+        else:
+            for part in parts.values():
+                await run(part)
     if events and eos.tracing():  # the batch's size, its wait at the gate and its time inside
         took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
         eos.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)

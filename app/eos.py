@@ -1319,8 +1319,8 @@ def first_delivery(event: EventT[Any]) -> bool:
     from the committed offset. Both copies were processed, in the same transaction: an order priced twice
     in the flow crash test. A copy is acked and left out; the first processing is in the open transaction,
     which commits with the first copy's ack. Offsets below the committed one are forgotten: a seek never
-    goes below it. A set, not a high-water mark: an agent with concurrency > 1 takes a partition's events
-    out of order. Called inside the commit gate.
+    goes below it. A set, not a high-water mark: it makes no assumption on the order in which an agent
+    takes a partition's events. Called inside the commit gate.
     """
     message = event.message
     tp, offset = message.tp, message.offset

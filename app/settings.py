@@ -158,7 +158,7 @@ class Settings:
     tick_interval_ms: int = 250
     #: WEIR_DONE_RETENTION_MS: how long a completed group is remembered to count late items.
     done_retention_ms: int = 600_000
-    #: WEIR_ITEM_CONCURRENCY: item messages one items worker processes at once.
+    #: WEIR_ITEM_CONCURRENCY: items an async item step runs on at once, per items worker (a batch's items run together).
     item_concurrency: int = 8
     #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
     split_chunk: int = 10

@@ -1,0 +1,127 @@
+"""How an agent handles a batch (app.core.run_parts): in offset order per partition, by one actor, at once when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
+
+from app import core, eos
+
+
+class _Event:
+    """Just enough of a Faust event for run_parts (an instance can be weakly referenced, as part scopes do)."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self.message = SimpleNamespace(tp=TP("t", partition), offset=offset, generation_id=1)
+        self.app = SimpleNamespace(consumer_generation_id=1, consumer=SimpleNamespace(_committed_offset={}))
+        self.acked = False
+
+    def ack(self) -> bool:
+        self.acked = True
+        return True
+
+
+def _batch(*offsets: tuple[int, int]) -> list[Any]:
+    eos._processed.clear()
+    return [_Event(partition, offset) for partition, offset in offsets]
+
+
+def test_concurrent_parts_run_at_once_each_in_its_own_part_scope() -> None:
+    events = _batch((0, 10), (1, 20), (0, 11), (1, 21))
+    started: list[Any] = []
+    both = asyncio.Event()
+
+    async def handle_part(part: Any) -> None:
+        started.append((part, faust.current_event()))
+        if len(started) == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), timeout=2.0)  # one part at a time never gets here: a timeout
+        assert not any(event.acked for event in part), "a part is acked after it is handled, not before"
+
+    asyncio.run(core.run_parts(events, handle_part, concurrent=True))
+    assert [[event.message.offset for event in part] for part, _ in started] == [[10, 11], [20, 21]]
+    assert [current for _, current in started] == [part[-1] for part, _ in started], "each task's current event is its part's last"
+    assert all(event.acked for event in events)
+
+
+def test_without_concurrent_the_parts_run_one_after_the_other() -> None:
+    events = _batch((0, 1), (1, 1), (0, 2))
+    running: list[int] = []
+    overlap: list[int] = []
+
+    async def handle_part(part: Any) -> None:
+        running.append(1)
+        overlap.append(len(running))
+        await asyncio.sleep(0.01)
+        running.pop()
+
+    asyncio.run(core.run_parts(events, handle_part))
+    assert overlap == [1, 1]
+    assert all(event.acked for event in events)
+
+
+def test_a_failing_part_cancels_the_others_and_nothing_of_it_is_acked() -> None:
+    events = _batch((0, 1), (1, 1))
+    cancelled: list[bool] = []
+
+    async def handle_part(part: Any) -> None:
+        if part[0].message.tp.partition == 0:
+            await asyncio.sleep(0)
+            raise RuntimeError("broken")
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(RuntimeError, match="broken"):
+        asyncio.run(core.run_parts(events, handle_part, concurrent=True))
+    assert cancelled == [True]
+    assert not any(event.acked for event in events)
+
+
+def test_a_concurrent_part_handles_its_events_at_once_and_dead_letters_each_failure_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = _batch((0, 1), (0, 2), (0, 3))
+    for event in events:
+        event.message.value = b'{"n": %d}' % event.message.offset
+    in_flight: list[int] = []
+    all_in = asyncio.Event()
+    dead: list[Any] = []
+
+    async def handler(event: Any, value: Any) -> None:
+        in_flight.append(value["n"])
+        if len(in_flight) == 3:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), timeout=2.0)
+        if value["n"] == 2:
+            raise ValueError("bad item")
+
+    async def dead_letter(event: Any, **fields: Any) -> None:
+        dead.append((event.message.offset, fields["reason"]))
+
+    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
+    asyncio.run(core.handle_part_events(events, agent="items", what="item", handler=handler, concurrent=True))
+    assert sorted(in_flight) == [1, 2, 3]
+    assert dead == [(2, "error")]
+
+
+def test_a_worker_refuses_an_agent_with_several_actors() -> None:
+    agent = SimpleNamespace(name="items", concurrency=8)
+    with pytest.raises(RuntimeError, match=r"'items' runs 8 actors .* under exactly_once"):
+        core.refuse_out_of_order_agents([SimpleNamespace(name="ok", concurrency=1), agent])
+
+
+def test_every_agent_weir_ships_runs_one_actor() -> None:
+    """Every agent module but flows (it needs WEIR_FLOWS; its agent names concurrency=1 itself)."""
+    modules = ["splitter", "items", "aggregator", "triggers", "eof_filter", "eof_aggregator", "eof_controller"]
+    modules += ["shop_orders", "shop_payments", "shop_kitchen", "shop_dispatch", "shop_reports"]
+    for module in modules:
+        importlib.import_module(f"agents.{module}")
+    assert set(modules) <= {agent.name.rsplit(".", 1)[-1] for agent in core.app.agents.values()}
+    core.refuse_out_of_order_agents(core.app.agents.values())
