@@ -429,7 +429,7 @@ async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncI
 
 
 async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *, concurrent: bool = False) -> None:
-    """Hand a batch to ``handle_part`` one source partition at a time, each part inside one exactly-once scope.
+    """Hand a batch to ``handle_part`` by source partition, each partition's part inside one exactly-once scope.
 
     No commit can start while a batch is handled. While a partition's part is handled Faust's current event
     is the part's last event (tables use that partition's store and changelog, sends join the transaction
