@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from faust.types import StreamT
+from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, parse_items
 from app.catalogue import CATALOGUE_CENTS
-from app.core import app, handle_events, retry_policy, settings, topics
+from app.core import app, handle_parts, retry_policy, settings, topics
 from app.errors import StepOutcome, run_with_retry
 
 __all__ = ["parse_items", "price_item", "load_processor", "CATALOGUE_CENTS"]
@@ -55,6 +55,7 @@ worker = ItemWorker(
     results=topics.item_results,
     concurrent=asyncio.iscoroutinefunction(_process),  # a sync step runs to the end anyway
     concurrency=settings.item_concurrency,
+    bundle=settings.bundle,
 )
 
 
@@ -63,6 +64,11 @@ async def items(stream: StreamT[bytes]) -> None:
     """Runs the item step on every item of every item message (in batches); each message's outcomes go to the aggregator in one message.
 
     One actor, so that each partition is handled in order (``app.core.run_parts``). An async step runs on
-    every item of a batch at once, up to ``WEIR_ITEM_CONCURRENCY`` items at a time per worker.
+    every item of a batch at once, up to ``WEIR_ITEM_CONCURRENCY`` items at a time per worker. The outcome
+    messages of a batch's part go out in bundles, one record per aggregator partition (``WEIR_BUNDLE``).
     """
-    await handle_events(stream, agent=AGENT, what="items: item", handler=worker.handle, batched=True, concurrent=worker.concurrent)
+
+    async def handle_part(part: Sequence[EventT[bytes]]) -> None:
+        await worker.handle_part(part, what="items: item")
+
+    await handle_parts(stream, handle_part, concurrent=worker.concurrent)

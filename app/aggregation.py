@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import faust
 from faust.types import EventT, TableT
 
 from app.codec import dumps
-from app.core import InvalidMessage, now_ms, send_dead_letter
+from app.core import InvalidMessage, dead_letter_value, handle_part_events, now_ms, send_dead_letter, topic_partitions
 from app.deadlines import DeadlineIndex, deadline_bucket
-from app.errors import StepOutcome
+from app.errors import StepOutcome, describe_error
+from app.kafka_io import key_partition
 from tables.aggregates import (
     AggregatorConfig,
     DoneState,
@@ -39,6 +41,8 @@ from tables.aggregates import (
     on_late_item,
     on_open,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["split_messages", "send_split", "parse_items", "ItemWorker", "Aggregation", "Emit"]
 
@@ -133,10 +137,12 @@ ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
 class ItemWorker:
     """The per-item stage: ``handle(event, message)`` runs ``step`` on every item of an item message."""
 
-    def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int) -> None:
+    def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int, bundle: int = 1) -> None:
         self.agent = agent
         self.step = step
         self.results = results
+        #: outcome messages per record at most (:func:`send_bundled`, by :meth:`handle_part`)
+        self.bundle = bundle
         #: run the items of a message at once (an async step may wait on I/O), up to ``concurrency`` per worker
         self.concurrent = concurrent
         self._running = asyncio.Semaphore(max(1, concurrency))
@@ -146,6 +152,27 @@ class ItemWorker:
             return await self.step(payload, index, message)
 
     async def handle(self, event: EventT[bytes], raw: Any) -> None:
+        """Run the step on a message's items and send their outcomes in one message."""
+        key, message = await self.outcomes(event, raw)
+        await self.results.send(key=key.encode(), value=dumps(message))
+
+    async def handle_part(self, part: Sequence[EventT[bytes]], *, what: str) -> None:
+        """A partition's part of a batch: every message's outcomes, bundled by the results partition they go to.
+
+        Each message is decoded and handled as :meth:`handle` would (a bad one is dead-lettered alone); their
+        outcome messages then go out :func:`bundled`, so the aggregate stage reads one record per
+        destination partition instead of one per message.
+        """
+        outgoing: list[tuple[str, dict[str, Any]]] = []
+
+        async def collect(event: EventT[bytes], raw: Any) -> None:
+            outgoing.append(await self.outcomes(event, raw))
+
+        await handle_part_events(part, agent=self.agent, what=what, handler=collect, concurrent=self.concurrent)
+        await send_bundled(self.results, outgoing, size=self.bundle)
+
+    async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
+        """The key and the outcome message of an item message (a failed item is dead-lettered here)."""
         parsed = parse_items(raw)
         if self.concurrent:
             outcomes = await asyncio.gather(*(self._run(payload, index, raw) for _, index, _, _, payload in parsed))
@@ -183,7 +210,33 @@ class ItemWorker:
             message = {"kind": "items", "correlation_id": correlation_id, "total": total, "items": results}
         if isinstance(raw.get("open"), dict):
             message["open"] = raw["open"]  # the group's open, folded into its only chunk (split_messages)
-        await self.results.send(key=correlation_id.encode(), value=dumps(message))
+        return correlation_id, message
+
+
+async def send_bundled(topic: faust.TopicT, outgoing: list[tuple[str, dict[str, Any]]], *, size: int) -> None:
+    """Send keyed messages, up to ``size`` per record: a ``bundle`` of those that go to one partition.
+
+    A message's key decides its partition (the aggregate stage's tables are partitioned by it), so a bundle
+    holds only messages whose keys go to one partition, is sent to that partition, and is keyed by its first
+    message's key. A partition with one message, ``size`` 1, or a topic whose partition count is unknown
+    (:data:`app.core.topic_partitions`) gets plain messages.
+    """
+    partitions = topic_partitions.get(topic.get_topic_name())
+    if len(outgoing) < 2 or size < 2 or not partitions:
+        for key, message in outgoing:
+            await topic.send(key=key.encode(), value=dumps(message))
+        return
+    by_partition: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for key, message in outgoing:
+        by_partition.setdefault(key_partition(key.encode(), partitions), []).append((key, message))
+    for partition, messages in by_partition.items():
+        for first in range(0, len(messages), size):
+            piece = messages[first : first + size]
+            if len(piece) == 1:
+                await topic.send(key=piece[0][0].encode(), value=dumps(piece[0][1]))
+            else:
+                value = dumps({"kind": "bundle", "messages": [message for _, message in piece]})
+                await topic.send(key=piece[0][0].encode(), value=value, partition=partition)
 
 
 #: Hands a completed group's result on: (event, correlation id, result, the open's context).
@@ -220,10 +273,32 @@ class Aggregation:
         if not isinstance(message, dict):
             raise InvalidMessage(f"{self.agent}: a message must be a JSON object, got {type(message).__name__}")
         now = now_ms()
-        if message.get("kind") == "tick":
+        kind = message.get("kind")
+        if kind == "tick":
             await self._on_tick(event, now)
+        elif kind == "bundle":
+            await self._on_bundle(event, message, now)
         else:
             await self._on_message(event, message, now)
+
+    async def _on_bundle(self, event: EventT[bytes], bundle: dict[str, Any], now: int) -> None:
+        """A bundle of messages for this partition (:func:`send_bundled`): each handled alone, a bad one dead-lettered alone."""
+        messages = bundle.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidMessage(f"{self.agent}: a bundle needs a non-empty list 'messages', got {messages!r:.200}")
+        for message in messages:
+            with dead_letter_value(message):
+                try:
+                    if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle"):
+                        raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
+                    await self._on_message(event, message, now)
+                except InvalidMessage as error:
+                    await send_dead_letter(event, reason="invalid", error=str(error), agent=self.agent, step="validate")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    log.exception("%s: unexpected error while handling a message of a bundle", self.agent)
+                    await send_dead_letter(event, reason="error", error=describe_error(error), agent=self.agent, step="handle")
 
     def _load(self, correlation_id: str) -> GroupState | None:
         raw = self.open_groups.get(correlation_id)

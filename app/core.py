@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import faust
@@ -143,6 +145,10 @@ class Topics:
 topics = Topics(app, settings)
 
 
+#: Partition counts of weir's topics, as the broker described them when this worker started (``_prepare_worker``).
+topic_partitions: dict[str, int] = {}
+
+
 def refuse_out_of_order_agents(agents: Iterable[Any]) -> None:
     """Under exactly_once, stop a worker whose agent runs several actors (Faust's ``concurrency`` above 1).
 
@@ -173,7 +179,7 @@ def _prepare_worker(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> N
 
     def create() -> None:
         try:
-            asyncio.run(ensure_topics(settings.bootstrap, names, settings.partitions))
+            topic_partitions.update(asyncio.run(ensure_topics(settings.bootstrap, names, settings.partitions)))
         except BaseException as error:
             failure.append(error)
 
@@ -482,14 +488,31 @@ async def send_dead_letter_record(record: dict[str, Any]) -> None:
     await topics.dead_letters.send(key=key.encode() if key is not None else None, value=dumps(record))
 
 
+#: The part of the event's message being handled (one message of a bundle), which a dead letter holds instead of the whole.
+_handled_part: contextvars.ContextVar[Any] = contextvars.ContextVar("weir_handled_part", default=None)
+
+
+@contextlib.contextmanager
+def dead_letter_value(part: Any) -> Iterator[None]:
+    """Inside it, a dead letter of the current event holds ``part`` (JSON-encoded), not the event's whole value."""
+    token = _handled_part.set(part)
+    try:
+        yield
+    finally:
+        _handled_part.reset(token)
+
+
 async def send_dead_letter(
     event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1, value: bytes | None = None
 ) -> None:
     """Publish the event's original message to the dead-letter topic, saying where and why it stopped.
 
-    ``value``: what failed when it is a part of the message (one item of a chunk), instead of the whole value.
+    ``value``: what failed when it is a part of the message (one item of a chunk), instead of the whole value;
+    by default the part :func:`dead_letter_value` names, if any.
     """
     message = event.message
+    if value is None and (part := _handled_part.get()) is not None:
+        value = dumps(part)
     record = dead_letter_record(
         reason=reason,
         error=error,

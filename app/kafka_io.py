@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import murmur2
 
 from app.codec import dumps
 from app.settings import kafka_client_options
@@ -24,6 +25,11 @@ def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str,
     SASL or TLS deployment needs no change in the callers.
     """
     return dict(client_options) if client_options is not None else kafka_client_options()
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a keyed record: the producers' default partitioner (murmur2 of the key's bytes)."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 async def ensure_topics(

@@ -162,6 +162,9 @@ class Settings:
     item_concurrency: int = 8
     #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
     split_chunk: int = 10
+    #: WEIR_BUNDLE: outcome messages of one batch an items worker puts in one record per aggregator partition
+    #: (a ``bundle``; 1: one record per item message).
+    bundle: int = 50
     #: WEIR_BATCH_SIZE / WEIR_BATCH_WAIT_MS: events the split/aggregate agents take per batch, and the longest
     #: wait for a batch to fill. One batch's part of a partition is one unit: each table key is written once,
     #: every send and changelog write is awaited once, all its offsets are acked together.
@@ -341,6 +344,7 @@ def load_settings() -> Settings:
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
         split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk),
+        bundle=_env_int("WEIR_BUNDLE", defaults.bundle),
         batch_size=_env_int("WEIR_BATCH_SIZE", defaults.batch_size),
         batch_wait_ms=_env_int("WEIR_BATCH_WAIT_MS", defaults.batch_wait_ms),
         producer_linger_ms=_env_int("WEIR_PRODUCER_LINGER_MS", defaults.producer_linger_ms),

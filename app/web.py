@@ -15,12 +15,12 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import murmur2
 from faust import web
 from faust.types import TableT
 from yarl import URL
 
 from app.core import app, settings, topics
+from app.kafka_io import key_partition
 from tables.aggregates import DoneState, GroupState
 from tables.barrier import BarrierState
 from tables.eof import ClientTotals, ControllerState, EofConfig
@@ -359,7 +359,7 @@ def weir_partition(key: str, partitions: int) -> int:
     Faust's own router hashes the table's *serialized* key (JSON: ``'"o-1"'``), not the raw key the source
     topics are keyed by, so it names the wrong owner for weir's tables; see :meth:`KeyView._from_peers`.
     """
-    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+    return key_partition(key.encode(), partitions)
 
 
 def due_in_text(deadline_ms: int, now_ms: int) -> str:

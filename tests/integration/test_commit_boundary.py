@@ -66,7 +66,9 @@ async def outputs_and_offsets(pipeline: Pipeline) -> tuple[dict[str, float], dic
             now = time.monotonic()
             for records in batch.values():
                 for record in records:
-                    seen.setdefault(orjson.loads(record.value)["correlation_id"], now)
+                    value = orjson.loads(record.value)
+                    for message in value["messages"] if value.get("kind") == "bundle" else [value]:
+                        seen.setdefault(message["correlation_id"], now)
             for name, (partition, _, _) in sends.items():
                 if name not in covered:
                     offset = await committed_offset(admin, f"{pipeline.app_id}-items", TopicPartition(items, partition))
