@@ -62,14 +62,15 @@ def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_o
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=own_broker.bootstrap, tmp=tmp_path, prefix=f"r{unique}.", app_id=f"r{unique}")
     try:
-        # deadlines far away: a group must complete by count, not time out while the broker is down
-        env = {"WEIR_AGGREGATE_TIMEOUT_MS": 600_000, "WEIR_COMMIT_INTERVAL": 0.2}
+        # deadlines far away: a group must complete by count, not time out while the broker is down; one item
+        # at a time, 10 ms each, so the run lasts about 15 s and the broker stops while it is under way
+        env = {"WEIR_AGGREGATE_TIMEOUT_MS": 600_000, "WEIR_COMMIT_INTERVAL": 0.2, "WEIR_ITEM_CONCURRENCY": 1}
         asyncio.run(precreate_changelogs(pipeline))
         workers = [pipeline.start_worker("splitter,aggregator", **env), pipeline.start_worker("items", **env)]
         for worker in workers:
             worker.wait_ready(120)
         orders = [
-            (f"o-{number}", {"order_id": f"o-{number}", "items": [{"value": index} for index in range(ITEMS_PER_ORDER)]})
+            (f"o-{number}", {"order_id": f"o-{number}", "items": [{"value": index, "sleep_s": 0.01} for index in range(ITEMS_PER_ORDER)]})
             for number in range(ORDERS)
         ]
         asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("orders"), orders))
