@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -26,9 +26,9 @@ import faust
 from faust.types import EventT, TableT
 
 from app.codec import dumps
-from app.core import InvalidMessage, dead_letter_value, handle_part_events, now_ms, send_dead_letter, topic_partitions
+from app.core import InvalidMessage, dead_letter_value, dead_lettered, handle_part_events, now_ms, send_dead_letter, topic_partitions
 from app.deadlines import DeadlineIndex, deadline_bucket
-from app.errors import StepOutcome, describe_error
+from app.errors import StepOutcome
 from app.kafka_io import key_partition
 from tables.aggregates import (
     AggregatorConfig,
@@ -41,8 +41,6 @@ from tables.aggregates import (
     on_late_item,
     on_open,
 )
-
-log = logging.getLogger(__name__)
 
 __all__ = ["split_messages", "send_split", "parse_items", "ItemWorker", "Aggregation", "Emit"]
 
@@ -288,17 +286,12 @@ class Aggregation:
             raise InvalidMessage(f"{self.agent}: a bundle needs a non-empty list 'messages', got {messages!r:.200}")
         for message in messages:
             with dead_letter_value(message):
-                try:
-                    if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle"):
-                        raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
-                    await self._on_message(event, message, now)
-                except InvalidMessage as error:
-                    await send_dead_letter(event, reason="invalid", error=str(error), agent=self.agent, step="validate")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    log.exception("%s: unexpected error while handling a message of a bundle", self.agent)
-                    await send_dead_letter(event, reason="error", error=describe_error(error), agent=self.agent, step="handle")
+                await dead_lettered(event, agent=self.agent, run=functools.partial(self._on_bundled, event, message, now))
+
+    async def _on_bundled(self, event: EventT[bytes], message: Any, now: int) -> None:
+        if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle"):
+            raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
+        await self._on_message(event, message, now)
 
     def _load(self, correlation_id: str) -> GroupState | None:
         raw = self.open_groups.get(correlation_id)

@@ -154,15 +154,16 @@ def refuse_out_of_order_agents(agents: Iterable[Any]) -> None:
 
     Such an agent takes a partition's events out of order, and no commit can then cover exactly the events
     whose outputs it carries (see :func:`run_parts`). An agent that waits on I/O runs its batch's events at
-    once instead (``handle_events(..., concurrent=True)``). Under at_least_once a replay is allowed.
+    once instead (:func:`handle_parts` and :func:`handle_part_events` with ``concurrent=True``). Under
+    at_least_once a replay is allowed.
     """
     for agent in agents:
         if getattr(agent, "concurrency", 1) > 1:
             message = (
                 f"agent {agent.name!r} runs {agent.concurrency} actors (concurrency={agent.concurrency}) under exactly_once: "
                 "they would take a partition's events out of order, and a commit could carry outputs of events whose offsets "
-                "it does not commit; use concurrency=1 and handle_events(..., batched=True, concurrent=True) to run a batch's "
-                "events at once"
+                "it does not commit; use concurrency=1, and handle_parts(..., concurrent=True) with "
+                "handle_part_events(..., concurrent=True) to run a batch's events at once"
             )
             raise RuntimeError(message)
 
@@ -293,25 +294,22 @@ def decode_event(event: EventT[bytes], *, what: str) -> Any:
 EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 
 
-async def handle_events(
-    stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False, concurrent: bool = False
-) -> None:
+async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
     handler (a bug, not bad input: user steps have their own retry policy) is dead-lettered too, so the
     agent keeps running and the partition is not blocked. ``batched``: events are taken in batches (see
-    :func:`handle_parts`), one scope per partition's part instead of one per event. ``concurrent`` (with
-    ``batched``): a batch's events are all handled at once, every partition's part and every event of a
-    part, for a handler that waits on I/O (it bounds its own concurrency). The batch is still one unit
-    between two commits, so a partition's events are acked in order (:func:`run_parts`).
+    :func:`handle_parts`), one scope per partition's part instead of one per event. A handler that waits on
+    I/O runs a batch's events at once with :func:`handle_parts` and :func:`handle_part_events`, both
+    ``concurrent=True`` (the items agent).
     """
     if batched:
 
         async def each(part: Sequence[EventT[bytes]]) -> None:
-            await handle_part_events(part, agent=agent, what=what, handler=handler, concurrent=concurrent)
+            await handle_part_events(part, agent=agent, what=what, handler=handler)
 
-        await handle_parts(stream, each, concurrent=concurrent)
+        await handle_parts(stream, each)
         return
     async for event in stream.events():
         eos.trace("event", event.message.tp, event.message.offset)
@@ -335,8 +333,17 @@ async def handle_part_events(
 
 
 async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
+    await dead_lettered(event, agent=agent, run=lambda: handler(event, decode_event(event, what=what)))
+
+
+async def dead_lettered(event: EventT[bytes], *, agent: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run ``run()`` (the handling of ``event``, or of a part of it: :func:`dead_letter_value`); dead-letter what it raises.
+
+    Undecodable and invalid input, and any other error (a bug, logged with its traceback), go to the dead
+    letters with the step that failed; cancellation goes on.
+    """
     try:
-        await handler(event, decode_event(event, what=what))
+        await run()
     except DecodeError as error:
         await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
     except InvalidMessage as error:

@@ -75,6 +75,7 @@ def test_the_aggregator_handles_each_message_of_a_bundle_and_dead_letters_a_bad_
         dead.append((reason, step, core._handled_part.get()))
 
     monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
+    monkeypatch.setattr(core, "send_dead_letter", dead_letter)  # core.dead_lettered sends the bad message's
     _, [first] = split_messages("o-1", ["a"], chunk=10, deadline_ms=10**13)
     _, [second] = split_messages("o-2", ["b", "c"], chunk=10, deadline_ms=10**13)
     bad = {"kind": "items", "correlation_id": "o-3", "total": 1, "items": "not a list"}
