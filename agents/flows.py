@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from app.core import (
     InvalidMessage,
     app,
     handle_events,
+    handle_parts,
     json_table,
     message_headers,
     now_ms,
@@ -225,6 +227,7 @@ for _compiled_flow in _running:
                 results=_results,
                 concurrent=False,
                 concurrency=1,
+                bundle=settings.bundle,
             ),
             aggregation=Aggregation(
                 agent=_agent_name,
@@ -453,9 +456,12 @@ for _compiled_flow in _running:
 for _compiled_segment in _segments.values():
 
     async def _items_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
-        await handle_events(
-            stream, agent=compiled.worker.agent, what=f"{compiled.worker.agent}: item", handler=compiled.worker.handle, batched=True
-        )
+        worker = compiled.worker
+
+        async def handle_part(part: Sequence[EventT[bytes]]) -> None:
+            await worker.handle_part(part, what=f"{worker.agent}: item")
+
+        await handle_parts(stream, handle_part)
 
     async def _aggregate_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
         agent = compiled.aggregation.agent

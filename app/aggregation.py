@@ -4,8 +4,9 @@
   group's ``open`` (correlation id, total, deadline, context) to the aggregate topic. When every item fits
   in one chunk the open rides in that chunk instead and comes back with its outcomes: one record less to
   send and one less for the aggregate stage to read, in the common case.
+* :func:`send_splits`: sends them for a batch's groups at once, in bundles (:func:`send_bundled`).
 * :class:`ItemWorker`: runs the item step on each item of a chunk (with retries), dead-letters a failed
-  item alone, and sends the chunk's outcomes to the aggregate topic in one message.
+  item alone, and sends the chunk's outcomes to the aggregate topic in one message (a batch's, bundled).
 * :class:`Aggregation`: merges outcomes by correlation id into a table (``tables.aggregates``), completes
   a group by count, last-flag or timeout (a deadline index walked by ticks), and hands the result and
   the open's context to ``emit``.
@@ -26,7 +27,18 @@ import faust
 from faust.types import EventT, TableT
 
 from app.codec import dumps
-from app.core import InvalidMessage, dead_letter_value, dead_lettered, handle_part_events, now_ms, send_dead_letter, topic_partitions
+from app.core import (
+    InvalidMessage,
+    all_at_once,
+    app,
+    dead_letter_value,
+    dead_lettered,
+    handle_part_events,
+    now_ms,
+    send_dead_letter,
+    settings,
+    topic_partitions,
+)
 from app.deadlines import DeadlineIndex, deadline_bucket
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
@@ -42,7 +54,17 @@ from tables.aggregates import (
     on_open,
 )
 
-__all__ = ["split_messages", "send_split", "parse_items", "ItemWorker", "Aggregation", "Emit"]
+__all__ = [
+    "split_messages",
+    "send_split",
+    "send_splits",
+    "send_bundled",
+    "bundle_messages",
+    "parse_items",
+    "ItemWorker",
+    "Aggregation",
+    "Emit",
+]
 
 
 def split_messages(
@@ -85,14 +107,40 @@ def split_messages(
     return opened, chunks
 
 
+#: A group's split: its correlation id, its open (None when it rides in its only chunk) and its item messages.
+Split = tuple[str, dict[str, Any] | None, list[dict[str, Any]]]
+
+
 async def send_split(
     correlation_id: str, opened: dict[str, Any] | None, chunks: list[dict[str, Any]], *, results: faust.TopicT, items: faust.TopicT
 ) -> None:
-    """Send what :func:`split_messages` made: the open (if apart) to ``results``, each chunk to ``items`` keyed ``id#first index``."""
-    if opened is not None:
-        await results.send(key=correlation_id.encode(), value=dumps(opened))
-    for chunk in chunks:
-        await items.send(key=f"{correlation_id}#{chunk['items'][0]['index']}".encode(), value=dumps(chunk))
+    """Send what :func:`split_messages` made for one group, a record per message (:func:`send_splits`)."""
+    await send_splits([encode_split((correlation_id, opened, chunks))], results=results, items=items, size=1)
+
+
+def encode_split(split: Split) -> tuple[list[Keyed], list[Keyed]]:
+    """A split's open (if apart) and its chunks, keyed and encoded: chunks keyed ``id#first index``.
+
+    Raises :class:`InvalidMessage` when one is larger than a record may be (:func:`encoded`), so that the
+    order is dead-lettered alone, not the batch it came in.
+    """
+    correlation_id, opened, chunks = split
+    opens = [] if opened is None else [(correlation_id, encoded(opened, what=f"the open of {correlation_id!r}"))]
+    keyed = [
+        (f"{correlation_id}#{chunk['items'][0]['index']}", encoded(chunk, what=f"an item message of {correlation_id!r}"))
+        for chunk in chunks
+    ]
+    return opens, keyed
+
+
+async def send_splits(splits: Sequence[tuple[list[Keyed], list[Keyed]]], *, results: faust.TopicT, items: faust.TopicT, size: int) -> None:
+    """Send the opens (to ``results``) and the chunks (to ``items``) of several groups (:func:`encode_split`), bundled.
+
+    ``size``: messages per record at most (:func:`send_bundled`; 1: a record each). Every chunk still goes to
+    the partition its own key picks, so a batch's chunks go out in one record per items partition.
+    """
+    await send_bundled(results, [opened for opens, _ in splits for opened in opens], size=size)
+    await send_bundled(items, [chunk for _, chunks in splits for chunk in chunks], size=size)
 
 
 def parse_items(raw: Any) -> list[tuple[str, int, int | None, bool, Any]]:
@@ -133,7 +181,7 @@ ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
 
 
 class ItemWorker:
-    """The per-item stage: ``handle(event, message)`` runs ``step`` on every item of an item message."""
+    """The per-item stage: ``handle_part(events)`` runs ``step`` on every item of each item message."""
 
     def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int, bundle: int = 1) -> None:
         self.agent = agent
@@ -149,25 +197,41 @@ class ItemWorker:
         async with self._running if self.concurrent else contextlib.nullcontext():
             return await self.step(payload, index, message)
 
-    async def handle(self, event: EventT[bytes], raw: Any) -> None:
-        """Run the step on a message's items and send their outcomes in one message."""
-        key, message = await self.outcomes(event, raw)
-        await self.results.send(key=key.encode(), value=dumps(message))
-
     async def handle_part(self, part: Sequence[EventT[bytes]], *, what: str) -> None:
-        """A partition's part of a batch: every message's outcomes, bundled by the results partition they go to.
+        """A partition's part of a batch: every item message's outcomes, bundled by the results partition they go to.
 
-        Each message is decoded and handled as :meth:`handle` would (a bad one is dead-lettered alone); their
-        outcome messages then go out :func:`bundled`, so the aggregate stage reads one record per
-        destination partition instead of one per message.
+        An event holds an item message or a ``bundle`` of them (:func:`send_splits`); each item message is
+        handled alone (a bad one dead-lettered alone, the dead letter holding that message). Their outcome
+        messages then go out :func:`send_bundled`, so the aggregate stage reads one record per destination
+        partition instead of one per item message.
         """
-        outgoing: list[tuple[str, dict[str, Any]]] = []
+        outgoing: list[Keyed] = []
 
         async def collect(event: EventT[bytes], raw: Any) -> None:
-            outgoing.append(await self.outcomes(event, raw))
+            if not is_bundle(raw):
+                outgoing.append(await self.encoded_outcomes(event, raw))
+                return
+
+            async def one(message: Any) -> None:
+                async def run() -> None:
+                    outgoing.append(await self.encoded_outcomes(event, message))
+
+                with dead_letter_value(message):
+                    await dead_lettered(event, agent=self.agent, run=run)
+
+            messages = bundle_messages(raw, agent=self.agent)
+            if self.concurrent:
+                await all_at_once(one(message) for message in messages)
+            else:
+                for message in messages:
+                    await one(message)
 
         await handle_part_events(part, agent=self.agent, what=what, handler=collect, concurrent=self.concurrent)
         await send_bundled(self.results, outgoing, size=self.bundle)
+
+    async def encoded_outcomes(self, event: EventT[bytes], raw: Any) -> Keyed:
+        key, message = await self.outcomes(event, raw)
+        return key, encoded(message, what=f"{self.agent}: the outcomes of an item message of {key!r}")
 
     async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
         """The key and the outcome message of an item message (a failed item is dead-lettered here)."""
@@ -211,30 +275,72 @@ class ItemWorker:
         return correlation_id, message
 
 
-async def send_bundled(topic: faust.TopicT, outgoing: list[tuple[str, dict[str, Any]]], *, size: int) -> None:
+#: A message ready to send: its key and its encoded value.
+Keyed = tuple[str, bytes]
+
+_BUNDLE_HEAD, _BUNDLE_TAIL = b'{"kind":"bundle","messages":[', b"]}"
+
+
+def record_limit() -> int:
+    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB."""
+    return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
+
+
+def encoded(message: Any, *, what: str) -> bytes:
+    """``message`` as JSON, or :class:`InvalidMessage` when it is larger than one record may be (:func:`record_limit`)."""
+    value = dumps(message)
+    if len(value) > record_limit():
+        raise InvalidMessage(f"{what} is {len(value)} bytes, more than a record may hold ({record_limit()})")
+    return value
+
+
+def bundle_messages(bundle: dict[str, Any], *, agent: str) -> list[Any]:
+    """The messages a ``bundle`` holds (:func:`send_bundled`), or :class:`InvalidMessage`."""
+    messages = bundle.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidMessage(f"{agent}: a bundle needs a non-empty list 'messages', got {messages!r:.200}")
+    return messages
+
+
+def is_bundle(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("kind") == "bundle"
+
+
+async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: int) -> None:
     """Send keyed messages, up to ``size`` per record: a ``bundle`` of those that go to one partition.
 
     A message's key decides its partition (the aggregate stage's tables are partitioned by it), so a bundle
     holds only messages whose keys go to one partition, is sent to that partition, and is keyed by its first
-    message's key. A partition with one message, ``size`` 1, or a topic whose partition count is unknown
-    (:data:`app.core.topic_partitions`) gets plain messages.
+    message's key. A bundle stays within :func:`record_limit` bytes. A partition with one message, ``size``
+    1, or a topic whose partition count is unknown (:data:`app.core.topic_partitions`) gets plain messages.
     """
     partitions = topic_partitions.get(topic.get_topic_name())
     if len(outgoing) < 2 or size < 2 or not partitions:
-        for key, message in outgoing:
-            await topic.send(key=key.encode(), value=dumps(message))
+        for key, value in outgoing:
+            await topic.send(key=key.encode(), value=value)
         return
-    by_partition: dict[int, list[tuple[str, dict[str, Any]]]] = {}
-    for key, message in outgoing:
-        by_partition.setdefault(key_partition(key.encode(), partitions), []).append((key, message))
+    by_partition: dict[int, list[Keyed]] = {}
+    for key, value in outgoing:
+        by_partition.setdefault(key_partition(key.encode(), partitions), []).append((key, value))
+    room = record_limit() - len(_BUNDLE_HEAD) - len(_BUNDLE_TAIL)
     for partition, messages in by_partition.items():
-        for first in range(0, len(messages), size):
-            piece = messages[first : first + size]
-            if len(piece) == 1:
-                await topic.send(key=piece[0][0].encode(), value=dumps(piece[0][1]))
-            else:
-                value = dumps({"kind": "bundle", "messages": [message for _, message in piece]})
-                await topic.send(key=piece[0][0].encode(), value=value, partition=partition)
+        piece: list[Keyed] = []
+        used = 0
+        for key, value in messages:
+            if piece and (len(piece) >= size or used + len(value) + 1 > room):
+                await _send_piece(topic, partition, piece)
+                piece, used = [], 0
+            piece.append((key, value))
+            used += len(value) + 1
+        await _send_piece(topic, partition, piece)
+
+
+async def _send_piece(topic: faust.TopicT, partition: int, piece: list[Keyed]) -> None:
+    key = piece[0][0].encode()
+    if len(piece) == 1:
+        await topic.send(key=key, value=piece[0][1])
+    else:
+        await topic.send(key=key, value=_BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
 
 
 #: Hands a completed group's result on: (event, correlation id, result, the open's context).
@@ -281,10 +387,7 @@ class Aggregation:
 
     async def _on_bundle(self, event: EventT[bytes], bundle: dict[str, Any], now: int) -> None:
         """A bundle of messages for this partition (:func:`send_bundled`): each handled alone, a bad one dead-lettered alone."""
-        messages = bundle.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidMessage(f"{self.agent}: a bundle needs a non-empty list 'messages', got {messages!r:.200}")
-        for message in messages:
+        for message in bundle_messages(bundle, agent=self.agent):
             with dead_letter_value(message):
                 await dead_lettered(event, agent=self.agent, run=functools.partial(self._on_bundled, event, message, now))
 

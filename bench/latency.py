@@ -38,6 +38,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from app.kafka_io import delete_topics
 from app.settings import load_settings
 from bench._util import broker_pid, percentile
 from bench.compare import ITEMS, PARTITIONS, SETTLE_S, WEIR_STAGES, Context, Pipeline, cpu_text, orders_run, weir_pipeline
@@ -178,6 +179,7 @@ def main() -> None:
             if args.hops:
                 latency_of = {key: figures["seen"][key] - sent for key, sent in figures["sent_at"].items()}
                 notes.extend(_hop_lines(rate, hops(ctx.bootstrap, prefix, figures["sent_at"], figures["seen"]), latency_of, args.hops))
+    asyncio.run(delete_topics(ctx.bootstrap, prefix))  # its topics would pile up on a long-running broker
     if notes:
         print()
         print("\n".join(notes))

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import ensure_topics, read_topic
+from app.kafka_io import delete_topics, ensure_topics, read_topic
 from app.processes import WorkerProcess
 from app.settings import load_settings
 
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="orders/s offered in the light-load run")
     parser.add_argument("--light-seconds", type=float, default=15.0)
     parser.add_argument("--guarantee", default=os.environ.get("WEIR_GUARANTEE", "exactly_once"))
+    parser.add_argument("--keep-topics", action="store_true", help="leave the run's topics on the broker (deleted by default)")
     args = parser.parse_args()
     settings = load_settings()
     run = uuid.uuid4().hex[:6]
@@ -117,6 +118,8 @@ def main() -> None:
     finally:
         for worker in workers:
             worker.stop()
+        if not args.keep_topics:
+            asyncio.run(delete_topics(settings.bootstrap, prefix))
     print(
         f"split/aggregate, {args.items} items per order, guarantee {args.guarantee}, {settings.partitions} partitions, 3 worker processes"
     )

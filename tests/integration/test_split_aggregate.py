@@ -213,20 +213,24 @@ def assert_committed_once_below_the_results(pipeline: Pipeline, orders: dict[str
 
     The aggregator drops a repeated outcome by its index, so a replayed item message (its outcome committed by
     a worker killed before it committed the message's offset) never shows in the results. Here it would: with
-    the items agent's 8 actors of sessions 1-9 this failed in most runs. Outcomes come plain and in bundles.
+    the items agent's 8 actors of sessions 1-9 this failed in most runs. Item messages and outcomes come plain
+    and in bundles.
     """
 
     def committed(topic: str) -> list[dict[str, Any]]:
         rows = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=5.0))
         return [orjson.loads(row.value) for row in rows if row.value is not None]
 
-    chunks = Counter((chunk["correlation_id"], chunk["items"][0]["index"]) for chunk in committed("items"))
+    def unbundled(topic: str) -> list[dict[str, Any]]:
+        records = committed(topic)
+        bundles = [record for record in records if record.get("kind") == "bundle"]
+        assert bundles, f"no bundle was sent to {topic}: the check covers only plain messages there"
+        return [record for record in records if record.get("kind") != "bundle"] + [m for bundle in bundles for m in bundle["messages"]]
+
+    chunks = Counter((chunk["correlation_id"], chunk["items"][0]["index"]) for chunk in unbundled("items"))
     outcomes: Counter[tuple[str, int]] = Counter()
     runs: dict[tuple[str, int], list[Any]] = {}  # who ran each outcome, and when: (pid, started)
-    records = committed("item-results")
-    bundles = [record for record in records if record.get("kind") == "bundle"]
-    assert bundles, "no outcome bundle was sent: the check covers only plain outcome messages"
-    for message in [record for record in records if record.get("kind") != "bundle"] + [m for b in bundles for m in b["messages"]]:
+    for message in unbundled("item-results"):
         kind = message.get("kind")
         for item in [message] if kind == "item" else message.get("items", []) if kind == "items" else []:
             key = (message["correlation_id"], item["index"])

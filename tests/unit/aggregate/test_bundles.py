@@ -1,4 +1,8 @@
-"""Bundles: an items worker's outcome messages of one batch, one record per aggregator partition (app.aggregation)."""
+"""Bundles: a batch's messages to one partition in one record (app.aggregation.send_bundled).
+
+The splitter bundles a batch's item chunks by items partition, an items worker its outcome messages by
+aggregator partition; each stage handles each message of a bundle alone.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
@@ -13,8 +18,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agents import splitter
 from app import aggregation, core
-from app.aggregation import send_bundled, split_messages
+from app.aggregation import ItemWorker, send_bundled, split_messages
+from app.errors import StepOutcome
 from app.kafka_io import key_partition
 from tests.unit.aggregate.test_aggregation_shell import _outcomes, _stage
 
@@ -41,7 +48,9 @@ def test_a_key_goes_where_the_producers_default_partitioner_puts_it(key: bytes, 
 def test_each_bundle_holds_messages_of_one_partition_and_each_message_goes_once(numbers: list[int], partitions: int, size: int) -> None:
     topic = _Topic("results")
     core.topic_partitions["results"] = partitions
-    outgoing = [(f"o-{number}", {"kind": "item", "correlation_id": f"o-{number}", "n": n}) for n, number in enumerate(numbers)]
+    outgoing = [
+        (f"o-{number}", orjson.dumps({"kind": "item", "correlation_id": f"o-{number}", "n": n})) for n, number in enumerate(numbers)
+    ]
     asyncio.run(send_bundled(topic, outgoing, size=size))  # type: ignore[arg-type]
     delivered: list[tuple[str, int]] = []
     for key, value, partition in topic.sent:
@@ -54,11 +63,29 @@ def test_each_bundle_holds_messages_of_one_partition_and_each_message_goes_once(
         for message in messages:
             assert key_partition(message["correlation_id"].encode(), partitions) == target, "a message leaves its key's partition"
             delivered.append((message["correlation_id"], message["n"]))
-    assert Counter(delivered) == Counter((key, message["n"]) for key, message in outgoing)
+    assert Counter(delivered) == Counter((key, orjson.loads(value)["n"]) for key, value in outgoing)
+
+
+@given(st.lists(st.integers(0, 300), min_size=2, max_size=40), st.integers(200, 2_000))
+def test_a_bundle_stays_within_the_record_limit_and_a_larger_message_goes_alone(padding: list[int], limit: int) -> None:
+    topic = _Topic("results")
+    core.topic_partitions["results"] = 2
+    outgoing = [(f"o-{n}", orjson.dumps({"correlation_id": f"o-{n}", "pad": "x" * pad})) for n, pad in enumerate(padding)]
+    with mock.patch.object(aggregation, "record_limit", return_value=limit):
+        asyncio.run(send_bundled(topic, outgoing, size=50))  # type: ignore[arg-type]
+    delivered = []
+    for _, value, _ in topic.sent:
+        size = len(orjson.dumps(value))
+        if value.get("kind") == "bundle":
+            assert size <= limit, f"a bundle of {size} bytes, over the limit of {limit}"
+            delivered += [message["correlation_id"] for message in value["messages"]]
+        else:
+            delivered.append(value["correlation_id"])
+    assert sorted(delivered) == sorted(key for key, _ in outgoing)
 
 
 def test_no_bundles_when_the_partition_count_is_unknown_or_size_is_one() -> None:
-    outgoing = [(f"o-{number}", {"kind": "item", "correlation_id": f"o-{number}"}) for number in range(20)]
+    outgoing = [(f"o-{number}", orjson.dumps({"kind": "item", "correlation_id": f"o-{number}"})) for number in range(20)]
     for name, size in (("unknown", 50), ("results", 1)):
         core.topic_partitions["results"] = 4
         topic = _Topic(name)
@@ -99,3 +126,73 @@ def test_a_dead_letter_inside_dead_letter_value_holds_the_part(monkeypatch: pyte
         asyncio.run(core.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
     asyncio.run(core.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
     assert [orjson.loads(record["value"]["text"]) for record in sent] == [{"part": 1}, {"kind": "bundle"}]
+
+
+def _event(value: Any, offset: int = 0) -> Any:
+    return SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=offset, key=b"k", value=orjson.dumps(value), headers=[]))
+
+
+def _dead_letters(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    dead: list[Any] = []
+
+    async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, value: bytes | None = None, **_: Any) -> None:
+        dead.append((reason, step, orjson.loads(value) if value is not None else core._handled_part.get()))
+
+    monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
+    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
+    return dead
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_an_items_worker_handles_each_message_of_a_bundle_and_dead_letters_a_bad_one_alone(
+    monkeypatch: pytest.MonkeyPatch, concurrent: bool
+) -> None:
+    dead = _dead_letters(monkeypatch)
+
+    async def step(payload: Any, index: int, raw: dict[str, Any]) -> StepOutcome:
+        await asyncio.sleep(0)
+        return StepOutcome(ok=True, value=payload.upper(), error=None, attempts=1)
+
+    results = _Topic("results")
+    core.topic_partitions["results"] = 1
+    worker = ItemWorker(agent="items", step=step, results=results, concurrent=concurrent, concurrency=4, bundle=50)  # type: ignore[arg-type]
+    _, [first] = split_messages("o-1", ["a"], chunk=10, deadline_ms=10**13)
+    _, [second] = split_messages("o-2", ["b", "c"], chunk=10, deadline_ms=10**13)
+    bad = {"correlation_id": "o-3", "items": "not a list"}
+    plain = split_messages("o-4", ["d"], chunk=10, deadline_ms=10**13)[1][0]
+    events = [_event({"kind": "bundle", "messages": [first, bad, second]}, 0), _event(plain, 1)]
+    asyncio.run(worker.handle_part(events, what="items: item"))
+    [(_, value, partition)] = results.sent
+    assert (value["kind"], partition) == ("bundle", 0), "the outcomes of one part go out in one record per partition"
+    outcomes = {message["correlation_id"]: [item["result"] for item in message.get("items", [message])] for message in value["messages"]}
+    assert outcomes == {"o-1": ["A"], "o-2": ["B", "C"], "o-4": ["D"]}
+    assert [(reason, step) for reason, step, _ in dead] == [("invalid", "validate")]
+    assert dead[0][2] == bad, "the dead letter holds the bad message, not the bundle"
+
+
+def test_the_splitter_bundles_a_parts_chunks_by_items_partition_and_dead_letters_a_bad_order_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead = _dead_letters(monkeypatch)
+    items, results = _Topic("items"), _Topic("item-results")
+    monkeypatch.setattr(core.topics, "items", items)
+    monkeypatch.setattr(core.topics, "item_results", results)
+    core.topic_partitions.update({"items": 2, "item-results": 2})
+    orders = [{"order_id": f"o-{number}", "items": [{"n": n} for n in range(3)]} for number in range(8)]
+    huge = {"order_id": "huge", "items": [{"pad": "x" * 2_000}]}
+    events = [_event(order, offset) for offset, order in enumerate([*orders[:4], {"order_id": "bad"}, huge, *orders[4:]])]
+    with mock.patch.object(aggregation, "record_limit", return_value=1_500):
+        asyncio.run(splitter._split_part(events))
+    assert results.sent == [], "orders of one chunk send no open apart"
+    assert len(items.sent) == 2, "one record per items partition"
+    sent = []
+    for key, value, partition in items.sent:
+        assert value["kind"] == "bundle"
+        assert key == f"{value['messages'][0]['correlation_id']}#0".encode()
+        for chunk in value["messages"]:
+            assert key_partition(f"{chunk['correlation_id']}#0".encode(), 2) == partition
+            sent.append(chunk["correlation_id"])
+            assert chunk["open"]["deadline_ms"] > 0
+            assert [item["payload"]["n"] for item in chunk["items"]] == [0, 1, 2]
+    assert sorted(sent) == sorted(order["order_id"] for order in orders)
+    assert [(reason, step) for reason, step, _ in dead] == [("invalid", "validate"), ("invalid", "validate")]

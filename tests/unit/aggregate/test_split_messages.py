@@ -32,6 +32,9 @@ class _Results:
     def __init__(self) -> None:
         self.sent: list[Any] = []
 
+    def get_topic_name(self) -> str:
+        return "results"
+
     async def send(self, *, key: bytes, value: bytes) -> None:
         self.sent.append((key, orjson.loads(value)))
 
@@ -42,7 +45,8 @@ def _outcomes(message: dict[str, Any]) -> list[Any]:
 
     results = _Results()
     worker = ItemWorker(agent="items", step=step, results=results, concurrent=False, concurrency=1)  # type: ignore[arg-type]
-    asyncio.run(worker.handle(SimpleNamespace(), message))  # type: ignore[arg-type]
+    event = SimpleNamespace(message=SimpleNamespace(value=orjson.dumps(message)))
+    asyncio.run(worker.handle_part([event], what="items"))  # type: ignore[list-item]
     return results.sent
 
 
