@@ -156,7 +156,7 @@ def main() -> None:
         latencies = release(settings.bootstrap, prefix, [f"r-{number}" for number in range(args.released)], args.rate)
     finally:
         worker.stop()
-        asyncio.run(delete_topics(settings.bootstrap, prefix))  # its topics would pile up on a long-running broker
+        asyncio.run(delete_topics(settings.bootstrap, f"bb-{run}"))  # its topics (and its app id's) would pile up on a long-running broker
     print(f"barrier: {waiting} exchanges waiting on one worker, filled in {fill_seconds:.1f}s ({waiting / fill_seconds:.0f}/s)")
     print(f"  while waiting: {threads} threads, {tasks} asyncio tasks, RSS {rss_mb:.0f} MiB")
     print(f"  bytes per waiting exchange: RocksDB {rocksdb / max(1, waiting):.0f}, broker changelog {changelog / max(1, waiting):.0f}")

@@ -179,7 +179,7 @@ def main() -> None:
             if args.hops:
                 latency_of = {key: figures["seen"][key] - sent for key, sent in figures["sent_at"].items()}
                 notes.extend(_hop_lines(rate, hops(ctx.bootstrap, prefix, figures["sent_at"], figures["seen"]), latency_of, args.hops))
-    asyncio.run(delete_topics(ctx.bootstrap, prefix))  # its topics would pile up on a long-running broker
+    asyncio.run(delete_topics(ctx.bootstrap, f"lat-{run_id}"))  # its topics (and its app id's) would pile up on a long-running broker
     if notes:
         print()
         print("\n".join(notes))

@@ -119,7 +119,7 @@ def main() -> None:
         for worker in workers:
             worker.stop()
         if not args.keep_topics:
-            asyncio.run(delete_topics(settings.bootstrap, prefix))
+            asyncio.run(delete_topics(settings.bootstrap, f"bench-{run}"))  # its topics and its app id's
     print(
         f"split/aggregate, {args.items} items per order, guarantee {args.guarantee}, {settings.partitions} partitions, 3 worker processes"
     )
