@@ -8,19 +8,15 @@ from faust.types import EventT, StreamT
 
 from app.aggregation import Aggregation
 from app.codec import dumps
-from app.core import app, handle_events, settings, topics
+from app.core import app, handle_events, topics
+from app.pipeline import AGGREGATOR
 from app.ticks import tick_every
-from tables.aggregates import AggregatorConfig
 from tables.aggregator_tables import deadlines, done_groups, open_groups
 
 __all__ = ["CONFIG", "aggregation"]
 
 AGENT = "aggregator"
-CONFIG = AggregatorConfig(
-    name="order-items",
-    timeout_ms=settings.aggregate_timeout_ms,
-    done_retention_ms=settings.done_retention_ms,
-)
+CONFIG = AGGREGATOR
 
 
 async def _emit(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> None:

@@ -48,6 +48,7 @@ from tables.aggregates import (
     GroupState,
     ItemOutcome,
     Transition,
+    complete_at_once,
     on_expire,
     on_item,
     on_late_item,
@@ -62,6 +63,7 @@ __all__ = [
     "bundle_messages",
     "parse_items",
     "ItemWorker",
+    "aggregate_inline",
     "Aggregation",
     "Emit",
 ]
@@ -273,6 +275,30 @@ class ItemWorker:
         if isinstance(raw.get("open"), dict):
             message["open"] = raw["open"]  # the group's open, folded into its only chunk (split_messages)
         return correlation_id, message
+
+
+async def aggregate_inline(
+    worker: ItemWorker, config: AggregatorConfig, event: EventT[bytes], correlation_id: str, items: list[Any]
+) -> dict[str, Any]:
+    """A group split, its items run and its result made in one step: Camel's splitter with an aggregation strategy.
+
+    ``worker`` runs the item step on every item (retried; a failed item is dead-lettered alone, as the items
+    stage does) and :func:`tables.aggregates.complete_at_once` makes the result the aggregate stage would
+    emit for those outcomes. Nothing is stored: under exactly_once the result is sent in the transaction that
+    commits the input's offset, so a crash before the commit sends it again, and one after never does.
+    """
+    now = now_ms()
+    deadline_ms = now + config.timeout_ms
+    _, [chunk] = split_messages(correlation_id, items, chunk=len(items), deadline_ms=deadline_ms)
+    _, message = await worker.outcomes(event, chunk)
+    reported = message["items"] if message["kind"] == "items" else [message]
+    outcomes = [
+        (ItemOutcome(index=item["index"], ok=item["ok"], result=item["result"], error=item["error"]), item["last"]) for item in reported
+    ]
+    transition = complete_at_once(config, correlation_id, len(items), outcomes, deadline_ms, now)
+    if not transition.emits:
+        raise RuntimeError(f"{worker.agent}: the outcomes of {correlation_id!r} did not complete it: {transition.rejected}")
+    return transition.emits[0]
 
 
 #: A message ready to send: its key and its encoded value.

@@ -361,9 +361,51 @@ PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 async def handle_parts(
     stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None, concurrent: bool = False
 ) -> None:
-    """Take events in batches (:func:`take_ready`: up to ``size``, what is ready) and run :func:`run_parts`."""
+    """Take events in batches (:func:`take_ready`: up to ``size``, what is ready) and run them (:func:`run_sliced`)."""
+    slicer = Slicer(size or settings.batch_size)
     async for batch in take_ready(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
-        await run_parts(batch, handle_part, concurrent=concurrent)
+        await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
+
+
+#: How long one slice of a batch may run before a commit due may go: well under the transaction timeout.
+SLICE_BUDGET_S = 1.0
+
+
+class Slicer:
+    """How many events of a batch go in one :func:`run_parts` call: as many as run in about ``budget_s``.
+
+    A batch runs between two commits, so under exactly_once inside one transaction: a batch of 500 orders
+    whose item steps take 100 ms each would keep it open 50 s, past the transaction timeout (the broker
+    aborts it and fences the worker, which then crash-loops on the same batch). Slices start at
+    ``first`` events and follow the last slice's time per event, between 1 and ``most``.
+    """
+
+    def __init__(self, most: int, *, first: int = 50, budget_s: float | None = None) -> None:
+        self.most = max(1, most)
+        self.size = min(self.most, first)
+        self.budget_s = SLICE_BUDGET_S if budget_s is None else budget_s
+
+    def took(self, events: int, seconds: float) -> None:
+        """A slice of ``events`` ran in ``seconds``: the next slice is as many as fit the budget at that pace."""
+        fits = int(events * self.budget_s / seconds) if seconds > 0 else self.most
+        self.size = max(1, min(self.most, fits))
+
+
+async def run_sliced(events: Sequence[EventT[bytes]], handle_part: PartHandler, slicer: Slicer, *, concurrent: bool = False) -> None:
+    """Run a batch with :func:`run_parts`, in slices (:class:`Slicer`), letting a commit that is due go between them.
+
+    The slices follow the batch's delivery order, so each partition's handled (acked) events are still a
+    prefix of what it delivered when a commit comes between two slices: the commit covers them, and the
+    events of later slices, not yet acked, are left for the next one.
+    """
+    rest = list(events)
+    while rest:
+        piece, rest = rest[: slicer.size], rest[slicer.size :]
+        began = time.monotonic()
+        await run_parts(piece, handle_part, concurrent=concurrent)
+        slicer.took(len(piece), time.monotonic() - began)
+        if rest:
+            await asyncio.sleep(0)  # the commit handler, woken by the idle gate, may close it now
 
 
 async def all_at_once(coroutines: Iterable[Awaitable[None]]) -> None:

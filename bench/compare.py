@@ -76,7 +76,11 @@ PARTITIONS = 4
 #: The weir pipeline's workers in every figure: name -> agents.
 WEIR_STAGES = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
 ITEMS = 10
-SECTIONS = ("raw", "faust", "weir", "weir-v1", "quix", "triggers", "eof", "barrier")
+SECTIONS = ("raw", "faust", "weir", "weir-inline", "weir-v1", "quix", "triggers", "eof", "barrier")
+#: What a run without --only measures (weir-v1, the per_partition transactions of sessions 1-5, on request).
+DEFAULT_SECTIONS = tuple(section for section in SECTIONS if section != "weir-v1")
+#: weir with the item step inline (WEIR_ITEMS_INLINE): two splitter processes, nothing else.
+INLINE_STAGES = {"splitter-1": "splitter", "splitter-2": "splitter"}
 #: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
 TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_child_status", "trigger_sweep", "trigger_fired_deadlines")
 EOF_LINES_PER_BATCH = 20
@@ -434,12 +438,16 @@ def run_weir(
     profile: Path | None,
     profile_seconds: int,
     transactions: str | None = None,
+    *,
+    inline: bool = False,
 ) -> None:
-    """The split/aggregate pipeline; ``transactions``: WEIR_TRANSACTIONS for its workers (None: the default)."""
-    label = "weir" if transactions is None else f"weir, {transactions} transactions"
-    prefix = f"cmp-{ctx.run_id}.{'weir' if transactions is None else 'weir-' + transactions}."
-    extra_env = {} if transactions is None else {"WEIR_TRANSACTIONS": transactions}
-    with weir_pipeline(ctx, label, prefix, extra_env) as pipeline:
+    """The split/aggregate pipeline; ``transactions``: WEIR_TRANSACTIONS for its workers (None: the default);
+    ``inline``: the item step run by the splitter (WEIR_ITEMS_INLINE), in :data:`INLINE_STAGES`."""
+    variant = "inline" if inline else transactions
+    label = "weir" if variant is None else "weir, items inline" if inline else f"weir, {transactions} transactions"
+    prefix = f"cmp-{ctx.run_id}.{'weir' if variant is None else 'weir-' + variant}."
+    extra_env = {"WEIR_ITEMS_INLINE": "1"} if inline else {} if transactions is None else {"WEIR_TRANSACTIONS": transactions}
+    with weir_pipeline(ctx, label, prefix, extra_env, stages=INLINE_STAGES if inline else None) as pipeline:
         _measure_pipeline(ctx, pipeline, orders, rate, light_seconds, _profiler(pipeline.workers, profile, profile_seconds))
 
 
@@ -767,7 +775,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 3 minutes)")
     parser.add_argument("--runs", type=int, help="runs of each figure (default 3, 1 with --quick)")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--only", default=",".join(DEFAULT_SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default: all but weir-v1)"
+    )
     parser.add_argument("--raw-messages", type=int, help="messages per raw aiokafka run (default 100,000; 30,000 with --quick)")
     parser.add_argument("--faust-messages", type=int, help="messages per plain Faust run (default 20,000; 5,000 with --quick)")
     parser.add_argument("--orders", type=int, help="orders of 10 items per backlog run (default 2,000; 300 with --quick)")
@@ -821,6 +831,7 @@ def main() -> None:
         "raw": lambda: run_raw(ctx, raw_messages),
         "faust": lambda: run_faust(ctx, faust_messages),
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
+        "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, inline=True),
         "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
         "quix": lambda: run_quix(ctx, orders, args.rate, light_seconds),
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
@@ -849,7 +860,9 @@ def main() -> None:
             " duration) and at least every 0.1 s while busy; Quix Streams commits every 0.1 s. Half the backlog rate: half the"
             f" orders/s of the same run's backlog, offered evenly. A fixed-rate run starts {SETTLE_S:g} s after the run before it"
             " ended (its last commits and timers): the figure is the rate's, not the way down from a backlog.",
-            "weir: exactly_once, one splitter+aggregator process and two items processes. Quix Streams: exactly-once, one process,"
+            "weir: exactly_once, one splitter+aggregator process and two items processes; 'weir, items inline': the item step run by"
+            " the splitter, which sends each order's result itself (WEIR_ITEMS_INLINE=1), two splitter processes. Quix Streams:"
+            " exactly-once, one process,"
             " commit interval 0.1 s like weir's (Quix's default is 5 s), other settings Quix's defaults (consumer poll timeout 1 s)."
             " Plain Faust: at_least_once (Faust's default), one process.",
         ]

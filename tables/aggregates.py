@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "on_item",
     "on_expire",
     "on_late_item",
+    "complete_at_once",
     "merged_result",
 ]
 
@@ -209,6 +211,30 @@ def on_item(
         reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
         return _complete(updated, config, "complete", reason, now_ms)
     return Transition(state=updated)
+
+
+def complete_at_once(
+    config: AggregatorConfig,
+    correlation_id: str,
+    total: int,
+    outcomes: Sequence[tuple[ItemOutcome, bool]],
+    deadline_ms: int,
+    now_ms: int,
+) -> Transition:
+    """A group whose every outcome is at hand (the item step ran inline): opened, merged and completed in one step.
+
+    The transitions of the aggregate stage (:func:`on_open`, then :func:`on_item` for each outcome with its
+    ``last`` flag), so its result is the one that stage would emit for these outcomes. Outcomes that do not
+    complete the group (not every index of ``total``) leave it open: the transition then has no result.
+    """
+    state = on_open(None, correlation_id, total, deadline_ms, now_ms, config=config).state
+    transition = Transition(state=state)
+    for outcome, last in outcomes:
+        transition = on_item(state, config, correlation_id, outcome, total, last, now_ms)
+        if transition.done is not None or transition.rejected is not None:
+            return transition
+        state = transition.state
+    return transition
 
 
 def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> Transition:

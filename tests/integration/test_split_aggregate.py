@@ -208,6 +208,29 @@ def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee
         assert_complete_once(list(unique.values()), orders)
 
 
+def test_items_inline_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline) -> None:
+    """WEIR_ITEMS_INLINE: two splitter workers run the item step and send each order's result themselves; one is
+    SIGKILLed while orders flow. Every order's result is visible once to a read_committed consumer, and
+    nothing went through the items or item-results topics."""
+    create_topics(pipeline)
+    # Items of 20 ms, one at a time: about 25 s of work per worker, so that the kill comes mid-run.
+    orders = make_orders(400, seed=12, max_items=10, sleep_s=0.02)
+    settings = {"WEIR_ITEMS_INLINE": "1", "WEIR_ITEM_CONCURRENCY": 1}
+    first = pipeline.start_worker("splitter", **settings)
+    second = pipeline.start_worker("splitter", **settings)
+    first.wait_ready()
+    second.wait_ready()
+    send_orders(pipeline, orders)
+    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
+    assert 60 <= len(partial) < len(orders) - 100, f"{len(partial)} results before the kill: not mid-run"
+    second.kill()
+    results = read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3)
+    assert_complete_once(results, orders)
+    for topic in ("items", "item-results"):
+        rows = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=2.0))
+        assert rows == [], f"{len(rows)} records on {topic}: the items ran inline"
+
+
 def assert_committed_once_below_the_results(pipeline: Pipeline, orders: dict[str, list[dict[str, Any]]]) -> None:
     """Every item message, and every item's outcome, is committed once (read_committed).
 

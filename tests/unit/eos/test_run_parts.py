@@ -125,3 +125,55 @@ def test_every_agent_weir_ships_runs_one_actor() -> None:
         importlib.import_module(f"agents.{module}")
     assert set(modules) <= {agent.name.rsplit(".", 1)[-1] for agent in core.app.agents.values()}
     core.refuse_out_of_order_agents(core.app.agents.values())
+
+
+def test_a_slow_batch_runs_in_slices_of_its_budget_with_a_due_commit_between_them() -> None:
+    """A batch whose events take 20 ms each, a budget of 0.1 s: slices of about 5 events after the first, and a
+    commit that closes the gate between two slices runs before the next slice (a batch is one transaction)."""
+    events = _batch(*[(number % 2, number) for number in range(30)])
+    slices: list[list[int]] = []
+    committed: list[int] = []
+
+    async def handle_part(part: Any) -> None:
+        for _ in part:
+            await asyncio.sleep(0.02)
+
+    async def run() -> None:
+        slicer = core.Slicer(500, first=10, budget_s=0.1)
+
+        async def each(part: Any) -> None:
+            slices.append([event.message.offset for event in part])
+            await handle_part(part)
+
+        async def commit_when_idle() -> None:
+            await eos.gate.idle_event.wait()
+            while True:  # the first time the gate goes idle with events left: a commit
+                await asyncio.sleep(0)
+                if len(slices) and len(slices) < 30:
+                    async with eos.gate.committing():
+                        committed.append(sum(event.acked for event in events))
+                    return
+
+        committer = asyncio.ensure_future(commit_when_idle())
+        await core.run_sliced(events, each, slicer)
+        await committer
+
+    asyncio.run(run())
+    handled = [offset for part in slices for offset in part]
+    assert sorted(handled) == list(range(30))
+    firsts = {len(part) for part in slices[:2]}
+    assert firsts == {5}, f"the first slice of 10 events (its two parts of 5) ran as one: {slices[:2]}"
+    assert all(len(part) <= 4 for part in slices[2:]), f"later slices fit the 0.1 s budget at 20 ms an event: {slices}"
+    assert committed, "no commit ran between two slices"
+    assert 0 < committed[0] < 30, "the commit came while events were left, and covers only handled ones"
+    assert all(event.acked for event in events)
+
+
+def test_a_fast_batch_grows_to_its_full_size() -> None:
+    slicer = core.Slicer(500, first=50, budget_s=1.0)
+    slicer.took(50, 0.01)
+    assert slicer.size == 500
+    slicer.took(500, 5.0)
+    assert slicer.size == 100
+    slicer.took(1, 30.0)
+    assert slicer.size == 1

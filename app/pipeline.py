@@ -1,0 +1,61 @@
+"""What more than one agent of the split/aggregate pipeline uses: the item step and the aggregator's config.
+
+The item step is the user function ``WEIR_ITEM_PROCESSOR`` names, under the retry policy. Both live apart
+from ``agents/`` so that the splitter can run the step and complete the order inline (``WEIR_ITEMS_INLINE``)
+without declaring the items agent, or the aggregator's tables, in its process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from app.catalogue import CATALOGUE_CENTS
+from app.core import retry_policy, settings
+from app.errors import StepOutcome, run_with_retry
+from tables.aggregates import AggregatorConfig
+
+__all__ = ["price_item", "load_processor", "step", "STEP_IS_ASYNC", "AGGREGATOR"]
+
+#: The pipeline's aggregator: its name in the results, its timeout, how long a completed group is remembered.
+AGGREGATOR = AggregatorConfig(
+    name="order-items",
+    timeout_ms=settings.aggregate_timeout_ms,
+    done_retention_ms=settings.done_retention_ms,
+)
+
+
+def price_item(payload: Any) -> dict[str, Any]:
+    """The demo's item step: price an ice-cream item from the catalogue."""
+    flavour = payload.get("flavour") if isinstance(payload, dict) else None
+    scoops = payload.get("scoops") if isinstance(payload, dict) else None
+    if flavour not in CATALOGUE_CENTS:
+        message = f"item step 'price': unknown flavour {flavour!r}, expected one of {sorted(CATALOGUE_CENTS)}"
+        raise ValueError(message)
+    if not isinstance(scoops, int) or isinstance(scoops, bool) or scoops <= 0:
+        message = f"item step 'price': 'scoops' must be a positive integer, got {scoops!r}"
+        raise ValueError(message)
+    return {"flavour": flavour, "scoops": scoops, "price_cents": CATALOGUE_CENTS[flavour] * scoops}
+
+
+def load_processor(spec: str) -> Callable[[Any], Any]:
+    """Import the item step named ``module:function``."""
+    module_name, _, function_name = spec.partition(":")
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(function):
+        message = f"setting WEIR_ITEM_PROCESSOR={spec!r}: expected 'module:function' naming a callable"
+        raise ValueError(message)
+    return function  # type: ignore[no-any-return]
+
+
+_process = load_processor(settings.item_processor)
+
+#: an async step may wait on I/O: a batch's items then run at once (a sync step runs to the end anyway)
+STEP_IS_ASYNC = asyncio.iscoroutinefunction(_process)
+
+
+async def step(payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
+    """The item step on one item, retried by ``retry_policy`` (``app.aggregation.ItemStep``)."""
+    return await run_with_retry(retry_policy, lambda: _process(payload))

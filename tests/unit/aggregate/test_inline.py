@@ -1,0 +1,101 @@
+"""Items inline (WEIR_ITEMS_INLINE): the splitter runs the item step and sends the order's result itself.
+
+Its result must be the one the three-stage pipeline's aggregate stage makes for the same outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents import splitter
+from app import aggregation, core
+from app.aggregation import ItemWorker, split_messages
+from app.errors import StepOutcome
+from app.pipeline import AGGREGATOR
+from tables.aggregates import ItemOutcome, complete_at_once
+from tests.unit.aggregate.test_aggregation_shell import _stage
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_RESULT_FIELDS = ("correlation_id", "status", "reason", "expected_count", "items", "missing", "failed")
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 99)), min_size=1, max_size=15))
+def test_a_group_completed_at_once_gets_the_result_the_aggregate_stage_makes(items: list[tuple[bool, int]]) -> None:
+    total = len(items)
+    outcomes = [
+        (ItemOutcome(index=index, ok=ok, result={"v": value} if ok else None, error=None if ok else f"e{value}"), index == total - 1)
+        for index, (ok, value) in enumerate(items)
+    ]
+    transition = complete_at_once(AGGREGATOR, "o-1", total, outcomes, deadline_ms=10**13, now_ms=1_000)
+    [inline] = transition.emits
+
+    stage, emitted, _ = _stage()
+    stage.config = AGGREGATOR
+    _, [chunk] = split_messages("o-1", [value for _, value in items], chunk=total, deadline_ms=10**13)
+    reported = [{"index": o.index, "last": last, "ok": o.ok, "result": o.result, "error": o.error, "attempts": 1} for o, last in outcomes]
+    message = {"kind": "items", "correlation_id": "o-1", "total": total, "items": reported, "open": chunk["open"]}
+    asyncio.run(stage.handle(SimpleNamespace(message=SimpleNamespace(partition=0)), message))
+    [(_, staged, _)] = emitted
+    assert {field: inline[field] for field in _RESULT_FIELDS} == {field: staged[field] for field in _RESULT_FIELDS}
+
+
+class _Topic:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    async def send(self, *, key: bytes, value: bytes) -> None:
+        self.sent.append((key, orjson.loads(value)))
+
+
+def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_order_and_a_failed_item_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead: list[Any] = []
+
+    async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, value: bytes | None = None, **_: Any) -> None:
+        dead.append((reason, step, orjson.loads(value) if value is not None else orjson.loads(event.message.value)))
+
+    async def step(payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
+        if payload == "boom":
+            return StepOutcome(ok=False, value=None, error="boom", attempts=3)
+        return StepOutcome(ok=True, value=payload.upper(), error=None, attempts=1)
+
+    monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
+    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
+    results = _Topic()
+    monkeypatch.setattr(core.topics, "aggregates", results)
+    monkeypatch.setattr(splitter, "_inline", ItemWorker(agent="splitter", step=step, results=results, concurrent=False, concurrency=1))  # type: ignore[arg-type]
+    orders = [{"order_id": "o-1", "items": ["a", "b"]}, {"order_id": "bad"}, {"order_id": "o-2", "items": ["c", "boom", "d"]}]
+    message = SimpleNamespace
+    events = [
+        message(message=message(topic="orders", partition=0, offset=n, key=b"k", value=orjson.dumps(order), headers=[]))
+        for n, order in enumerate(orders)
+    ]
+    asyncio.run(splitter._inline_part(events))  # type: ignore[arg-type]
+    sent = {key.decode(): result for key, result in results.sent}
+    assert sorted(sent) == ["o-1", "o-2"]
+    assert (sent["o-1"]["status"], [item["result"] for item in sent["o-1"]["items"]]) == ("complete", ["A", "B"])
+    assert sent["o-2"]["status"] == "complete"
+    assert sent["o-2"]["failed"] == [1]
+    assert [item["status"] for item in sent["o-2"]["items"]] == ["ok", "failed", "ok"]
+    assert [(reason, step) for reason, step, _ in dead] == [("invalid", "validate"), ("failed", "process")]
+    assert dead[1][2]["payload"] == "boom", "the failed item's dead letter holds that item alone"
+
+
+def test_items_inline_refuses_to_start_under_at_least_once() -> None:
+    env = {**os.environ, "WEIR_ITEMS_INLINE": "1", "WEIR_GUARANTEE": "at_least_once", "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-inline")}
+    done = subprocess.run([sys.executable, "-c", "import agents.splitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "WEIR_ITEMS_INLINE=1 needs WEIR_GUARANTEE=exactly_once" in done.stderr
