@@ -184,9 +184,16 @@ class Collector:
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
-    async def start(self) -> Collector:
+    async def start(self, *, from_end: bool = False) -> Collector:
+        """Read the topic from its beginning, or (``from_end``) only what comes after this call returns.
+
+        From the beginning, a run that follows others on the same topic first reads all of their records:
+        the first results of the run are then seen late (a 10,000-order backlog before a 20 orders/s run
+        made its p99 of 200 orders 200-400 ms where it was 16 ms). From the end, the reader is at the end of
+        every partition (the last stable offset: read_committed) before the call returns.
+        """
         consumer = AIOKafkaConsumer(
-            self.topic,
+            *([] if from_end else [self.topic]),
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
@@ -195,6 +202,19 @@ class Collector:
             fetch_max_wait_ms=50,
         )
         await consumer.start()
+        if from_end:
+            try:
+                await consumer.topics()  # the topic's partitions in the consumer's metadata
+                partitions = [TopicPartition(self.topic, number) for number in sorted(consumer.partitions_for_topic(self.topic) or ())]
+                if not partitions:
+                    raise RuntimeError(f"collector: topic {self.topic!r} has no partitions (not created?)")
+                consumer.assign(partitions)
+                await consumer.seek_to_end(*partitions)
+                for partition in partitions:
+                    await consumer.position(partition)
+            except BaseException:
+                await consumer.stop()
+                raise
         self._task = asyncio.create_task(self._run(consumer))
         return self
 

@@ -265,7 +265,7 @@ async def orders_run(
     ctx: Context, pipeline: Pipeline, first: int, count: int, rate: float | None, *, during: Callable[[], None] | None = None
 ) -> dict[str, Any]:
     """Sends ``count`` orders (all at once, or at ``rate``/s) and waits for their results."""
-    collector = await Collector(ctx.bootstrap, pipeline.results_topic).start()
+    collector = await Collector(ctx.bootstrap, pipeline.results_topic).start(from_end=True)
     producer = AIOKafkaProducer(bootstrap_servers=ctx.bootstrap, linger_ms=2)
     await producer.start()
     sent_at: dict[str, float] = {}

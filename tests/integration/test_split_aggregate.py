@@ -176,6 +176,25 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
     assert {letter["agent"] for letter in letters} == {"splitter", "items", "aggregator"}
 
 
+def kill_one_of_two_mid_run(
+    pipeline: Pipeline, agents: str, settings: dict[str, Any], orders: dict[str, list[dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], int]:
+    """Two workers of ``agents``; the second is SIGKILLed once 60 results are out (it holds partitions mid-stream).
+
+    Returns every result read_committed once all orders have one (3 s more to catch duplicates), and how many
+    there were at the kill.
+    """
+    first = pipeline.start_worker(agents, **settings)
+    second = pipeline.start_worker(agents, **settings)
+    first.wait_ready()
+    second.wait_ready()
+    send_orders(pipeline, orders)
+    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
+    assert len(partial) >= 60
+    second.kill()
+    return read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3), len(partial)
+
+
 @pytest.mark.parametrize(
     ("guarantee", "transactions"),
     [("exactly_once", "per_worker"), ("exactly_once", "per_partition"), ("at_least_once", "per_worker")],
@@ -190,16 +209,7 @@ def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee
     # A long group timeout: the takeover (session timeout, rebalance, changelog restore) must not turn a
     # slow order into a partial one; this test is about loss and duplication.
     settings = {"WEIR_GUARANTEE": guarantee, "WEIR_TRANSACTIONS": transactions, "WEIR_AGGREGATE_TIMEOUT_MS": 180_000}
-    first = pipeline.start_worker("all", **settings)
-    second = pipeline.start_worker("all", **settings)
-    first.wait_ready()
-    second.wait_ready()
-    send_orders(pipeline, orders)
-    # Kill once some results are out, so that the victim holds partitions mid-stream.
-    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
-    assert len(partial) >= 60
-    second.kill()
-    results = read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3)
+    results, _ = kill_one_of_two_mid_run(pipeline, "all", settings, orders)
     if guarantee == "exactly_once":
         assert_complete_once(results, orders)
         assert_committed_once_below_the_results(pipeline, orders)
@@ -216,15 +226,8 @@ def test_items_inline_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeli
     # Items of 20 ms, one at a time: about 25 s of work per worker, so that the kill comes mid-run.
     orders = make_orders(400, seed=12, max_items=10, sleep_s=0.02)
     settings = {"WEIR_ITEMS_INLINE": "1", "WEIR_ITEM_CONCURRENCY": 1}
-    first = pipeline.start_worker("splitter", **settings)
-    second = pipeline.start_worker("splitter", **settings)
-    first.wait_ready()
-    second.wait_ready()
-    send_orders(pipeline, orders)
-    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
-    assert 60 <= len(partial) < len(orders) - 100, f"{len(partial)} results before the kill: not mid-run"
-    second.kill()
-    results = read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3)
+    results, before_kill = kill_one_of_two_mid_run(pipeline, "splitter", settings, orders)
+    assert before_kill < len(orders) - 100, f"{before_kill} results before the kill: not mid-run"
     assert_complete_once(results, orders)
     for topic in ("items", "item-results"):
         rows = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=2.0))
