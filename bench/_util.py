@@ -193,7 +193,7 @@ class Collector:
         every partition (the last stable offset: read_committed) before the call returns.
         """
         consumer = AIOKafkaConsumer(
-            *([] if from_end else [self.topic]),
+            self.topic,
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
@@ -204,11 +204,12 @@ class Collector:
         await consumer.start()
         if from_end:
             try:
-                await consumer.topics()  # the topic's partitions in the consumer's metadata
-                partitions = [TopicPartition(self.topic, number) for number in sorted(consumer.partitions_for_topic(self.topic) or ())]
-                if not partitions:
-                    raise RuntimeError(f"collector: topic {self.topic!r} has no partitions (not created?)")
-                consumer.assign(partitions)
+                deadline = time.monotonic() + 30
+                while not consumer.assignment():  # without a group, every partition once the metadata came
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"collector: no partition of {self.topic!r} assigned after 30 s (not created?)")
+                    await asyncio.sleep(0.01)
+                partitions = sorted(consumer.assignment())
                 await consumer.seek_to_end(*partitions)
                 for partition in partitions:
                     await consumer.position(partition)
