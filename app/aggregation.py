@@ -209,24 +209,14 @@ class ItemWorker:
         """
         outgoing: list[Keyed] = []
 
+        async def collect_one(event: EventT[bytes], raw: Any) -> None:
+            outgoing.append(await self.encoded_outcomes(event, raw))
+
         async def collect(event: EventT[bytes], raw: Any) -> None:
-            if not is_bundle(raw):
-                outgoing.append(await self.encoded_outcomes(event, raw))
-                return
-
-            async def one(message: Any) -> None:
-                async def run() -> None:
-                    outgoing.append(await self.encoded_outcomes(event, message))
-
-                with dead_letter_value(message):
-                    await dead_lettered(event, agent=self.agent, run=run)
-
-            messages = bundle_messages(raw, agent=self.agent)
-            if self.concurrent:
-                await all_at_once(one(message) for message in messages)
+            if is_bundle(raw):
+                await each_bundled(event, raw, agent=self.agent, handle=collect_one, concurrent=self.concurrent)
             else:
-                for message in messages:
-                    await one(message)
+                await collect_one(event, raw)
 
         await handle_part_events(part, agent=self.agent, what=what, handler=collect, concurrent=self.concurrent)
         await send_bundled(self.results, outgoing, size=self.bundle)
@@ -332,6 +322,32 @@ def is_bundle(message: Any) -> bool:
     return isinstance(message, dict) and message.get("kind") == "bundle"
 
 
+async def each_bundled(
+    event: EventT[bytes],
+    bundle: dict[str, Any],
+    *,
+    agent: str,
+    handle: Callable[[EventT[bytes], Any], Awaitable[None]],
+    concurrent: bool = False,
+) -> None:
+    """``handle(event, message)`` for each message of a ``bundle``, alone: a bad one is dead-lettered alone.
+
+    Its dead letter holds that message, not the bundle. ``concurrent``: all at once (a step that waits on
+    I/O), else in order.
+    """
+
+    async def one(message: Any) -> None:
+        with dead_letter_value(message):
+            await dead_lettered(event, agent=agent, run=functools.partial(handle, event, message))
+
+    messages = bundle_messages(bundle, agent=agent)
+    if concurrent:
+        await all_at_once(one(message) for message in messages)
+    else:
+        for message in messages:
+            await one(message)
+
+
 async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: int) -> None:
     """Send keyed messages, up to ``size`` per record: a ``bundle`` of those that go to one partition.
 
@@ -413,11 +429,9 @@ class Aggregation:
 
     async def _on_bundle(self, event: EventT[bytes], bundle: dict[str, Any], now: int) -> None:
         """A bundle of messages for this partition (:func:`send_bundled`): each handled alone, a bad one dead-lettered alone."""
-        for message in bundle_messages(bundle, agent=self.agent):
-            with dead_letter_value(message):
-                await dead_lettered(event, agent=self.agent, run=functools.partial(self._on_bundled, event, message, now))
+        await each_bundled(event, bundle, agent=self.agent, handle=functools.partial(self._on_bundled, now=now))
 
-    async def _on_bundled(self, event: EventT[bytes], message: Any, now: int) -> None:
+    async def _on_bundled(self, event: EventT[bytes], message: Any, *, now: int) -> None:
         if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle"):
             raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
         await self._on_message(event, message, now)
