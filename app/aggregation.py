@@ -109,24 +109,19 @@ def split_messages(
     return opened, chunks
 
 
-#: A group's split: its correlation id, its open (None when it rides in its only chunk) and its item messages.
-Split = tuple[str, dict[str, Any] | None, list[dict[str, Any]]]
-
-
 async def send_split(
     correlation_id: str, opened: dict[str, Any] | None, chunks: list[dict[str, Any]], *, results: faust.TopicT, items: faust.TopicT
 ) -> None:
     """Send what :func:`split_messages` made for one group, a record per message (:func:`send_splits`)."""
-    await send_splits([encode_split((correlation_id, opened, chunks))], results=results, items=items, size=1)
+    await send_splits([encode_split(correlation_id, opened, chunks)], results=results, items=items, size=1)
 
 
-def encode_split(split: Split) -> tuple[list[Keyed], list[Keyed]]:
-    """A split's open (if apart) and its chunks, keyed and encoded: chunks keyed ``id#first index``.
+def encode_split(correlation_id: str, opened: dict[str, Any] | None, chunks: list[dict[str, Any]]) -> tuple[list[Keyed], list[Keyed]]:
+    """What :func:`split_messages` made, keyed and encoded: the open (if apart), and the chunks keyed ``id#first index``.
 
     Raises :class:`InvalidMessage` when one is larger than a record may be (:func:`encoded`), so that the
     order is dead-lettered alone, not the batch it came in.
     """
-    correlation_id, opened, chunks = split
     opens = [] if opened is None else [(correlation_id, encoded(opened, what=f"the open of {correlation_id!r}"))]
     keyed = [
         (f"{correlation_id}#{chunk['items'][0]['index']}", encoded(chunk, what=f"an item message of {correlation_id!r}"))
