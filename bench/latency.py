@@ -159,27 +159,29 @@ def main() -> None:
     print(f"command: {' '.join(['python -m bench.latency', *sys.argv[1:]])}")
     print(f"run id: {run_id} (topics lat-{run_id}.*, logs in {ctx.work_dir}); load average {os.getloadavg()[0]:.2f} at start")
     prefix = f"lat-{run_id}."
-    with weir_pipeline(ctx, "weir", prefix, {}, traces, stages) as pipeline:
-        backlog = asyncio.run(orders_run(ctx, pipeline, 0, args.warm_up, None))
-        print(f"warm-up backlog of {args.warm_up:,} orders: {backlog['orders_per_s']:,.0f} orders/s ({ITEMS} items each)")
-        print()
-        print("| offered orders/s | orders | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | CPU, % of one core |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---|")
-        first = args.warm_up
-        notes: list[str] = []
-        for rate in rates:
-            time.sleep(SETTLE_S)
-            figures = _rate_run(ctx, pipeline, first, rate, args.seconds, traces)
-            first += figures["count"]
-            latencies = figures["latencies"]
-            cpu = cpu_text(figures["cpu"])
-            cells = [_ms(latencies, fraction) for fraction in (0.5, 0.9, 0.99, 0.999, 1.0)]
-            print(f"| {rate:g} | {figures['count']:,} | {' | '.join(cells)} | {cpu} |", flush=True)
-            notes.extend(f"{rate:g}/s, {name}: {summary}" for name, summary in figures["traces"].items())
-            if args.hops:
-                latency_of = {key: figures["seen"][key] - sent for key, sent in figures["sent_at"].items()}
-                notes.extend(_hop_lines(rate, hops(ctx.bootstrap, prefix, figures["sent_at"], figures["seen"]), latency_of, args.hops))
-    asyncio.run(delete_topics(ctx.bootstrap, f"lat-{run_id}"))  # its topics (and its app id's) would pile up on a long-running broker
+    try:
+        with weir_pipeline(ctx, "weir", prefix, {}, traces, stages) as pipeline:
+            backlog = asyncio.run(orders_run(ctx, pipeline, 0, args.warm_up, None))
+            print(f"warm-up backlog of {args.warm_up:,} orders: {backlog['orders_per_s']:,.0f} orders/s ({ITEMS} items each)")
+            print()
+            print("| offered orders/s | orders | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | CPU, % of one core |")
+            print("|---:|---:|---:|---:|---:|---:|---:|---|")
+            first = args.warm_up
+            notes: list[str] = []
+            for rate in rates:
+                time.sleep(SETTLE_S)
+                figures = _rate_run(ctx, pipeline, first, rate, args.seconds, traces)
+                first += figures["count"]
+                latencies = figures["latencies"]
+                cpu = cpu_text(figures["cpu"])
+                cells = [_ms(latencies, fraction) for fraction in (0.5, 0.9, 0.99, 0.999, 1.0)]
+                print(f"| {rate:g} | {figures['count']:,} | {' | '.join(cells)} | {cpu} |", flush=True)
+                notes.extend(f"{rate:g}/s, {name}: {summary}" for name, summary in figures["traces"].items())
+                if args.hops:
+                    latency_of = {key: figures["seen"][key] - sent for key, sent in figures["sent_at"].items()}
+                    notes.extend(_hop_lines(rate, hops(ctx.bootstrap, prefix, figures["sent_at"], figures["seen"]), latency_of, args.hops))
+    finally:
+        asyncio.run(delete_topics(ctx.bootstrap, f"lat-{run_id}"))  # its topics (and its app id's) would pile up on a long-running broker
     if notes:
         print()
         print("\n".join(notes))
