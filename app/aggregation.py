@@ -35,6 +35,7 @@ from app.core import (
     dead_lettered,
     handle_part_events,
     now_ms,
+    record_limit,
     send_dead_letter,
     settings,
     topic_partitions,
@@ -290,11 +291,6 @@ async def aggregate_inline(
 Keyed = tuple[str, bytes]
 
 _BUNDLE_HEAD, _BUNDLE_TAIL = b'{"kind":"bundle","messages":[', b"]}"
-
-
-def record_limit() -> int:
-    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB."""
-    return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
 
 
 def encoded(message: Any, *, what: str) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from faust.types.auth import CredentialsT
 
 from app import eos
 from app.codec import DecodeError, dumps, loads
-from app.errors import RetryPolicy, dead_letter_record, describe_error
+from app.errors import RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
 from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
@@ -530,11 +531,28 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
         eos.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
 
 
+def record_limit() -> int:
+    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB."""
+    return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
+
+
+#: A dead letter's record key longer than this is replaced by its hash (the record's value keeps it, cut).
+DEAD_LETTER_KEY_BYTES = 1024
+
+
+def dead_letter_key(key: bytes | None) -> bytes | None:
+    """The record key of a dead letter: the original key, or ``sha256:<hex>`` of it when it is too long to carry."""
+    if key is None or len(key) <= DEAD_LETTER_KEY_BYTES:
+        return key
+    return b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+
+
 async def send_dead_letter_record(record: dict[str, Any]) -> None:
-    """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`."""
+    """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`, cut to fit a record (never dropped)."""
     log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
     key = record["key"]["text"]
-    await topics.dead_letters.send(key=key.encode() if key is not None else None, value=dumps(record))
+    raw_key = key.encode() if key is not None else None
+    await topics.dead_letters.send(key=dead_letter_key(raw_key), value=fitted_dead_letter(record, record_limit()))
 
 
 #: The part of the event's message being handled (one message of a bundle), which a dead letter holds instead of the whole.
@@ -577,7 +595,7 @@ async def send_dead_letter(
     )
     # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])
-    await topics.dead_letters.send(key=message.key, value=dumps(record))
+    await topics.dead_letters.send(key=dead_letter_key(message.key), value=fitted_dead_letter(record, record_limit()))
 
 
 __all__ += ["DecodeError", "Topics"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["RetryPolicy", "StepOutcome", "run_with_retry", "dead_letter_record", "describe_error"]
+from app.codec import dumps as _dumps
+
+__all__ = ["RetryPolicy", "StepOutcome", "run_with_retry", "dead_letter_record", "fitted_dead_letter", "describe_error"]
 
 T = TypeVar("T")
 
@@ -109,4 +112,69 @@ def dead_letter_record(
         "value": _bytes_field(value),
         "headers": [[name, _bytes_field(raw)] for name, raw in headers],
         "failed_ms": int(time.time() * 1000) if now_ms is None else now_ms,
+    }
+
+
+#: Fixed upper bounds on what a dead letter carries besides its payload, so that the payload keeps most of the room.
+_ERROR_CHARS = 4096
+_KEY_CHARS = 1024
+_HEADER_COUNT = 32
+_HEADER_CHARS = 256
+
+
+def fitted_dead_letter(record: dict[str, Any], limit: int) -> bytes:
+    """``record`` (:func:`dead_letter_record`) encoded in at most ``limit`` bytes: never dropped, cut to fit.
+
+    A record that fits is encoded as it is. Otherwise its error, key and headers are cut to fixed bounds and
+    its value to what room is left; every cut field says so (``truncated``) and keeps the original's size in
+    bytes and its sha256, so the payload can still be matched with its source. ``reason``, ``agent``,
+    ``step`` and ``origin`` are always kept. ``limit`` must leave room for those (a few hundred bytes).
+    """
+    encoded = _dumps(record)
+    if len(encoded) <= limit:
+        return encoded
+    cut = dict(record)
+    cut["error"] = _cut_text(str(record.get("error", "")), _ERROR_CHARS)
+    cut["key"] = _cut_field(record.get("key"), _KEY_CHARS)
+    headers = list(record.get("headers") or [])
+    cut["headers"] = [[_cut_text(str(name), _HEADER_CHARS), _cut_field(raw, _HEADER_CHARS)] for name, raw in headers[:_HEADER_COUNT]]
+    if len(headers) > _HEADER_COUNT:
+        cut["headers_dropped"] = len(headers) - _HEADER_COUNT
+    cut["value"] = _cut_field(record.get("value"), 0)
+    room = limit - len(_dumps(cut))
+    # The value's prefix grows to the room left: JSON may escape one character into up to six bytes, so measure.
+    chars = max(0, room)
+    while True:
+        cut["value"] = _cut_field(record.get("value"), chars)
+        encoded = _dumps(cut)
+        if len(encoded) <= limit or chars == 0:
+            break
+        chars = max(0, chars * limit // len(encoded) - 16)
+    if len(encoded) > limit:
+        message = f"dead letter: {len(encoded)} bytes even with its payload cut, over the limit of {limit}"
+        raise ValueError(message)
+    return encoded
+
+
+def _cut_text(text: str, chars: int) -> str:
+    return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters, cut)"
+
+
+def _cut_field(field: Any, chars: int) -> Any:
+    """A ``_bytes_field`` value cut to ``chars`` characters of its text (or base64), with the original's size and sha256."""
+    if not isinstance(field, dict):
+        return field
+    text, encoded64 = field.get("text"), field.get("base64")
+    if text is None and encoded64 is None:
+        return field
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else base64.b64decode(str(encoded64))
+    shown = text if isinstance(text, str) else str(encoded64)
+    if len(shown) <= chars:
+        return field
+    return {
+        "text": shown[:chars] if isinstance(text, str) else None,
+        "base64": shown[: chars - chars % 4] if text is None else None,
+        "truncated": True,
+        "size_bytes": len(raw),
+        "sha256": hashlib.sha256(raw).hexdigest(),
     }
