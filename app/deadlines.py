@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +13,13 @@ __all__ = ["DeadlineIndex", "deadline_bucket"]
 
 #: What a walk does with a due entry: True keeps it for a later tick (its deadline is not reached yet).
 DueHandler = Callable[[str, str], Awaitable[bool]]
+#: Told of an entry whose handler failed every attempt: (kind, key, the last error).
+GiveUpHandler = Callable[[str, str, Exception], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+#: How many ticks try an entry whose handler raises before it is given up.
+MAX_ATTEMPTS = 3
 
 
 def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
@@ -28,11 +37,12 @@ class DeadlineIndex:
     tick reads only the seconds that passed and the entries due in them. It must be written and walked
     while processing an event of that partition (Faust's rule for tables): the agent that owns the
     partition does it, on a tick. Entries are not removed when their key completes early; the handler
-    skips them when they come due.
+    skips them when they come due. A walk's cursor only moves past seconds fully handled (:meth:`walk`).
     """
 
-    def __init__(self, table: TableT[str, Any]) -> None:
+    def __init__(self, table: TableT[str, Any], *, max_attempts: int = MAX_ATTEMPTS) -> None:
         self.table = table
+        self.max_attempts = max(1, max_attempts)
 
     def add(self, partition: int, kind: str, key: str, due_ms: int) -> None:
         next_key = f"{partition}:next"
@@ -51,11 +61,16 @@ class DeadlineIndex:
         self.table[f"{count_key}:{count}"] = entry
         self.table[count_key] = count + 1
 
-    async def walk(self, partition: int, now_ms: int, handle: DueHandler) -> None:
+    async def walk(self, partition: int, now_ms: int, handle: DueHandler, *, on_give_up: GiveUpHandler | None = None) -> None:
         """Hand every entry due up to ``now_ms`` to ``handle``; drop those it does not keep.
 
-        The walked mark moves to the current second first, so whatever a handler files meanwhile lands
-        in this second or later and is handed over on a later tick, never lost.
+        The cursor (``'<partition>:next'``) moves past a second only once every entry of that second was
+        handled, and an entry is deleted only after its handler returned: a walk that stops part-way (an
+        exception, a crash) resumes on the next tick where it stopped. An entry whose handler raises stays
+        in its second with its failures counted, and the walk goes on with the other entries: one bad key
+        does not hold back the others. After :attr:`max_attempts` failures the entry is dropped and
+        ``on_give_up(kind, key, error)`` is told (the shell dead-letters the key). Entries filed by a handler
+        meanwhile land in a second not yet walked, or in the one being walked, and are handed over too.
         """
         next_key = f"{partition}:next"
         first = self.table.get(next_key)
@@ -66,28 +81,52 @@ class DeadlineIndex:
             return
         if not self.table.get(f"{partition}:walked"):
             self.table[f"{partition}:walked"] = True  # from now on the seconds before 'next' are done
-        if current > first:
-            self.table[next_key] = current
+        resume_at: int | None = None
         for bucket in range(first, current + 1):
             count_key = f"{partition}:{bucket}"
-            count = self.table.get(count_key) or 0
-            if not count:
-                continue
             kept: list[list[str]] = []
-            for number in range(count):
+            failed = False
+            number = 0
+            # Read again each time: a handler may file in this second. A handler that files without end would
+            # hold the walk here; past a bound the rest is left to the next tick.
+            bound = 2 * (self.table.get(count_key) or 0) + 1000
+            while number < min(bound, self.table.get(count_key) or 0):
                 entry_key = f"{count_key}:{number}"
+                number += 1
                 entry = self.table.get(entry_key)
                 if entry is None:
                     continue
+                kind, key, failures = entry[0], entry[1], (entry[2] if len(entry) > 2 else 0)
+                try:
+                    keep = await handle(kind, key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    failures += 1
+                    if failures < self.max_attempts:
+                        log.warning("deadline index: %s %r failed (%d of %d): %r", kind, key, failures, self.max_attempts, error)
+                        self.table[entry_key] = [kind, key, failures]
+                        failed = True
+                        continue
+                    del self.table[entry_key]
+                    log.error("deadline index: %s %r failed %d times, given up: %r", kind, key, failures, error)
+                    if on_give_up is not None:
+                        await on_give_up(kind, key, error)
+                    continue
                 del self.table[entry_key]
-                kind, key = entry
-                if await handle(kind, key):
+                if keep:
                     kept.append([kind, key])
-            filed_meanwhile = (self.table.get(count_key) or 0) > count
-            if not filed_meanwhile and (bucket != current or not kept):
+            if number >= bound:
+                failed = True
+            if failed:
+                resume_at = bucket if resume_at is None else resume_at
+            elif self.table.get(count_key) is not None:
                 del self.table[count_key]
             for entry in kept:
                 self._file(partition, current, entry)
+            if resume_at is None:
+                # Past this second: what a handler files from now on for an earlier one lands in the next (add).
+                self.table[next_key] = min(bucket + 1, current)
 
     async def walk_keys(
         self,

@@ -72,8 +72,71 @@ def test_a_handler_may_file_new_entries_while_walking() -> None:
         return False
 
     asyncio.run(index.walk(0, 1_100, handle))
-    assert seen == ["a"]
-    assert walk(index, 1_300, keep=set()) == ["a-again"]
+    assert seen == ["a", "a-again"], "filed in the second being walked: handed over in this walk (the handler checks the time)"
+    assert walk(index, 1_300, keep=set()) == []
+
+
+def test_an_entry_filed_for_a_walked_second_during_a_walk_comes_on_the_next_tick() -> None:
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    index.add(0, "key", "a", 1_000)
+    index.add(0, "key", "b", 3_000)
+    seen: list[str] = []
+
+    async def handle(kind: str, key: str) -> bool:
+        seen.append(key)
+        if key == "b":
+            index.add(0, "key", "past", 500)  # a second the walk has passed already
+        return False
+
+    asyncio.run(index.walk(0, 3_100, handle))
+    assert seen == ["a", "b", "past"]
+    assert walk(index, 4_000, keep=set()) == []
+
+
+def test_a_walk_that_raises_resumes_where_it_stopped() -> None:
+    """An entry whose handler raises stays; the others of its second and later go on; the next tick retries it."""
+    index = DeadlineIndex(FakeTable())  # type: ignore[arg-type]
+    for number, due_ms in enumerate([1_000, 1_100, 1_200, 2_500, 3_000]):
+        index.add(0, "group", f"g{number}", due_ms)
+    handled: list[str] = []
+    failing = {"g1"}
+
+    async def handle(kind: str, key: str) -> bool:
+        if key in failing:
+            failing.discard(key)  # raises once
+            raise RuntimeError(f"walk broke on {key}")
+        handled.append(key)
+        return False
+
+    asyncio.run(index.walk(0, 3_500, handle))
+    assert handled == ["g0", "g2", "g3", "g4"], "one key that raises holds back no other"
+    asyncio.run(index.walk(0, 3_600, handle))
+    assert handled == ["g0", "g2", "g3", "g4", "g1"], "the next tick hands over what failed"
+    asyncio.run(index.walk(0, 9_000, handle))
+    assert handled == ["g0", "g2", "g3", "g4", "g1"], "each entry once"
+
+
+def test_an_entry_that_always_raises_is_given_up_after_its_attempts_and_reported() -> None:
+    index = DeadlineIndex(FakeTable(), max_attempts=3)  # type: ignore[arg-type]
+    index.add(0, "group", "poison", 1_000)
+    index.add(0, "group", "fine", 5_000)
+    given_up: list[str] = []
+    handled: list[str] = []
+
+    async def handle(kind: str, key: str) -> bool:
+        if key == "poison":
+            raise ValueError("bad state")
+        handled.append(key)
+        return False
+
+    async def give_up(kind: str, key: str, error: Exception) -> None:
+        given_up.append(f"{key}: {error}")
+
+    for now in (1_000, 2_000, 3_000, 4_000):
+        asyncio.run(index.walk(0, now, handle, on_give_up=give_up))
+    assert given_up == ["poison: bad state"]
+    asyncio.run(index.walk(0, 5_000, handle, on_give_up=give_up))
+    assert handled == ["fine"]
 
 
 @settings(deadline=None, database=None)
@@ -103,3 +166,32 @@ def test_deadline_bucket(deadline_ms: int, bucket_ms: int, expected: int) -> Non
 def test_deadline_bucket_is_monotonic(first: int, second: int) -> None:
     low, high = sorted((first, second))
     assert deadline_bucket(low) <= deadline_bucket(high)
+
+
+@settings(deadline=None, database=None)
+@given(
+    st.lists(st.tuples(st.integers(min_value=0, max_value=20_000), st.integers(min_value=0, max_value=2)), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=25_000), max_size=10),
+)
+def test_handlers_that_raise_a_few_times_still_see_every_entry_handled_once(due: list[tuple[int, int]], ticks: list[int]) -> None:
+    """Any entry whose handler raises fewer times than the attempts allows is handled once, at or after its second."""
+    index = DeadlineIndex(FakeTable(), max_attempts=3)  # type: ignore[arg-type]
+    raises_left: dict[str, int] = {}
+    for number, (due_ms, raises) in enumerate(due):
+        key = f"k{number}:{due_ms}"
+        raises_left[key] = raises
+        index.add(0, "group", key, due_ms)
+    handled: list[tuple[str, int]] = []
+    for now in [*sorted(ticks), 30_000, 31_000, 32_000]:
+
+        async def handle(kind: str, key: str, now: int = now) -> bool:
+            if raises_left[key] > 0:
+                raises_left[key] -= 1
+                raise RuntimeError(key)
+            handled.append((key, now))
+            return False
+
+        asyncio.run(index.walk(0, now, handle))
+    assert sorted(key for key, _ in handled) == sorted(raises_left)
+    for key, now in handled:
+        assert int(key.split(":")[1]) // 1000 <= now // 1000
