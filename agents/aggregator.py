@@ -7,9 +7,9 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from app.aggregation import Aggregation
-from app.codec import dumps
 from app.core import app, handle_events, topics
 from app.pipeline import AGGREGATOR
+from app.runtime.keyed import Output
 from app.ticks import tick_every
 from tables.aggregator_tables import deadlines, done_groups, open_groups
 
@@ -19,11 +19,13 @@ AGENT = "aggregator"
 CONFIG = AGGREGATOR
 
 
-async def _emit(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> None:
-    await topics.aggregates.send(key=correlation_id.encode(), value=dumps(result))
+def _result(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
+    return [Output(topics.aggregates, correlation_id, result, what="the result")]
 
 
-aggregation = Aggregation(agent=AGENT, config=CONFIG, open_groups=open_groups, done_groups=done_groups, deadlines=deadlines, emit=_emit)
+aggregation = Aggregation(
+    agent=AGENT, config=CONFIG, open_groups=open_groups, done_groups=done_groups, deadlines=deadlines, outputs=_result
+)
 
 
 @app.agent(topics.item_results)

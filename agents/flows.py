@@ -35,7 +35,6 @@ from app.core import (
     message_headers,
     now_ms,
     retry_policy,
-    send_dead_letter,
     send_dead_letter_record,
     settings,
     signals,
@@ -44,6 +43,7 @@ from app.core import (
 from app.deadlines import DeadlineIndex, deadline_bucket
 from app.errors import StepOutcome, dead_letter_record, describe_error, run_with_retry
 from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
+from app.runtime.keyed import Output
 from app.ticks import tick_every
 from tables.aggregates import AggregatorConfig
 from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
@@ -192,18 +192,29 @@ def _segment_steps(compiled: CompiledFlow, segment: Segment) -> Any:
 
 
 def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
-    async def emit(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> None:
+    def outputs(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
         if not isinstance(context, dict) or not isinstance(context.get("exchange"), dict):
             error = f"{agent}: group {correlation_id!r} completed without the exchange of its split (its open was lost)"
-            await send_dead_letter(event, reason="error", error=error, agent=agent, step="aggregate")
-            return
+            record = dead_letter_record(
+                reason="error",
+                error=error,
+                agent=agent,
+                step="aggregate",
+                attempts=1,
+                topic=event.message.topic,
+                partition=event.message.partition,
+                offset=event.message.offset,
+                key=correlation_id.encode(),
+                value=dumps(result),
+            )
+            return [Output(topics.dead_letters, correlation_id, record, what="a dead letter")]
         exchange = Exchange.from_dict(context["exchange"])
         exchange.payload = result
         resume = {"exchange": exchange.to_dict(), "meta": context.get("meta") or {}, "resume_step": context.get("resume_step")}
         key = exchange.key if exchange.key is not None else correlation_id
-        await compiled.resume.send(key=key.encode(), value=dumps(resume))
+        return [Output(compiled.resume, key, resume, what="the resume after the aggregate")]
 
-    return emit
+    return outputs
 
 
 #: The compiled flows this process runs.
@@ -250,7 +261,7 @@ for _compiled_flow in _running:
                     f"flow-{_flow_name}-{_aggregate_name}-deadlines",
                     f"Deadline index of aggregate {_aggregate_name!r} (app.deadlines.DeadlineIndex).",
                 ),
-                emit=_resume_after_aggregate(_compiled_flow, _agent_name),
+                outputs=_resume_after_aggregate(_compiled_flow, _agent_name),
             ),
         )
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import faust
@@ -30,20 +31,20 @@ from app.codec import dumps
 from app.core import (
     InvalidMessage,
     all_at_once,
-    app,
     dead_letter_value,
     dead_lettered,
     handle_part_events,
     now_ms,
     record_limit,
     send_dead_letter,
-    settings,
     topic_partitions,
 )
-from app.deadlines import DeadlineIndex, deadline_bucket
+from app.deadlines import DeadlineIndex
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
+from app.runtime.keyed import Change, KeyedState, Output, Undeliverable
 from tables.aggregates import (
+    DEAD_LETTERED,
     AggregatorConfig,
     DoneState,
     GroupState,
@@ -66,7 +67,9 @@ __all__ = [
     "ItemWorker",
     "aggregate_inline",
     "Aggregation",
-    "Emit",
+    "GroupStore",
+    "ResultOutputs",
+    "dead_lettered_result",
 ]
 
 
@@ -376,8 +379,59 @@ async def _send_piece(topic: faust.TopicT, partition: int, piece: list[Keyed]) -
         await topic.send(key=key, value=_BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
 
 
-#: Hands a completed group's result on: (event, correlation id, result, the open's context).
-Emit = Callable[[EventT[bytes], str, dict[str, Any], Any], Awaitable[None]]
+#: The outputs that hand a completed group's result on: (event, correlation id, result, the open's context) -> outputs.
+ResultOutputs = Callable[[EventT[bytes], str, dict[str, Any], Any], Sequence[Output]]
+
+#: A key's state in the aggregate stage: an open group, a completed one (remembered to count late items), or nothing.
+AggregateState = GroupState | DoneState
+
+
+class GroupStore:
+    """The aggregate stage's :class:`app.runtime.keyed.Store`: open groups in one table, completed ones in another."""
+
+    def __init__(self, open_groups: TableT[str, Any], done_groups: TableT[str, Any]) -> None:
+        self.open_groups = open_groups
+        self.done_groups = done_groups
+
+    def load(self, key: str) -> AggregateState | None:
+        done = self.done_groups.get(key)
+        if done is not None:
+            return DoneState.from_dict(done)
+        raw = self.open_groups.get(key)
+        return None if raw is None else GroupState.from_dict(raw)
+
+    def save(self, key: str, previous: AggregateState | None, state: AggregateState | None) -> None:
+        if isinstance(previous, GroupState) and not isinstance(state, GroupState):
+            del self.open_groups[key]
+        if isinstance(previous, DoneState) and not isinstance(state, DoneState):
+            del self.done_groups[key]
+        if state is not None and state != previous:
+            table = self.open_groups if isinstance(state, GroupState) else self.done_groups
+            table[key] = state.to_dict()
+
+
+def dead_lettered_result(result: dict[str, Any], failure: Undeliverable) -> dict[str, Any]:
+    """What is sent in place of a result that cannot be written: its outline, status ``dead-lettered``, and where the full one is.
+
+    The full result is in the dead letters (cut to fit, with its size and sha256, ``failure``): a reader of
+    the results still learns that the group completed, how, and what to look for.
+    """
+    return {
+        "correlation_id": result.get("correlation_id"),
+        "aggregator": result.get("aggregator"),
+        "status": DEAD_LETTERED,
+        "reason": result.get("reason"),
+        "completed_status": result.get("status"),
+        "expected_count": result.get("expected_count"),
+        "missing": result.get("missing"),
+        "failed": result.get("failed"),
+        "opened_ms": result.get("opened_ms"),
+        "deadline_ms": result.get("deadline_ms"),
+        "completed_ms": result.get("completed_ms"),
+        "error": failure.problem[:500],
+        "size_bytes": failure.size_bytes,
+        "sha256": failure.sha256,
+    }
 
 
 class Aggregation:
@@ -385,6 +439,9 @@ class Aggregation:
 
     ``open_groups`` holds open groups, ``done_groups`` completed ones for the done retention (late items are
     counted there, never merged), ``deadlines`` the deadline index of both. All keyed by correlation id.
+    Every change goes through the keyed-state runtime (:class:`app.runtime.keyed.KeyedState`): a result that
+    cannot be written leaves its group done with status ``dead-lettered``, the full result in the dead
+    letters and a :func:`dead_lettered_result` sent in its place; other groups go on.
     """
 
     def __init__(
@@ -395,16 +452,29 @@ class Aggregation:
         open_groups: TableT[str, Any],
         done_groups: TableT[str, Any],
         deadlines: TableT[str, Any],
-        emit: Emit,
+        outputs: ResultOutputs,
     ) -> None:
         self.agent = agent
         self.config = config
-        self.open_groups = open_groups
-        self.done_groups = done_groups
+        self.outputs = outputs
+        self.store = GroupStore(open_groups, done_groups)
         self.deadline_index = DeadlineIndex(deadlines)
-        self.emit = emit
+        self.keyed: KeyedState[AggregateState] = KeyedState(
+            agent=agent, store=self.store, deadlines=self.deadline_index, undeliverable=self._undeliverable, step="merge"
+        )
         #: items that arrived after their group completed (counted, never merged); also per group in the table
         self.late_items = 0
+        #: the event being handled and the group's context, for the outputs of an undeliverable result's replacement
+        self._event: EventT[bytes] | None = None
+        self._context: Any = None
+
+    @property
+    def open_groups(self) -> TableT[str, Any]:
+        return self.store.open_groups
+
+    @property
+    def done_groups(self) -> TableT[str, Any]:
+        return self.store.done_groups
 
     async def handle(self, event: EventT[bytes], message: Any) -> None:
         if not isinstance(message, dict):
@@ -427,26 +497,55 @@ class Aggregation:
             raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
         await self._on_message(event, message, now)
 
-    def _load(self, correlation_id: str) -> GroupState | None:
-        raw = self.open_groups.get(correlation_id)
-        return None if raw is None else GroupState.from_dict(raw)
-
-    async def _apply(self, event: EventT[bytes], correlation_id: str, transition: Transition, previous: GroupState | None) -> None:
-        partition = event.message.partition
+    def _change(
+        self,
+        event: EventT[bytes],
+        correlation_id: str,
+        previous: AggregateState | None,
+        transition: Transition,
+        rejected: tuple[str, ...] = (),
+    ) -> Change[AggregateState]:
+        """The core's transition as the runtime's change: the state, the result's outputs, the deadline to file."""
+        state: AggregateState | None = transition.done if transition.done is not None else transition.state
+        deadlines: tuple[tuple[str, int], ...] = ()
+        if isinstance(state, GroupState) and (not isinstance(previous, GroupState) or previous.deadline_ms != state.deadline_ms):
+            deadlines = (("group", state.deadline_ms),)
+        elif isinstance(state, DoneState) and not isinstance(previous, DoneState):
+            deadlines = (("done", state.expires_ms),)
+        outputs = tuple(output for result in transition.emits for output in self.outputs(event, correlation_id, result, transition.context))
         if transition.rejected is not None:
-            await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=self.agent, step="merge")
-        if transition.state is None:
-            if previous is not None:
-                del self.open_groups[correlation_id]
-        elif transition.state != previous:
-            self.open_groups[correlation_id] = transition.state.to_dict()
-            if previous is None or previous.deadline_ms != transition.state.deadline_ms:
-                self.deadline_index.add(partition, "group", correlation_id, transition.state.deadline_ms)
-        if transition.done is not None:
-            self.done_groups[correlation_id] = transition.done.to_dict()
-            self.deadline_index.add(partition, "done", correlation_id, transition.done.expires_ms)
-        for result in transition.emits:
-            await self.emit(event, correlation_id, result, transition.context)
+            rejected = (*rejected, transition.rejected)
+        return Change(state=state, outputs=outputs, rejected=rejected, deadlines=deadlines)
+
+    def _undeliverable(
+        self, key: str, previous: Any, change: Change[AggregateState], failures: Sequence[Undeliverable]
+    ) -> Change[AggregateState]:
+        """A result that cannot be written: the group is done, ``dead-lettered``, and an outline of the result goes instead."""
+        state = change.state
+        if not isinstance(state, DoneState) or self._event is None:
+            return replace(change, outputs=tuple(output for output in change.outputs if all(output is not f.output for f in failures)))
+        failure = failures[0]
+        outline = dead_lettered_result(failure.output.value if isinstance(failure.output.value, dict) else {}, failure)
+        context = self._context
+        return replace(
+            change,
+            state=replace(state, status=DEAD_LETTERED, error=failure.problem[:500]),
+            outputs=tuple(self.outputs(self._event, key, outline, context)),
+        )
+
+    async def _apply(
+        self,
+        event: EventT[bytes],
+        correlation_id: str,
+        change: Change[AggregateState],
+        previous: AggregateState | None,
+        context: Any = None,
+    ) -> None:
+        self._event, self._context = event, context
+        try:
+            await self.keyed.apply(event, correlation_id, previous, change)
+        finally:
+            self._event, self._context = None, None
 
     async def _on_message(self, event: EventT[bytes], message: dict[str, Any], now: int) -> None:
         agent = self.agent
@@ -481,11 +580,11 @@ class Aggregation:
 
     async def _open(self, event: EventT[bytes], correlation_id: str, opened: dict[str, Any], total: Any, now: int) -> None:
         deadline_ms = self._open_fields(correlation_id, opened, total)
-        if self.done_groups.get(correlation_id) is not None:
+        previous = self.keyed.load(correlation_id)
+        if isinstance(previous, DoneState):
             return  # a redelivered open of a completed group
-        previous = self._load(correlation_id)
         transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"))
-        await self._apply(event, correlation_id, transition, previous)
+        await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
 
     def _outcomes(self, correlation_id: str, items: list[dict[str, Any]], total: Any) -> list[tuple[ItemOutcome, bool]]:
         if not (total is None or isinstance(total, int)) or isinstance(total, bool):
@@ -502,63 +601,65 @@ class Aggregation:
     async def _merge(
         self, event: EventT[bytes], correlation_id: str, items: list[dict[str, Any]], total: Any, now: int, opened: dict[str, Any] | None
     ) -> None:
-        """Merge a message's item outcomes into their group: read once, folded in memory, written once.
+        """Merge a message's item outcomes into their group: read once, folded in memory, applied once.
 
         ``opened``: the group's open came with them; it is applied first. Outcomes for a completed group
         (or after the one that completes it) are counted late by index, never merged.
         """
         outcomes = self._outcomes(correlation_id, items, total)
         deadline_ms = None if opened is None else self._open_fields(correlation_id, opened, total)
-        done_raw = self.done_groups.get(correlation_id)
-        if done_raw is not None:
-            self._count_late(correlation_id, DoneState.from_dict(done_raw), outcomes)
+        previous = self.keyed.load(correlation_id)
+        if isinstance(previous, DoneState):
+            late = self._count_late(previous, outcomes)
+            if late != previous:
+                await self._apply(event, correlation_id, Change(state=late), previous)
             return
-        previous = self._load(correlation_id)
         state = previous
         if opened is not None and deadline_ms is not None:
             state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
+        rejected: list[str] = []
+        transition = Transition(state=state)
         for position, (outcome, last) in enumerate(outcomes):
-            transition = on_item(state, self.config, correlation_id, outcome, total, last, now)
-            if transition.rejected is not None:
-                await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=self.agent, step="merge")
+            step = on_item(state, self.config, correlation_id, outcome, total, last, now)
+            if step.rejected is not None:
+                rejected.append(step.rejected)
                 continue
-            if transition.done is not None:
-                await self._apply(event, correlation_id, transition, previous)
-                self._count_late(correlation_id, transition.done, outcomes[position + 1 :])
-                return
-            state = transition.state
-        await self._apply(event, correlation_id, Transition(state=state), previous)
+            if step.done is not None:
+                done = self._count_late(step.done, outcomes[position + 1 :])
+                transition = replace(step, done=done)
+                break
+            state = step.state
+            transition = Transition(state=state)
+        change = self._change(event, correlation_id, previous, transition, tuple(rejected))
+        await self._apply(event, correlation_id, change, previous, transition.context)
 
-    def _count_late(self, correlation_id: str, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> None:
+    def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
         updated = done
         for outcome, _ in outcomes:
             counted = on_late_item(updated, outcome.index)
             if counted != updated:
                 self.late_items += 1
                 updated = counted
-        if updated != done:
-            self.done_groups[correlation_id] = updated.to_dict()
+        return updated
 
     async def _on_tick(self, event: EventT[bytes], now: int) -> None:
         """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""
 
-        async def due(kind: str, correlation_id: str) -> bool:
-            if kind == "group":
-                state = self._load(correlation_id)
-                if state is None:
-                    return False  # completed by count or flag before its deadline
-                if state.deadline_ms > now:
-                    # Later in this very second: look again next tick. A later second has its own entry.
-                    return deadline_bucket(state.deadline_ms) <= deadline_bucket(now)
-                await self._apply(event, correlation_id, on_expire(state, self.config, now), state)
-                return False
-            done_raw = self.done_groups.get(correlation_id)
-            if done_raw is None:
-                return False
-            expires_ms = DoneState.from_dict(done_raw).expires_ms
-            if expires_ms > now:
-                return deadline_bucket(expires_ms) <= deadline_bucket(now)
-            del self.done_groups[correlation_id]
-            return False
+        def due_ms(kind: str, state: AggregateState) -> int | None:
+            if isinstance(state, GroupState):
+                return state.deadline_ms
+            # A group's own deadline entry met after it completed is dropped; the done mark has its own entry.
+            return state.expires_ms if kind == "done" else None
 
-        await self.deadline_index.walk(event.message.partition, now, due)
+        def on_deadline(key: str, state: AggregateState, now_ms: int) -> Change[AggregateState]:
+            if isinstance(state, GroupState):
+                transition = on_expire(state, self.config, now_ms)
+                self._context = transition.context
+                return self._change(event, key, state, transition)
+            return Change(state=None)  # the done mark's retention is over
+
+        self._event = event
+        try:
+            await self.keyed.walk_deadlines(event, now, due_ms, on_deadline)
+        finally:
+            self._event, self._context = None, None

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 #: How many ticks try an entry whose handler raises before it is given up.
 MAX_ATTEMPTS = 3
+#: Seconds one walk steps through at most: a tick stays short after a long stop; the next ticks catch up.
+MAX_SECONDS_PER_WALK = 3600
 
 
 def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
@@ -40,14 +42,25 @@ class DeadlineIndex:
     skips them when they come due. A walk's cursor only moves past seconds fully handled (:meth:`walk`).
     """
 
-    def __init__(self, table: TableT[str, Any], *, max_attempts: int = MAX_ATTEMPTS) -> None:
+    def __init__(self, table: TableT[str, Any], *, max_attempts: int = MAX_ATTEMPTS, fatal: tuple[type[BaseException], ...] = ()) -> None:
         self.table = table
         self.max_attempts = max(1, max_attempts)
+        #: errors that stop the walk at once instead of counting against the entry (a send that failed)
+        self.fatal = fatal
+        #: seconds one walk steps through at most (the rest on the next ticks)
+        self.max_seconds_per_walk = MAX_SECONDS_PER_WALK
 
-    def add(self, partition: int, kind: str, key: str, due_ms: int) -> None:
+    def add(self, partition: int, kind: str, key: str, due_ms: int, *, now_ms: int | None = None) -> None:
+        """File ``key`` to come due at ``due_ms``; with ``now_ms``, a deadline already past is filed in the current second.
+
+        (A deadline far in the past, from a bad or very late input, would otherwise make the next walk step
+        through every second since.)
+        """
         next_key = f"{partition}:next"
         next_bucket = self.table.get(next_key)
         bucket = deadline_bucket(due_ms)
+        if now_ms is not None:
+            bucket = max(bucket, deadline_bucket(now_ms))
         if next_bucket is None or (bucket < next_bucket and not self.table.get(f"{partition}:walked")):
             # nothing walked yet: the walk starts at the earliest entry, even one filed after a later one
             self.table[next_key] = bucket
@@ -82,7 +95,9 @@ class DeadlineIndex:
         if not self.table.get(f"{partition}:walked"):
             self.table[f"{partition}:walked"] = True  # from now on the seconds before 'next' are done
         resume_at: int | None = None
-        for bucket in range(first, current + 1):
+        # A worker that was down for long walks the seconds it missed a bounded number per tick.
+        last = min(current, first + self.max_seconds_per_walk - 1)
+        for bucket in range(first, last + 1):
             count_key = f"{partition}:{bucket}"
             kept: list[list[str]] = []
             failed = False
@@ -99,7 +114,7 @@ class DeadlineIndex:
                 kind, key, failures = entry[0], entry[1], (entry[2] if len(entry) > 2 else 0)
                 try:
                     keep = await handle(kind, key)
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, *self.fatal):
                     raise
                 except Exception as error:
                     failures += 1
@@ -127,6 +142,8 @@ class DeadlineIndex:
             if resume_at is None:
                 # Past this second: what a handler files from now on for an earlier one lands in the next (add).
                 self.table[next_key] = min(bucket + 1, current)
+        if last < current and resume_at is None:
+            self.table[next_key] = last + 1
 
     async def walk_keys(
         self,

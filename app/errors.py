@@ -12,9 +12,13 @@ from typing import Any, TypeVar
 
 from app.codec import dumps as _dumps
 
-__all__ = ["RetryPolicy", "StepOutcome", "run_with_retry", "dead_letter_record", "fitted_dead_letter", "describe_error"]
+__all__ = ["OutputFailed", "RetryPolicy", "StepOutcome", "run_with_retry", "dead_letter_record", "fitted_dead_letter", "describe_error"]
 
 T = TypeVar("T")
+
+
+class OutputFailed(Exception):
+    """An output could not be handed to the producer even after retries: its input must not be committed, the worker stops."""
 
 
 @dataclass(frozen=True)

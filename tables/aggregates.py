@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "DEAD_LETTERED",
     "AggregatorConfig",
     "ItemOutcome",
     "GroupState",
@@ -19,6 +20,9 @@ __all__ = [
     "complete_at_once",
     "merged_result",
 ]
+
+#: The done status of a group whose result could not be written (too large, not serialisable): it is in the dead letters.
+DEAD_LETTERED = "dead-lettered"
 
 COMPLETE_BY_COUNT = "count"
 COMPLETE_BY_FLAG = "flag"
@@ -116,6 +120,8 @@ class DoneState:
     completed_ms: int
     expires_ms: int
     late_indexes: tuple[int, ...] = ()
+    #: why the result could not be written, when ``status`` is ``dead-lettered``
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +130,7 @@ class DoneState:
             "completed_ms": self.completed_ms,
             "expires_ms": self.expires_ms,
             "late_indexes": list(self.late_indexes),
+            **({"error": self.error} if self.error is not None else {}),
         }
 
     @classmethod
@@ -134,6 +141,7 @@ class DoneState:
             completed_ms=int(raw["completed_ms"]),
             expires_ms=int(raw["expires_ms"]),
             late_indexes=tuple(int(index) for index in raw.get("late_indexes", [])),
+            error=raw.get("error"),
         )
 
 
@@ -248,13 +256,7 @@ def on_late_item(done: DoneState, index: int) -> DoneState:
     """An item for a completed group: counted once by index, never merged."""
     if index in done.late_indexes:
         return done
-    return DoneState(
-        correlation_id=done.correlation_id,
-        status=done.status,
-        completed_ms=done.completed_ms,
-        expires_ms=done.expires_ms,
-        late_indexes=tuple(sorted((*done.late_indexes, index))),
-    )
+    return replace(done, late_indexes=tuple(sorted((*done.late_indexes, index))))
 
 
 def merged_result(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> dict[str, Any]:

@@ -75,8 +75,8 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
     """The order on a screen's line, or ``(None, reason)``."""
     try:
         raw = json.loads(line)
-    except ValueError as error:
-        return None, f"broken line: {error}"
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep for the decoder
+        return None, f"broken line: {type(error).__name__}: {str(error)[:200]}"
     if not isinstance(raw, dict):
         return None, f"an order must be a JSON object, got {type(raw).__name__}"
     order_id, card, items = raw.get("order_id"), raw.get("card"), raw.get("items")
@@ -91,9 +91,9 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
     for number, item in enumerate(items):
         flavour = item.get("flavour") if isinstance(item, dict) else None
         size = item.get("size") if isinstance(item, dict) else None
-        if flavour not in catalogue:
+        if not isinstance(flavour, str) or flavour not in catalogue:
             return None, f"order {order_id!r} item {number}: unknown flavour {flavour!r:.60}, expected one of {sorted(catalogue)}"
-        if size not in SIZES:
+        if not isinstance(size, str) or size not in SIZES:
             return None, f"order {order_id!r} item {number}: unknown size {size!r:.60}, expected one of {sorted(SIZES)}"
         scoops[str(flavour)] = scoops.get(str(flavour), 0) + SIZES[str(size)]
         amount += catalogue[str(flavour)] * SIZES[str(size)]

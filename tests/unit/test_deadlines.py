@@ -195,3 +195,17 @@ def test_handlers_that_raise_a_few_times_still_see_every_entry_handled_once(due:
     assert sorted(key for key, _ in handled) == sorted(raises_left)
     for key, now in handled:
         assert int(key.split(":")[1]) // 1000 <= now // 1000
+
+
+def test_a_deadline_long_past_is_filed_now_and_a_walk_after_a_long_stop_is_bounded_per_tick() -> None:
+    table = FakeTable()
+    index = DeadlineIndex(table)  # type: ignore[arg-type]
+    index.max_seconds_per_walk = 10
+    index.add(0, "group", "ancient", 0, now_ms=1_000_000)  # due at the epoch: filed in the current second
+    assert walk(index, 1_000_500, keep=set()) == ["ancient"]
+    index.add(0, "group", "later", 1_000_900)
+    index.add(0, "group", "much-later", 1_050_000)
+    seen: list[str] = []
+    for tick in range(8):  # the worker was away for 60 s: each tick walks at most 10 of the seconds missed
+        seen += walk(index, 1_060_000 + tick, keep=set())
+    assert seen == ["later", "much-later"]

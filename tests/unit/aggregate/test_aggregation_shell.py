@@ -10,10 +10,15 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.aggregation import Aggregation, split_messages
+from app.errors import fitted_dead_letter
+from app.runtime import keyed
+from app.runtime.keyed import Output
 from tables.aggregates import AggregatorConfig
 
 
@@ -21,8 +26,24 @@ def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
     emitted: list[Any] = []
     tables: dict[str, Any] = {"open": {}, "done": {}, "deadlines": {}}
 
-    async def emit(event: Any, correlation_id: str, result: dict[str, Any], context: Any) -> None:
-        emitted.append((correlation_id, result, context))
+    class Results:
+        """Stands in for the results topic: what is sent to it, decoded, beside the group's context."""
+
+        context: Any = None
+
+        def get_topic_name(self) -> str:
+            return "results"
+
+        async def send(self, *, key: bytes, value: bytes, headers: Any = None) -> None:
+            result = orjson.loads(value)
+            emitted.append((key.decode(), result, contexts.pop(0)))
+
+    results = Results()
+    contexts: list[Any] = []
+
+    def outputs(event: Any, correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
+        contexts.append(context)
+        return [Output(results, correlation_id, result)]  # type: ignore[arg-type]
 
     config = AggregatorConfig(name="t", timeout_ms=60_000, done_retention_ms=600_000)
     stage = Aggregation(
@@ -31,13 +52,13 @@ def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
         open_groups=tables["open"],  # type: ignore[arg-type]
         done_groups=tables["done"],  # type: ignore[arg-type]
         deadlines=tables["deadlines"],  # type: ignore[arg-type]
-        emit=emit,
+        outputs=outputs,
     )
     return stage, emitted, tables
 
 
 def _event() -> Any:
-    return SimpleNamespace(message=SimpleNamespace(partition=0))
+    return SimpleNamespace(message=SimpleNamespace(partition=0, topic="item-results", offset=0, key=b"k", headers=None))
 
 
 def _outcomes(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -106,3 +127,40 @@ def test_any_order_with_redeliveries_completes_once_with_every_item(total: int, 
     assert [item["result"] for item in result["items"]] == [f"p{index}" for index in range(total)]
     if opened is None or messages.index(opened) == 0:
         assert context == "ctx", "the context comes from the open (folded into the only chunk, or first to arrive)"
+
+
+def test_a_result_too_large_to_send_leaves_its_group_dead_lettered_and_an_outline_goes_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Completed by count and, for another group, by timeout: each too large, each handled for its own key alone."""
+    letters: list[dict[str, Any]] = []
+
+    async def record(letter: dict[str, Any]) -> None:
+        letters.append(orjson.loads(fitted_dead_letter(letter, 50_000)))
+
+    monkeypatch.setattr(keyed, "send_dead_letter_record", record)
+    monkeypatch.setattr(keyed, "record_limit", lambda: 50_000)
+    stage, emitted, tables = _stage()
+    big = ["x" * 20_000] * 3  # a merged result of 60 KB, over the 50 KB limit
+    _, [chunk] = split_messages("big", big, chunk=10, deadline_ms=10**13)
+    _, [small] = split_messages("small", ["a"], chunk=10, deadline_ms=10**13)
+    asyncio.run(stage.handle(_event(), _outcomes(chunk)))
+    asyncio.run(stage.handle(_event(), _outcomes(small)))
+    late = {"kind": "open", "correlation_id": "slow", "total": 3, "deadline_ms": 1_000}
+    asyncio.run(stage.handle(_event(), late))
+    slow = {"kind": "items", "correlation_id": "slow", "total": 3, "items": [{"index": 0, "ok": True, "result": "y" * 60_000}]}
+    asyncio.run(stage.handle(_event(), slow))
+    asyncio.run(stage.handle(_event(), {"kind": "tick"}))  # the deadline (1 s after the epoch) has long passed
+    by_group = {correlation_id: result for correlation_id, result, _ in emitted}
+    assert by_group["small"]["status"] == "complete"
+    for group, reason in (("big", "flag"), ("slow", "timeout")):
+        outline = by_group[group]
+        assert (outline["status"], outline["reason"]) == ("dead-lettered", reason)
+        assert outline["size_bytes"] > 50_000
+        assert len(outline["sha256"]) == 64
+        assert tables["done"][group]["status"] == "dead-lettered"
+        assert "more than a record may hold" in tables["done"][group]["error"]
+        assert group not in tables["open"]
+    assert sorted(letter["key"]["text"] for letter in letters) == ["big", "slow"]
+    assert all(letter["reason"] == "undeliverable" and letter["value"]["truncated"] for letter in letters)
+    assert stage.keyed.undeliverable_count == 2

@@ -1,0 +1,1 @@
+"""The keyed-state runtime every stateful pattern runs through (:mod:`app.runtime.keyed`)."""

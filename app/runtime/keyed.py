@@ -1,0 +1,329 @@
+"""The keyed-state runtime: the one place where a pattern's change to one key is checked, stored and sent.
+
+A pattern is a pure core: for an input (or a deadline) and the key's state it returns a :class:`Change` —
+the key's new state (None: delete it), the outputs to send, the inputs it rejects, the deadlines to file.
+:meth:`KeyedState.apply` does the rest, in this order, for every pattern:
+
+1. **check every output before anything is stored**: encode it and measure it against the record limit
+   (:func:`app.core.record_limit`). An output that cannot be written (too large, not serialisable) is a
+   case of this key, not of the batch: the pattern's ``undeliverable`` hook says what the key becomes
+   instead (an aggregate: its group done with status ``dead-lettered``, a small result in place of the
+   full one), and the output itself goes to the dead letters cut to fit, with its size and sha256. A
+   replacement that still cannot be written is dead-lettered too and dropped; nothing loops.
+2. dead-letter what the pattern rejected;
+3. store the new state and file its deadlines (a :class:`app.deadlines.DeadlineIndex`);
+4. send the outputs, already encoded, in order. Under exactly_once they join the transaction that commits
+   the input's offset with the state's changelog writes: a crash before the commit leaves none of them,
+   one after leaves all. A transient send failure fails that commit, which aborts; the input replays.
+
+Deadlines come back through :meth:`KeyedState.walk_deadlines` on a tick: the index hands over each due key,
+the pattern's ``on_deadline`` returns a Change, and :meth:`apply` applies it like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+import faust
+from faust.types import EventT, TableT
+
+from app.codec import dumps
+from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
+from app.core import now_ms as wall_clock_ms
+from app.deadlines import DeadlineIndex, deadline_bucket
+from app.errors import OutputFailed, dead_letter_record, describe_error
+
+__all__ = [
+    "Output",
+    "Change",
+    "Undeliverable",
+    "KeyedState",
+    "Store",
+    "TableStore",
+    "OutputFailed",
+    "prepare_outputs",
+    "send_checked",
+    "fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One message a change sends: to ``topic``, keyed by ``key``; ``value`` is JSON-able (or bytes, already encoded)."""
+
+    topic: faust.TopicT
+    key: str | None
+    value: Any
+    headers: tuple[tuple[str, bytes], ...] = ()
+    #: where it goes to, for messages: "aggregates", "resume", ... (defaults to the topic's name)
+    what: str = ""
+
+    def describe(self) -> str:
+        return self.what or self.topic.get_topic_name()
+
+
+@dataclass(frozen=True)
+class Change(Generic[S]):
+    """What one input or one deadline does to one key: its new state (None deletes it), outputs, rejects, deadlines."""
+
+    state: S | None
+    outputs: tuple[Output, ...] = ()
+    #: why inputs were refused (each one a dead letter with reason 'rejected')
+    rejected: tuple[str, ...] = ()
+    #: absolute times (ms) at which the key's ``on_deadline`` must run; ``(kind, ms)`` for a pattern with several kinds
+    deadlines: tuple[int | tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Undeliverable:
+    """An output that cannot be written, and why: its encoded size and sha256 when it could be encoded."""
+
+    output: Output
+    problem: str
+    encoded: bytes | None = None
+    size_bytes: int = 0
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Outputs checked against the record limit: those ready to send (encoded), those that cannot be written."""
+
+    ready: tuple[tuple[Output, bytes], ...] = ()
+    undeliverable: tuple[Undeliverable, ...] = field(default=())
+
+
+def fingerprint(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def prepare_outputs(outputs: Iterable[Output], limit: int) -> Prepared:
+    """Encode every output and measure it against ``limit`` bytes; no I/O (a pure function, unit-tested)."""
+    ready: list[tuple[Output, bytes]] = []
+    failed: list[Undeliverable] = []
+    for output in outputs:
+        try:
+            value = output.value if isinstance(output.value, bytes) else dumps(output.value)
+        except Exception as error:  # orjson raises TypeError (and others) for what JSON cannot hold
+            failed.append(Undeliverable(output, f"{output.describe()}: not serialisable ({describe_error(error)})"))
+            continue
+        key_size = len(output.key.encode()) if output.key is not None else 0
+        header_size = sum(len(name) + len(raw) for name, raw in output.headers)
+        size = len(value) + key_size + header_size
+        if size > limit:
+            problem = f"{output.describe()} of {output.key!r} is {size} bytes, more than a record may hold ({limit})"
+            failed.append(Undeliverable(output, problem, value, len(value), fingerprint(value)))
+            continue
+        ready.append((output, value))
+    return Prepared(tuple(ready), tuple(failed))
+
+
+#: How often a send that fails (the producer refused to queue it: a full buffer, a lost connection) is tried.
+SEND_ATTEMPTS = 3
+
+
+async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
+    """Send checked outputs in order; each send joins the current transaction (awaited: queued, not yet delivered).
+
+    A send that fails is tried again (a refused send queued nothing), then :class:`OutputFailed` stops the
+    worker (:func:`app.core.stop_worker`): skipping the input would commit its state without its outputs.
+    """
+    for output, value in ready:
+        key = output.key.encode() if output.key is not None else None
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            try:
+                await output.topic.send(key=key, value=value, headers=list(output.headers) or None)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if attempt == SEND_ATTEMPTS:
+                    raise OutputFailed(f"{output.describe()} of {output.key!r}: {describe_error(error)}") from error
+                log.warning("send of %s failed (attempt %d of %d): %r", output.describe(), attempt, SEND_ATTEMPTS, error)
+                await asyncio.sleep(0.2 * attempt)
+
+
+async def dead_letter_output(event: EventT[bytes], failure: Undeliverable, *, agent: str, step: str) -> None:
+    """The dead letter of an output that cannot be written: the output (cut to fit), where it came from, why."""
+    output = failure.output
+    value = failure.encoded
+    if value is None:
+        value = repr(output.value).encode("utf-8", "backslashreplace")
+    record = dead_letter_record(
+        reason="undeliverable",
+        error=failure.problem,
+        agent=agent,
+        step=step,
+        attempts=1,
+        topic=event.message.topic,
+        partition=event.message.partition,
+        offset=event.message.offset,
+        key=output.key.encode() if output.key is not None else None,
+        value=value,
+        headers=[*message_headers(event), ("weir-destination", output.topic.get_topic_name().encode())],
+    )
+    await send_dead_letter_record(record)
+
+
+async def send_checked(event: EventT[bytes], outputs: Iterable[Output], *, agent: str, step: str) -> list[Undeliverable]:
+    """Send ``outputs`` after checking them (:func:`prepare_outputs`); dead-letter those that cannot be written.
+
+    For a stage that keeps no state of its own (or whose state does not depend on what it sends): every
+    output is accounted for, none can stop the worker. Returns what was dead-lettered.
+    """
+    prepared = prepare_outputs(outputs, record_limit())
+    for failure in prepared.undeliverable:
+        await dead_letter_output(event, failure, agent=agent, step=step)
+    await send_prepared(prepared.ready)
+    return list(prepared.undeliverable)
+
+
+class Store(Protocol[S]):
+    """Where a pattern's keyed state lives: one table, or several (the aggregator keeps open and done groups apart)."""
+
+    def load(self, key: str) -> S | None: ...
+
+    def save(self, key: str, previous: S | None, state: S | None) -> None: ...
+
+
+class TableStore(Generic[S]):
+    """A state per key of one table, as the JSON its ``encode`` gives."""
+
+    def __init__(self, table: TableT[str, Any], encode: Callable[[S], Any], decode: Callable[[Any], S]) -> None:
+        self.table = table
+        self.encode = encode
+        self.decode = decode
+
+    def load(self, key: str) -> S | None:
+        raw = self.table.get(key)
+        return None if raw is None else self.decode(raw)
+
+    def save(self, key: str, previous: S | None, state: S | None) -> None:
+        if state is None:
+            if previous is not None:
+                del self.table[key]
+        elif state != previous:
+            self.table[key] = self.encode(state)
+
+
+#: What a key becomes when outputs of its change cannot be written: (key, previous state, the change, what failed) -> a new change.
+UndeliverableHook = Callable[[str, Any, Change[Any], Sequence[Undeliverable]], Change[Any]]
+
+
+def drop_undeliverable(key: str, previous: Any, change: Change[Any], failures: Sequence[Undeliverable]) -> Change[Any]:
+    """The default: the key's state as the pattern said; the outputs that cannot be written are dead-lettered only."""
+    failed = {id(failure.output) for failure in failures}
+    return replace(change, outputs=tuple(output for output in change.outputs if id(output) not in failed))
+
+
+class KeyedState(Generic[S]):
+    """The shell every stateful pattern runs through: ``load`` a key's state, ``apply`` a :class:`Change` to it."""
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        store: Store[S],
+        deadlines: DeadlineIndex | None = None,
+        undeliverable: UndeliverableHook = drop_undeliverable,
+        step: str = "apply",
+        deadline_kind: str = "key",
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.deadlines = deadlines
+        if deadlines is not None:
+            deadlines.fatal = (*deadlines.fatal, OutputFailed)
+        self.undeliverable = undeliverable
+        self.step = step
+        self.deadline_kind = deadline_kind
+        #: outputs of this worker dead-lettered as undeliverable (also in the dead-letter topic, per key)
+        self.undeliverable_count = 0
+
+    def load(self, key: str) -> S | None:
+        return self.store.load(key)
+
+    async def apply(self, event: EventT[bytes], key: str, previous: S | None, change: Change[S]) -> None:
+        """Check the outputs, then dead-letter rejects, store the state, file deadlines, send (the module's steps 1-4)."""
+        limit = record_limit()
+        prepared = prepare_outputs(change.outputs, limit)
+        if prepared.undeliverable:
+            for failure in prepared.undeliverable:
+                log.warning("%s: key %r: an output cannot be written: %s", self.agent, key, failure.problem)
+                await dead_letter_output(event, failure, agent=self.agent, step=self.step)
+                self.undeliverable_count += 1
+            change = self.undeliverable(key, previous, change, prepared.undeliverable)
+            # The replacement's own outputs are checked too; what still cannot be written is dead-lettered and dropped.
+            again = prepare_outputs(change.outputs, limit)
+            for failure in again.undeliverable:
+                await dead_letter_output(event, failure, agent=self.agent, step=self.step)
+                self.undeliverable_count += 1
+            prepared = again
+        for reason in change.rejected:
+            await send_dead_letter(event, reason="rejected", error=reason, agent=self.agent, step=self.step)
+        self.store.save(key, previous, change.state)
+        if self.deadlines is not None:
+            now = wall_clock_ms()
+            for deadline in change.deadlines:
+                kind, due_ms = deadline if isinstance(deadline, tuple) else (self.deadline_kind, deadline)
+                self.deadlines.add(event.message.partition, kind, key, due_ms, now_ms=now)
+        await send_prepared(prepared.ready)
+
+    async def walk_deadlines(
+        self,
+        event: EventT[bytes],
+        now_ms: int,
+        due_ms: Callable[[str, S], int | None],
+        on_deadline: Callable[[str, S, int], Change[S]],
+    ) -> None:
+        """A tick: every key whose deadline passed gets ``on_deadline(key, state, now)`` applied, as any change.
+
+        ``due_ms(kind, state)``: when the entry of that kind is due for that state now (None: nothing is due
+        any more, the entry is dropped). A deadline that moved to a later second is filed again there; one
+        later in this second waits for the next tick. The pattern's part (loading, ``on_deadline``) may fail
+        for one key: that key is retried on later ticks and finally dead-lettered (``DeadlineIndex.walk``),
+        and the other keys go on. A failed send (:class:`OutputFailed`) is not such a case: it stops the walk.
+        """
+        if self.deadlines is None:
+            return
+        index = self.deadlines
+        partition = event.message.partition
+
+        async def due(kind: str, key: str) -> bool:
+            state = self.load(key)
+            deadline_ms = None if state is None else due_ms(kind, state)
+            if state is None or deadline_ms is None:
+                return False
+            if deadline_ms > now_ms:
+                if deadline_bucket(deadline_ms) > deadline_bucket(now_ms):
+                    index.add(partition, kind, key, deadline_ms)
+                    return False
+                return True
+            await self.apply(event, key, state, on_deadline(key, state, now_ms))
+            return False
+
+        async def give_up(kind: str, key: str, error: Exception) -> None:
+            record = dead_letter_record(
+                reason="error",
+                error=f"{self.agent}: the deadline ({kind}) of {key!r} failed on every attempt: {describe_error(error)}",
+                agent=self.agent,
+                step="deadline",
+                attempts=index.max_attempts,
+                topic=event.message.topic,
+                partition=partition,
+                offset=event.message.offset,
+                key=key.encode(),
+                value=dumps({"kind": kind, "key": key}),
+            )
+            await send_dead_letter_record(record)
+
+        await index.walk(partition, now_ms, due, on_give_up=give_up)

@@ -1,0 +1,168 @@
+"""The keyed-state runtime without Kafka: outputs are checked before anything is stored, and one that cannot be
+written is handled for its key alone (dead-lettered, cut to fit), never dropped without a trace."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.errors import dead_letter_record, fitted_dead_letter
+from app.runtime import keyed
+from app.runtime.keyed import Change, KeyedState, Output, TableStore, Undeliverable, prepare_outputs
+
+
+class Topic:
+    """Stands in for a Faust topic: what was sent to it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: list[tuple[bytes | None, bytes]] = []
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+    async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
+        self.sent.append((key, value))
+
+
+def _event() -> Any:
+    return SimpleNamespace(message=SimpleNamespace(partition=0, topic="in", offset=7, key=b"k", headers=None, tp="in:0"))
+
+
+@pytest.fixture
+def dead_letters(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def record(letter: dict[str, Any]) -> None:
+        sent.append(orjson.loads(fitted_dead_letter(letter, 10_000)))
+
+    async def event_letter(event: Any, *, reason: str, error: str, agent: str, step: str, **_: Any) -> None:
+        sent.append({"reason": reason, "error": error, "agent": agent, "step": step})
+
+    monkeypatch.setattr(keyed, "send_dead_letter_record", record)
+    monkeypatch.setattr(keyed, "send_dead_letter", event_letter)
+    monkeypatch.setattr(keyed, "record_limit", lambda: 10_000)
+    return sent
+
+
+def test_prepare_outputs_sorts_what_fits_from_what_cannot_be_written() -> None:
+    topic = Topic("out")
+    small = Output(topic, "a", {"n": 1})  # type: ignore[arg-type]
+    large = Output(topic, "b", {"blob": "x" * 2_000})  # type: ignore[arg-type]
+    odd = Output(topic, "c", {"set": {1, 2}})  # type: ignore[arg-type]
+    prepared = prepare_outputs([small, large, odd], 1_000)
+    assert [output for output, _ in prepared.ready] == [small]
+    [too_large, not_json] = prepared.undeliverable
+    assert too_large.output is large
+    assert too_large.size_bytes > 1_000
+    assert len(too_large.sha256) == 64
+    assert "more than a record may hold (1000)" in too_large.problem
+    assert not_json.output is odd
+    assert "not serialisable" in not_json.problem
+    assert not_json.encoded is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.text(max_size=300), max_size=12), st.integers(min_value=50, max_value=2_000))
+def test_every_output_is_either_ready_within_the_limit_or_undeliverable(values: list[str], limit: int) -> None:
+    topic = Topic("out")
+    outputs = [Output(topic, f"k{number}", {"v": value}) for number, value in enumerate(values)]  # type: ignore[arg-type]
+    prepared = prepare_outputs(outputs, limit)
+    assert len(prepared.ready) + len(prepared.undeliverable) == len(outputs)
+    assert all(len(value) + len(output.key or "") <= limit for output, value in prepared.ready)
+    assert [output for output, _ in prepared.ready] == [o for o in outputs if all(o is not f.output for f in prepared.undeliverable)]
+
+
+def test_an_output_that_cannot_be_written_is_dead_lettered_and_the_hook_decides_the_state(dead_letters: list[dict[str, Any]]) -> None:
+    table: dict[str, Any] = {}
+    topic = Topic("results")
+    seen: list[Undeliverable] = []
+
+    def hook(key: str, previous: Any, change: Change[Any], failures: Any) -> Change[Any]:
+        seen.extend(failures)
+        return replace(change, state={"status": "dead-lettered"}, outputs=(Output(topic, key, {"status": "dead-lettered"}),))  # type: ignore[arg-type]
+
+    shell: KeyedState[Any] = KeyedState(agent="t", store=TableStore(table, dict, dict), undeliverable=hook)  # type: ignore[arg-type]
+    change: Change[Any] = Change(state={"status": "complete"}, outputs=(Output(topic, "g", {"blob": "q" * 50_000}),))  # type: ignore[arg-type]
+    asyncio.run(shell.apply(_event(), "g", None, change))
+    assert table == {"g": {"status": "dead-lettered"}}
+    assert [orjson.loads(value) for _, value in topic.sent] == [{"status": "dead-lettered"}]
+    [letter] = dead_letters
+    assert (letter["reason"], letter["agent"], letter["key"]["text"]) == ("undeliverable", "t", "g")
+    assert letter["value"]["truncated"]
+    assert letter["value"]["size_bytes"] == seen[0].size_bytes
+    assert shell.undeliverable_count == 1
+
+
+def test_the_other_outputs_and_keys_go_on_and_a_replacement_that_still_fails_is_dropped_with_a_trace(
+    dead_letters: list[dict[str, Any]],
+) -> None:
+    table: dict[str, Any] = {}
+    topic = Topic("results")
+    shell: KeyedState[Any] = KeyedState(agent="t", store=TableStore(table, dict, dict))  # type: ignore[arg-type]
+    big = Output(topic, "a", "z" * 20_000)  # type: ignore[arg-type]
+    fine = Output(topic, "a", "ok")  # type: ignore[arg-type]
+    asyncio.run(shell.apply(_event(), "a", None, Change(state={"n": 1}, outputs=(big, fine), rejected=("no",))))
+    asyncio.run(shell.apply(_event(), "b", None, Change(state={"n": 2}, outputs=(fine,))))
+    assert table == {"a": {"n": 1}, "b": {"n": 2}}
+    assert [value for _, value in topic.sent] == [b'"ok"', b'"ok"']
+    assert sorted(letter["reason"] for letter in dead_letters) == ["rejected", "undeliverable"]
+
+
+def test_a_send_that_keeps_failing_raises_output_failed_after_the_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.errors import OutputFailed
+
+    class Broken(Topic):
+        async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
+            self.sent.append((key, value))
+            raise ConnectionError("broker gone")
+
+    monkeypatch.setattr(keyed.asyncio, "sleep", _no_sleep)
+    topic = Broken("out")
+    with pytest.raises(OutputFailed, match="broker gone"):
+        asyncio.run(keyed.send_prepared([(Output(topic, "k", "v"), b'"v"')]))  # type: ignore[arg-type]
+    assert len(topic.sent) == keyed.SEND_ATTEMPTS
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    value=st.one_of(st.binary(max_size=30_000), st.text(max_size=30_000), st.just('"' * 25_000)),
+    key=st.one_of(st.none(), st.binary(max_size=3_000)),
+    error=st.text(max_size=9_000),
+    headers=st.lists(st.tuples(st.text(max_size=40), st.binary(max_size=600)), max_size=40),
+    limit=st.integers(min_value=2_000, max_value=20_000),
+)
+def test_a_dead_letter_always_fits_and_keeps_where_and_why(value: Any, key: Any, error: str, headers: Any, limit: int) -> None:
+    raw = value.encode() if isinstance(value, str) else value
+    record = dead_letter_record(
+        reason="undeliverable",
+        error=error,
+        agent="agg",
+        step="emit",
+        attempts=1,
+        topic="t",
+        partition=2,
+        offset=9,
+        key=key,
+        value=raw,
+        headers=headers,
+    )
+    encoded = fitted_dead_letter(record, limit)
+    assert len(encoded) <= limit
+    letter = orjson.loads(encoded)
+    assert (letter["reason"], letter["agent"], letter["step"], letter["origin"]) == ("undeliverable", "agg", "emit", record["origin"])
+    if letter["value"].get("truncated"):
+        assert letter["value"]["size_bytes"] == len(raw)
+    else:
+        assert letter["value"] == record["value"]
