@@ -38,7 +38,7 @@ async def splitter(stream: StreamT[bytes]) -> None:
     An order's 'open', when apart from its chunks, goes to the aggregator. With WEIR_ITEMS_INLINE, the
     order's result goes to the aggregates topic instead. A bad order is dead-lettered alone. An order's
     offset is committed with everything it sent: every send is delivered before a commit covers the offset
-    (``app.eos.batch_scope``), and under exactly_once they share the transaction of that offset.
+    (``app.engine.batch_scope``), and under exactly_once they share the transaction of that offset.
     """
     await handle_parts(stream, _inline_part if settings.items_inline else _split_part)
 

@@ -10,14 +10,14 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import faust
 from aiokafka import AIOKafkaProducer
 from faust.types import EventT, StreamT, TableT
 from faust.types.auth import CredentialsT
 
-from app import eos
+from app import engine
 from app.codec import DecodeError, dumps, loads
 from app.errors import RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
 from app.kafka_io import ensure_topics
@@ -40,10 +40,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
-eos.install(
-    settings.worker_id if settings.transactions == "per_worker" else None,
-    settings.transaction_timeout_ms,
-    settings.worker_id if settings.static_membership else None,
+engine.install(
+    engine.EngineConfig(
+        worker_transaction=settings.worker_id if settings.transactions == "per_worker" else None,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+        static_member=settings.worker_id if settings.static_membership else None,
+        commit_idle_s=settings.commit_idle_ms / 1000,
+        defer_deliveries=settings.processing_guarantee == "exactly_once",
+        trace_file=settings.trace_file or None,
+    )
 )
 
 
@@ -64,8 +69,6 @@ def broker_credentials(config: Settings) -> CredentialsT | None:
 
 
 (settings.data_dir / settings.group_id).mkdir(parents=True, exist_ok=True)
-eos.COMMIT_IDLE_S = settings.commit_idle_ms / 1000
-eos.DEFER_DELIVERIES = settings.processing_guarantee == "exactly_once"
 
 app = faust.App(
     settings.group_id,
@@ -90,8 +93,8 @@ app = faust.App(
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,
-    Table="app.eos:WeirTable",
-    Topic="app.eos:WeirTopic",
+    Table="app.engine:WeirTable",
+    Topic="app.engine:WeirTopic",
 )
 
 
@@ -173,7 +176,7 @@ def refuse_out_of_order_agents(agents: Iterable[Any]) -> None:
 def _prepare_worker(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
     if settings.processing_guarantee == "exactly_once":
         refuse_out_of_order_agents(sender.agents.values())
-        eos.wipe_local_tables(sender.conf.tabledir)
+        engine.wipe_local_tables(sender.conf.tabledir)
     # Faust creates only its internal topics; a source topic missing at subscription time would never
     # be assigned. The loop is not running yet here, so the admin call runs on a loop of its own.
     names = [topic.get_topic_name() for topic in topics.all()]
@@ -247,24 +250,7 @@ def dump_tasks(*_: Any) -> None:
             else:
                 lines.append(f"    awaiting {awaited!r:.200}")
             awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None) or getattr(awaited, "gi_yieldfrom", None)
-    try:
-        consumer: Any = app.consumer
-        kafka = consumer._thread._consumer
-        lines.append(f"assigned: {sorted(map(str, consumer.assignment()))}")
-        lines.append(f"faust active: {sorted(map(str, consumer._active_partitions or ()))}")
-        lines.append(f"faust paused: {sorted(map(str, consumer._paused_partitions))}")
-        lines.append(f"kafka paused: {sorted(map(str, kafka.paused()))}")
-        lines.append(f"flow control active: {app.flow_control.is_active()}")
-        lines.append(f"gate: active={eos.gate._active} open={eos.gate._open.is_set()}")
-        for tp in sorted(consumer._active_partitions or (), key=str):
-            position = kafka._subscription.subscription.assignment.state_value(tp)
-            lines.append(
-                f"{tp.topic}:{tp.partition} position={getattr(position, 'position', None)} "
-                f"read={consumer._read_offset.get(tp)} committed={consumer._committed_offset.get(tp)} "
-                f"acked={len(consumer._acked.get(tp) or [])} gaps={len(consumer._gap.get(tp) or [])}"
-            )
-    except Exception as error:  # diagnostics only
-        lines.append(f"(consumer state unavailable: {error!r})")
+    lines.extend(engine.describe_consumer(app))
     log.warning("asyncio tasks:\n%s", "\n".join(lines))
 
 
@@ -313,13 +299,13 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
         await handle_parts(stream, each)
         return
     async for event in stream.events():
-        eos.trace("event", event.message.tp, event.message.offset)
-        async with eos.event_scope(event):
-            if not eos.to_process(event):
+        engine.trace("event", event.message.tp, event.message.offset)
+        async with engine.event_scope(event):
+            if not engine.to_process(event):
                 continue
             await _handle_one(event, agent=agent, what=what, handler=handler)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
-            eos.ack_handled(event)
+            engine.ack_handled(event)
 
 
 async def handle_part_events(
@@ -421,67 +407,13 @@ async def all_at_once(coroutines: Iterable[Awaitable[None]]) -> None:
         raise
 
 
-async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
-    """Adaptive batches: up to ``max_`` events, handed on as soon as no further event is ready.
-
-    Faust's ``noack_take`` waits ``within`` for a batch to fill, so under a light load every event of
-    every hop waited for that timer. Here a batch is handed on when it is full *or* the stream's queue is
-    empty after an event was added: under a backlog batches fill (the consumer delivers a whole fetch
-    before the stream runs), under a light load an event goes on at once. ``within`` only bounds how long
-    the loop sleeps between looks. Events are not acked here (Faust's ``noack_take`` contract): the
-    caller acks them inside their exactly-once scope. Otherwise the code of Faust 0.15's ``noack_take``.
+def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
+    """Adaptive batches: up to ``max_`` events, handed on as soon as no further event is ready (``within``
+    only bounds how long the loop sleeps between looks). Events are not acked here: the caller acks them
+    inside their exactly-once scope. Faust's ``noack_take`` without its timer, on Faust's Stream internals:
+    :func:`app.engine.streams.take_ready`.
     """
-    faust_stream = cast(Any, stream)
-    buffer: list[EventT[bytes]] = []
-    buffer_full = asyncio.Event()
-    buffer_consumed = asyncio.Event()
-    buffer_consuming: asyncio.Future[None] | None = None
-    channel_it = aiter(faust_stream.channel)
-    enable_acks = faust_stream.enable_acks
-
-    async def add_to_buffer(value: Any) -> Any:
-        nonlocal buffer_consuming
-        try:
-            if buffer_consuming is not None:
-                try:
-                    await buffer_consuming
-                finally:
-                    buffer_consuming = None
-            event = faust_stream.current_event
-            if event is None:
-                raise RuntimeError("take_ready: the stream has no current event")
-            buffer.append(event)
-            if len(buffer) >= max_ or channel_it.empty():
-                buffer_full.set()
-                buffer_consumed.clear()
-                await faust_stream.wait(buffer_consumed)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.exception("take_ready: error adding to the batch: %r", error)
-            await faust_stream.crash(error)
-        return value
-
-    faust_stream.enable_acks = False
-    faust_stream.add_processor(add_to_buffer)
-    faust_stream._enable_passive(channel_it)
-    try:
-        while not faust_stream.should_stop:
-            await faust_stream.wait_for_stopped(buffer_full, timeout=within)
-            if not buffer:
-                continue
-            buffer_consuming = asyncio.get_running_loop().create_future()
-            try:
-                yield list(buffer)
-            finally:
-                buffer.clear()
-                if buffer_consuming is not None and not buffer_consuming.done():
-                    buffer_consuming.set_result(None)
-                buffer_full.clear()
-                buffer_consumed.set()
-    finally:
-        faust_stream.enable_acks = enable_acks
-        faust_stream._processors.remove(add_to_buffer)
+    return engine.take_ready(stream, max_, within)
 
 
 async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *, concurrent: bool = False) -> None:
@@ -490,10 +422,10 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     No commit can start while a batch is handled. While a partition's part is handled Faust's current event
     is the part's last event (tables use that partition's store and changelog, sends join the transaction
     that commits that partition's offsets: the worker's one, or the partition's own under per_partition)
-    and each table key is written once (``eos.part_scope``). Every event of the batch is acked before the
+    and each table key is written once (``engine.part_scope``). Every event of the batch is acked before the
     batch leaves the commit gate, and every send and changelog write of it is delivered before a commit
     covers it (by the batch under at_least_once, by the next commit under exactly_once:
-    ``eos.batch_scope``), so the commit that covers one of its offsets covers all of them and all they wrote
+    ``engine.batch_scope``), so the commit that covers one of its offsets covers all of them and all they wrote
     and sent. Events of an older consumer generation are acked without processing, as Faust's own stream
     does: the partition's new owner gets them again from the committed offset. ``concurrent``: the parts
     are handled at once, each in a task of its own (its own part scope).
@@ -506,29 +438,29 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     while committing the offsets only below it; a crash then replays them.
     """
     began = time.monotonic()
-    async with eos.batch_scope() as scope:
+    async with engine.batch_scope() as scope:
         entered = time.monotonic()
-        # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (eos.to_process).
+        # Inside the commit gate: no commit runs meanwhile, and a rebalance that began is seen (engine.to_process).
         parts: dict[Any, list[EventT[bytes]]] = {}
         for event in events:
-            eos.trace("event", event.message.tp, event.message.offset)
-            if eos.to_process(event):
+            engine.trace("event", event.message.tp, event.message.offset)
+            if engine.to_process(event):
                 parts.setdefault(event.message.tp, []).append(event)
 
         async def run(part: list[EventT[bytes]]) -> None:
             with scope.part(part[-1]):
                 await handle_part(part)
             for event in part:
-                eos.ack_handled(event)
+                engine.ack_handled(event)
 
         if concurrent and len(parts) > 1:
             await all_at_once(run(part) for part in parts.values())
         else:
             for part in parts.values():
                 await run(part)
-    if events and eos.tracing():  # the batch's size, its wait at the gate and its time inside
+    if events and engine.tracing():  # the batch's size, its wait at the gate and its time inside
         took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
-        eos.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
+        engine.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
 
 
 def record_limit() -> int:

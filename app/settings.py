@@ -129,12 +129,12 @@ class Settings:
     #: Under load commits come every commit_interval.
     commit_idle_ms: int = 3
     #: WEIR_TRANSACTIONS (exactly_once): "per_worker" (Kafka's EOS v2, KIP-447: one transaction per worker,
-    #: fenced by the consumer group's generation; see app/kip447.py) or "per_partition" (EOS v1, Faust's layout:
+    #: fenced by the consumer group's generation; see app/engine/kip447.py) or "per_partition" (EOS v1, Faust's layout:
     #: one transaction per source partition, fenced by its transactional id).
     transactions: str = "per_worker"
     #: WEIR_WORKER_ID (per_worker): this worker's transactional id suffix; unique among live workers and kept
     #: across its restarts, a restart then ends the transaction its killed predecessor left open at once.
-    #: Empty: "<host name>-<web port>" (app.eos.worker_slot). A peer taking over from a worker that does not
+    #: Empty: "<host name>-<web port>" (app.engine.worker_slot). A peer taking over from a worker that does not
     #: come back waits up to WEIR_TRANSACTION_TIMEOUT_MS for its open transaction.
     worker_id: str = ""
     #: WEIR_TRANSACTION_TIMEOUT_MS (per_worker): how long the broker keeps a dead worker's transaction open.
@@ -178,6 +178,8 @@ class Settings:
     producer_linger_ms: int = 0
     #: WEIR_MAX_MESSAGE_BYTES: larger input messages are dead-lettered, not parsed.
     max_message_bytes: int = 1_000_000
+    #: WEIR_TRACE_FILE: diagnostic: every worker appends each handled event and committed offset there (empty: none).
+    trace_file: str = ""
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the demo's pricing step).
     item_processor: str = "app.pipeline:price_item"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
@@ -354,6 +356,7 @@ def load_settings() -> Settings:
         batch_wait_ms=_env_int("WEIR_BATCH_WAIT_MS", defaults.batch_wait_ms),
         producer_linger_ms=_env_int("WEIR_PRODUCER_LINGER_MS", defaults.producer_linger_ms),
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
+        trace_file=_env_str("WEIR_TRACE_FILE", defaults.trace_file),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),

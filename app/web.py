@@ -19,6 +19,7 @@ from faust import web
 from faust.types import TableT
 from yarl import URL
 
+from app import engine
 from app.core import app, settings, topics
 from app.kafka_io import key_partition
 from tables.aggregates import DoneState, GroupState
@@ -714,18 +715,13 @@ class WeirView(web.View):
 
     def local_items(self, table: TableT[Any, Any]) -> Iterator[tuple[int | None, str, Any]]:
         """(partition, key, value) of the partitions this worker owns."""
-        store: Any = table.data
-        dbs = getattr(store, "_dbs", None)
-        if dbs is None or not hasattr(store, "_visible_items"):  # not RocksDB: partitions unknown
+        if not engine.by_partition(table):  # not RocksDB: partitions unknown
             for key, value in table.items():
                 yield None, str(key), value
             return
         for partition in self.local_partitions(table):
-            db = dbs.get(partition)
-            if db is None:
-                continue
-            for raw_key, raw_value in store._visible_items(db):
-                yield partition, str(store._decode_key(raw_key)), store._decode_value(raw_value)
+            for key, value in engine.partition_items(table, partition):
+                yield partition, str(key), value
 
     def peers(self, table: TableT[Any, Any]) -> dict[str, list[int]]:
         """The other workers of this group that own partitions of ``table``, with those partitions."""
@@ -864,20 +860,14 @@ class KeyView(WeirView):
         return await self._from_peers(table, key)
 
     def _local_lookup(self, table: TableT[Any, Any], key: str) -> Iterator[tuple[int | None, str, Any]]:
-        store: Any = table.data
-        dbs = getattr(store, "_dbs", None)
-        if dbs is None:
+        if not engine.by_partition(table):
             value = table.get(key)
             if value is not None:
                 yield None, key, value
             return
-        raw_key = store._encode_key(key)
-        for partition in self.local_partitions(table):
-            db = dbs.get(partition)
-            raw_value = db.get(raw_key) if db is not None else None
-            if raw_value is not None:
-                yield partition, key, store._decode_value(raw_value)
-                return
+        found = engine.partition_get(table, key, self.local_partitions(table))
+        if found is not None:
+            yield found[0], key, found[1]
 
     async def _from_peers(self, table: TableT[Any, Any], key: str) -> dict[str, Any]:
         # The owner of the key's partition first (how weir's topics are keyed), then the others: tables such

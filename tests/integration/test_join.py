@@ -1,4 +1,4 @@
-"""A worker joins its consumer groups only once the broker lists every topic it subscribes to (``app.eos.until_listed``).
+"""A worker joins its consumer groups only once the broker lists every topic it subscribes to (``app.engine.fetcher.until_listed``).
 
 The group's leader assigns the partitions its metadata knows: a changelog topic created a moment before the
 join was missing from a static member's first assignment, and that member got the same assignment back at
@@ -15,7 +15,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaClient
 
-from app.eos import until_listed
+from app.engine.fetcher import until_listed
 from app.kafka_io import ensure_topics
 
 pytestmark = pytest.mark.integration

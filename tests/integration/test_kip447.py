@@ -1,4 +1,4 @@
-"""KIP-447 on aiokafka (app/kip447.py) against the real broker: the group fences a stale member's transactional
+"""KIP-447 on aiokafka (app/engine/kip447.py) against the real broker: the group fences a stale member's transactional
 offsets, and a committed-offset fetch waits for a transaction whose offsets are still pending."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import TopicPartition
 
-from app import kip447
+from app.engine import kip447
 from app.kafka_io import ensure_topics
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from app import eos
+from app import engine
 from app.settings import load_settings
 
 
@@ -34,8 +34,8 @@ def test_an_unknown_transaction_layout_is_refused_by_name(monkeypatch: pytest.Mo
 
 def test_the_default_worker_id_is_the_host_and_web_port() -> None:
     # unique among live workers (one port per listener on a host), the same for a worker restarted in place
-    assert eos.worker_slot(6067) == f"{socket.gethostname()}-6067"
-    assert eos.worker_slot(6067) != eos.worker_slot(6068)
+    assert engine.worker_slot(6067) == f"{socket.gethostname()}-6067"
+    assert engine.worker_slot(6067) != engine.worker_slot(6068)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("", False), ("1", True), ("true", True), ("0", False), ("off", False)])

@@ -1,4 +1,4 @@
-"""A changelog partition Faust pauses is paused in aiokafka's fetcher too (``app.eos.set_fetching``).
+"""A changelog partition Faust pauses is paused in aiokafka's fetcher too (``app.engine.fetcher.set_fetching``).
 
 Faust only leaves a paused partition out of what it asks its client for: the fetcher kept fetching a
 table's changelog after recovery, nobody consumed those records, and while they waited in its buffer the
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import TopicPartition
 
-from app.eos import set_fetching
+from app.engine.fetcher import set_fetching
 
 CHANGELOG = TopicPartition("weir-aggregates-changelog", 0)
 OTHER = TopicPartition("weir-aggregates-changelog", 1)

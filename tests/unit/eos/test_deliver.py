@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from mode import Service
 
-from app import eos
+from app.engine import delivery
 
 
 async def _deliver(callback: Any, suspend: asyncio.Event) -> bool:
@@ -17,7 +17,7 @@ async def _deliver(callback: Any, suspend: asyncio.Event) -> bool:
     class Consumer(Service):
         suspend_flow = suspend
 
-    return await eos.WeirConsumer._deliver(Consumer(), callback)  # type: ignore[arg-type]
+    return await delivery.WeirConsumer._deliver(Consumer(), callback)  # type: ignore[arg-type]
 
 
 def test_a_callback_that_never_waits_is_delivered_without_a_task() -> None:

@@ -9,8 +9,8 @@ from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import eos
-from app.eos import SkippedOffsets
+from app.engine import delivery
+from app.engine.fetcher import SkippedOffsets, note_skipped_offsets, skipped_offsets
 
 
 def test_a_hole_is_covered_only_by_ranges_a_fetch_stepped_over() -> None:
@@ -43,12 +43,12 @@ def _event(partition: int, offset: int, generation: int, committed: int | None =
 
 
 def test_an_offset_is_processed_once_per_generation_whatever_the_order() -> None:
-    eos._processed.clear()
-    assert [eos.first_delivery(_event(0, offset, 1)) for offset in (5, 7, 6)] == [True, True, True], "concurrency: out of order"
-    assert not eos.first_delivery(_event(0, 6, 1)), "a copy delivered again by a seek"
-    assert eos.first_delivery(_event(1, 6, 1)), "another partition"
-    assert eos.first_delivery(_event(0, 6, 2)), "a new generation starts from the committed offset: everything is new"
-    assert not eos.first_delivery(_event(0, 6, 2))
+    delivery._processed.clear()
+    assert [delivery.first_delivery(_event(0, offset, 1)) for offset in (5, 7, 6)] == [True, True, True], "concurrency: out of order"
+    assert not delivery.first_delivery(_event(0, 6, 1)), "a copy delivered again by a seek"
+    assert delivery.first_delivery(_event(1, 6, 1)), "another partition"
+    assert delivery.first_delivery(_event(0, 6, 2)), "a new generation starts from the committed offset: everything is new"
+    assert not delivery.first_delivery(_event(0, 6, 2))
 
 
 def _batch(base_offset: int, count: int, *, producer_id: int) -> bytearray:
@@ -72,12 +72,12 @@ def test_a_read_committed_fetch_notes_the_aborted_records_it_steps_over() -> Non
     from aiokafka.record.memory_records import MemoryRecords
     from aiokafka.structs import TopicPartition
 
-    eos._note_skipped_offsets()
+    note_skipped_offsets()
     # offsets 0-2: a transaction of producer 7 that aborted; 3-4: plain records
     data = bytes(_batch(0, 3, producer_id=7) + _batch(3, 2, producer_id=-1))
     records = fetcher.PartitionRecords(
         TopicPartition("aborted-topic", 0), MemoryRecords(data), [(7, 0)], 0, None, None, True, fetcher.READ_COMMITTED
     )
     assert [record.offset for record in records] == [3, 4]
-    assert eos.skipped_offsets.covers("aborted-topic", 0, 0, 3), "the aborted records were stepped over by the fetch"
-    assert not eos.skipped_offsets.covers("aborted-topic", 0, 0, 4)
+    assert skipped_offsets.covers("aborted-topic", 0, 0, 3), "the aborted records were stepped over by the fetch"
+    assert not skipped_offsets.covers("aborted-topic", 0, 0, 4)

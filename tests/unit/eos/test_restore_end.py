@@ -14,9 +14,9 @@ from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import eos
+from app.engine import fetcher, restore
 
-eos._end_restores_at_markers()
+restore.end_restores_at_markers()
 
 
 def recovery(tp: TP, seen: int, highwater: int, in_transaction: bool = True) -> Any:
@@ -36,12 +36,12 @@ def tp() -> TP:
 
 
 def at_position(monkeypatch: pytest.MonkeyPatch, position: int | None) -> None:
-    monkeypatch.setattr(eos, "_fetch_position", lambda app, tp: position)
+    monkeypatch.setattr(fetcher, "fetch_position", lambda app, tp: position)
 
 
 def test_a_tail_of_markers_the_fetch_stepped_over_ends_the_restore(monkeypatch: pytest.MonkeyPatch, tp: TP) -> None:
     # records 0..7 restored, 8 is the commit marker (the end offset is 9): the fetch stepped over 8
-    eos.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
+    fetcher.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
     at_position(monkeypatch, 9)
     state = recovery(tp, seen=7, highwater=8)
     assert not Recovery.need_recovery(state)
@@ -50,7 +50,7 @@ def test_a_tail_of_markers_the_fetch_stepped_over_ends_the_restore(monkeypatch: 
 
 def test_a_record_not_seen_yet_keeps_the_restore_going(monkeypatch: pytest.MonkeyPatch, tp: TP) -> None:
     # the fetch is at the end, but offset 6 is a record that recovery has not seen yet (on its way)
-    eos.skipped_offsets.note(tp.topic, tp.partition, 7, 9)
+    fetcher.skipped_offsets.note(tp.topic, tp.partition, 7, 9)
     at_position(monkeypatch, 9)
     state = recovery(tp, seen=5, highwater=8)
     assert Recovery.need_recovery(state)
@@ -58,7 +58,7 @@ def test_a_record_not_seen_yet_keeps_the_restore_going(monkeypatch: pytest.Monke
 
 
 def test_a_fetch_short_of_the_end_keeps_the_restore_going(monkeypatch: pytest.MonkeyPatch, tp: TP) -> None:
-    eos.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
+    fetcher.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
     at_position(monkeypatch, 8)
     assert Recovery.need_recovery(recovery(tp, seen=7, highwater=8))
     at_position(monkeypatch, None)  # not assigned, or no position yet
@@ -66,13 +66,13 @@ def test_a_fetch_short_of_the_end_keeps_the_restore_going(monkeypatch: pytest.Mo
 
 
 def test_a_changelog_of_aborted_records_only_restores_to_nothing(monkeypatch: pytest.MonkeyPatch, tp: TP) -> None:
-    eos.skipped_offsets.note(tp.topic, tp.partition, 0, 12)
+    fetcher.skipped_offsets.note(tp.topic, tp.partition, 0, 12)
     at_position(monkeypatch, 12)
     assert not Recovery.need_recovery(recovery(tp, seen=-1, highwater=11))
 
 
 def test_without_transactions_faust_decides_alone(monkeypatch: pytest.MonkeyPatch, tp: TP) -> None:
-    eos.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
+    fetcher.skipped_offsets.note(tp.topic, tp.partition, 8, 9)
     at_position(monkeypatch, 9)
     assert Recovery.need_recovery(recovery(tp, seen=7, highwater=8, in_transaction=False))
 
@@ -84,7 +84,7 @@ def test_without_transactions_faust_decides_alone(monkeypatch: pytest.MonkeyPatc
     length=st.integers(1, 20),
 )
 def test_covers_says_whether_every_offset_of_a_range_was_stepped_over(ranges: list[tuple[int, int]], begin: int, length: int) -> None:
-    skipped = eos.SkippedOffsets()
+    skipped = fetcher.SkippedOffsets()
     stepped_over: set[int] = set()
     for start, size in ranges:
         skipped.note("t", 0, start, start + size)

@@ -11,7 +11,8 @@ import faust
 import pytest
 from faust.types import TP
 
-from app import core, eos
+from app import core, engine
+from app.engine import delivery
 
 
 class _Event:
@@ -28,7 +29,7 @@ class _Event:
 
 
 def _batch(*offsets: tuple[int, int]) -> list[Any]:
-    eos._processed.clear()
+    delivery._processed.clear()
     return [_Event(partition, offset) for partition, offset in offsets]
 
 
@@ -146,11 +147,11 @@ def test_a_slow_batch_runs_in_slices_of_its_budget_with_a_due_commit_between_the
             await handle_part(part)
 
         async def commit_when_idle() -> None:
-            await eos.gate.idle_event.wait()
+            await engine.gate.idle_event.wait()
             while True:  # the first time the gate goes idle with events left: a commit
                 await asyncio.sleep(0)
                 if len(slices) and len(slices) < 30:
-                    async with eos.gate.committing():
+                    async with engine.gate.committing():
                         committed.append(sum(event.acked for event in events))
                     return
 

@@ -1,6 +1,6 @@
-"""The write-once overlay of ``eos.WeirTable`` inside a scope, against a plain dict model.
+"""The write-once overlay of ``engine.WeirTable`` inside a scope, against a plain dict model.
 
-Inside ``eos.part_scope`` reads see the scope's own writes, a key written many times is written to the
+Inside ``engine.part_scope`` reads see the scope's own writes, a key written many times is written to the
 store and the changelog once (its last value), a key deleted that the store had gets one tombstone, a key
 created and deleted inside the scope leaves no trace, and a scope that raises writes nothing.
 """
@@ -19,7 +19,7 @@ from faust.tables.base import Collection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import eos
+from app import engine
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(
@@ -54,7 +54,7 @@ def _unpatch() -> Iterator[None]:
 
 
 def make_table(initial: dict[str, int]) -> tuple[Any, list[tuple[str, Any]]]:
-    app = faust.App(f"overlay-{id(initial)}", store="memory://", Table="app.eos:WeirTable", autodiscover=False)
+    app = faust.App(f"overlay-{id(initial)}", store="memory://", Table="app.engine:WeirTable", autodiscover=False)
     table = app.Table("t", default=None, partitions=1)
     changelog: list[tuple[str, Any]] = []
 
@@ -111,7 +111,7 @@ def test_a_scope_reads_its_own_writes_and_writes_each_key_once(initial: dict[str
         pending: list[Any] = []
         written: set[str] = set()
         try:
-            with eos.part_scope(event(), pending):
+            with engine.part_scope(event(), pending):
                 for op in ops:
                     result = apply(table, op)
                     assert result == apply(model, op), op
@@ -142,7 +142,7 @@ def test_a_scope_that_raises_writes_nothing() -> None:
             table["b"] = 3
             raise RuntimeError("handler failed")
 
-        with pytest.raises(RuntimeError, match="handler failed"), eos.part_scope(event(), []):
+        with pytest.raises(RuntimeError, match="handler failed"), engine.part_scope(event(), []):
             handler()
         assert dict(table.data.items()) == {"a": 1}
         assert changelog == []

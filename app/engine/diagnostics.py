@@ -1,0 +1,54 @@
+"""What a worker tells about itself: the trace file (``WEIR_TRACE_FILE``) and its consumer's state (``kill -USR1``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from faust.types import TP
+
+from app.engine.config import installed
+from app.engine.scopes import gate
+
+__all__ = ["tracing", "trace", "describe_consumer"]
+
+
+def tracing() -> bool:
+    """Whether ``WEIR_TRACE_FILE`` is set (worth formatting a trace line)."""
+    return installed().trace_file is not None
+
+
+def trace(what: str, tp: TP, offset: int) -> None:
+    trace_file = installed().trace_file
+    if trace_file is not None:
+        with open(trace_file, "a") as out:
+            out.write(f"{time.time():.3f} {os.getpid()} {what} {tp.topic} {tp.partition} {offset}\n")
+
+
+def describe_consumer(app: Any) -> list[str]:
+    """Lines on the consumer's partitions, positions and offsets, and the commit gate (``app.core.dump_tasks``).
+
+    Faust's and aiokafka's private books: assignment, active and paused partitions, fetch positions, the
+    read, committed and acked offsets. A diagnostic only: what cannot be read ends the list with the error.
+    """
+    lines = []
+    try:
+        consumer: Any = app.consumer
+        kafka = consumer._thread._consumer
+        lines.append(f"assigned: {sorted(map(str, consumer.assignment()))}")
+        lines.append(f"faust active: {sorted(map(str, consumer._active_partitions or ()))}")
+        lines.append(f"faust paused: {sorted(map(str, consumer._paused_partitions))}")
+        lines.append(f"kafka paused: {sorted(map(str, kafka.paused()))}")
+        lines.append(f"flow control active: {app.flow_control.is_active()}")
+        lines.append(f"gate: {gate.describe()}")
+        for tp in sorted(consumer._active_partitions or (), key=str):
+            position = kafka._subscription.subscription.assignment.state_value(tp)
+            lines.append(
+                f"{tp.topic}:{tp.partition} position={getattr(position, 'position', None)} "
+                f"read={consumer._read_offset.get(tp)} committed={consumer._committed_offset.get(tp)} "
+                f"acked={len(consumer._acked.get(tp) or [])} gaps={len(consumer._gap.get(tp) or [])}"
+            )
+    except Exception as error:  # diagnostics only
+        lines.append(f"(consumer state unavailable: {error!r})")
+    return lines

@@ -1,0 +1,220 @@
+"""The commit gate and the scopes events are processed in: a commit falls between batches, never inside one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator
+
+from faust.streams import _current_event
+from faust.types import EventT
+from faust.types.tuples import FutureMessage
+
+from app.engine.config import installed
+from app.engine.overlay import _scope_sends, _scope_writes, write_out_tables
+
+__all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "event_scope", "part_scope", "await_deliveries", "take_deferred"]
+
+log = logging.getLogger(__name__)
+
+
+class CommitGate:
+    """Commits happen between events, never in the middle of one.
+
+    Faust commits on a timer while agents keep processing. Under exactly_once that splits an event's
+    effects across two transactions: the changelog write of a table update in one, the result it sent
+    in the next; a crash between them commits half of the event (a completed group whose result is
+    never sent, or an offset committed without its state). Every event is processed, its changelog
+    writes made and its offset acked inside :meth:`processing` (their delivery is awaited there or by
+    the commit, :func:`batch_scope`); a commit waits in
+    :meth:`committing` until no event is in flight and holds new ones back until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._idle_since = time.monotonic()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._held = False
+        #: When the running (or last) commit asked for the gate.
+        self.commit_asked = 0.0
+
+    def hold(self) -> None:
+        """A rebalance began: until :meth:`release` (the new generation is set) events are not processed.
+
+        Between the revocation and the assignment the consumer generation does not change yet, so an
+        event delivered before the flow stopped still looks current: processed then, its table writes
+        would reach the local store in a transaction the rebalance may end. Such events are acked
+        without being processed (:attr:`holding`; an ack of an unprocessed event never counts toward a
+        commit) and come again from the committed offset. They are not kept waiting: Faust's revocation
+        waits until every delivered event is acked (a held batch deadlocked the rebalance).
+        """
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+
+    @property
+    def holding(self) -> bool:
+        """Whether a rebalance is between its revocation and its assignment (see :meth:`hold`)."""
+        return self._held
+
+    @contextlib.asynccontextmanager
+    async def processing(self) -> AsyncIterator[None]:
+        await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+                self._idle_since = time.monotonic()
+
+    @property
+    def idle_event(self) -> asyncio.Event:
+        """Set while no event or batch is being processed."""
+        return self._idle
+
+    def idle_for(self) -> float:
+        """Seconds since the last event or batch finished, 0 while one is being processed."""
+        return 0.0 if self._active else time.monotonic() - self._idle_since
+
+    def describe(self) -> str:
+        """The gate's state for a diagnostic: events or batches in flight, and whether it is open."""
+        return f"active={self._active} open={self._open.is_set()}"
+
+    @contextlib.asynccontextmanager
+    async def committing(self) -> AsyncIterator[None]:
+        self.commit_asked = time.monotonic()  # the trace line of the commit counts its wait here from it
+        self._open.clear()
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._idle.wait()), timeout=10.0)
+            except TimeoutError:
+                log.warning("commit waits for %d event(s) still being processed", self._active)
+                await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+
+gate = CommitGate()
+
+
+#: The parts handled since the last commit whose deliveries nobody awaited yet (``EngineConfig.defer_deliveries``).
+_deferred: list[tuple[EventT[bytes], list[FutureMessage]]] = []
+
+
+def take_deferred(generation: int) -> list[tuple[EventT[bytes], list[FutureMessage]]]:
+    """The deferred parts of consumer generation ``generation``, for the commit to await; every deferred part is forgotten.
+
+    Parts of an older consumer generation are dropped: their transactions ended with the rebalance (their
+    producers were replaced), and their events come again from the committed offset.
+    """
+    parts = [part for part in _deferred if part[0].message.generation_id == generation]
+    _deferred.clear()
+    return parts
+
+
+class BatchScope:
+    """The parts of one batch handled inside :func:`batch_scope`, with what each of them sent."""
+
+    def __init__(self) -> None:
+        self.handled: list[tuple[EventT[bytes], list[FutureMessage]]] = []
+
+    @contextlib.contextmanager
+    def part(self, event: EventT[bytes]) -> Iterator[None]:
+        """One partition's part (``event`` is its last) or one event, in :func:`part_scope`."""
+        pending: list[FutureMessage] = []
+        with part_scope(event, pending):
+            yield
+        self.handled.append((event, pending))
+
+
+@contextlib.asynccontextmanager
+async def batch_scope() -> AsyncIterator[BatchScope]:
+    """Handle a batch between commits: its parts (``scope.part(event)``), then all their deliveries awaited at once.
+
+    Under exactly_once (``EngineConfig.defer_deliveries``) the deliveries are awaited by the next commit instead,
+    before its transactions commit (:func:`app.engine.commit.commit_transactions`): the batch's sends and the
+    offsets it acked commit together or not at all, so the batch need not wait for the broker's acks. The
+    worker goes on with the next batch while they are in flight, instead of one round trip (two, with the
+    transaction's AddPartitionsToTxn) per batch.
+    """
+    async with gate.processing():
+        scope = BatchScope()
+        yield scope
+        if installed().defer_deliveries:
+            _deferred.extend(part for part in scope.handled if part[1])
+        else:
+            await await_deliveries(scope.handled)
+
+
+@contextlib.asynccontextmanager
+async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
+    """Process one event as one unit: a batch of one part."""
+    async with batch_scope() as scope:
+        with scope.part(event):
+            yield
+
+
+@contextlib.contextmanager
+def part_scope(event: EventT[bytes], pending: list[FutureMessage]) -> Iterator[None]:
+    """One event, or one partition's part of a batch (``event`` is its last): the unit of table writes and sends.
+
+    Faust's current event is ``event`` (tables read and write its partition, sends join its partition's
+    transaction); table writes are written once per key at the end; changelog writes and sends are added
+    to ``pending``, which :func:`batch_scope` awaits (:func:`await_deliveries`) before it leaves the commit
+    gate. When the body raises, its pending table writes are dropped: the event was not handled, and its
+    redelivery starts from the state before it.
+    """
+    sends_token = _scope_sends.set(pending)
+    writes_token = _scope_writes.set({})
+    event_token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+        write_out_tables()
+    finally:
+        _current_event.reset(event_token)
+        _scope_writes.reset(writes_token)
+        _scope_sends.reset(sends_token)
+
+
+async def await_deliveries(parts: list[tuple[EventT[bytes], list[FutureMessage]]]) -> bool:
+    """Wait until every part's changelog writes and sends are delivered; crash the worker when one was not (False)."""
+    futures = [future for _, pending in parts for future in pending]
+    if not futures:
+        return True
+    timeout_s = installed().delivery_timeout_s
+    await asyncio.wait(futures, timeout=timeout_s)
+    for event, pending in parts:
+        undelivered = [future for future in pending if not future.done()]
+        failed = [future for future in pending if future.done() and future.exception() is not None]
+        if undelivered or failed:
+            await _undelivered(event, failed[0].exception() if failed else TimeoutError(f"not delivered in {timeout_s}s"))
+            return False
+    return True
+
+
+async def _undelivered(event: EventT[bytes], problem: BaseException | None) -> None:
+    tp = event.message.tp
+    app = event.app
+    if event.message.generation_id != app.consumer_generation_id or tp not in app.consumer.assignment():
+        # A rebalance meanwhile (eager: every partition is revoked, and its producer replaced): the
+        # transaction died with its producer, the acks of this generation do not count, and the partition's
+        # owner reads it again from the committed offset.
+        log.info("writes and sends of %s@%s dropped: a rebalance ended their transaction", tp, event.message.offset)
+        return
+    message = f"writes or sends of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
+    log.error(message)
+    await app.crash(RuntimeError(message))
+
+
+#: Per stream partition: the consumer generation, and the offsets this worker's agents processed in it (not committed yet).
