@@ -1,4 +1,4 @@
-"""What the end-of-stream agents share: their topics, the protocol's settings, ticks and sends."""
+"""What the end-of-stream agents share: their topics, the protocol's settings, and the clients' keyed state."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import faust
 from faust.types import EventT, TableT
 
 from app.catalogue import CATALOGUE_CENTS
-from app.codec import dumps
-from app.core import app, send_dead_letter, settings, topics
+from app.core import app, settings, topics
 from app.deadlines import DeadlineIndex
+from app.runtime.keyed import Change, KeyedState, Output, TableStore
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS, Emit, EofConfig, OpeningHours
 
-__all__ = ["batches_topic", "counter_topic", "aggregate_topic", "reports_topic", "CONFIG", "HOURS", "CATALOGUE", "emit", "ClientStates"]
+__all__ = ["batches_topic", "counter_topic", "aggregate_topic", "reports_topic", "CONFIG", "HOURS", "CATALOGUE", "outputs", "ClientStates"]
 
 
 def _topic(name: str) -> faust.TopicT:
@@ -33,12 +33,10 @@ HOURS = OpeningHours()
 CATALOGUE = CATALOGUE_CENTS
 
 
-async def emit(client: str, emits: list[Emit]) -> None:
-    """Send the core's messages, keyed by the client; awaited, so they join the event's transaction."""
+def outputs(client: str, emits: list[Emit]) -> tuple[Output, ...]:
+    """The core's messages as the runtime's outputs, keyed by the client."""
     targets = {"aggregate": aggregate_topic, "reports": reports_topic}
-    sent = [await targets[message.to].send(key=client.encode(), value=dumps(message.value)) for message in emits]
-    for future in sent:
-        await future
+    return tuple(Output(targets[message.to], client, message.value, what=f"the {message.to} message") for message in emits)
 
 
 class _ClientState(Protocol):
@@ -68,7 +66,7 @@ class _Transition(Protocol[S_co]):
 
 
 class ClientStates(Generic[S]):
-    """One client per key of ``table``: load it, apply a core's transition, expire it on ticks.
+    """One client per key of ``table``, through the keyed-state runtime (:class:`app.runtime.keyed.KeyedState`).
 
     One deadline entry per client at a time (filed when the client appears or closes); a tick re-files
     it when activity moved the deadline.
@@ -77,37 +75,39 @@ class ClientStates(Generic[S]):
     def __init__(
         self, table: TableT[str, Any], deadlines: TableT[str, Any], decode: Callable[[Mapping[str, Any]], S], *, agent: str, step: str
     ) -> None:
-        self.table = table
-        self.deadlines = DeadlineIndex(deadlines)
-        self.decode = decode
+        self.keyed: KeyedState[S] = KeyedState(
+            agent=agent,
+            store=TableStore(table, _encode, decode),
+            deadlines=DeadlineIndex(deadlines),
+            step=step,
+            deadline_kind="client",
+        )
         self.agent = agent
         self.step = step
 
     def load(self, client: str) -> S | None:
-        raw = self.table.get(client)
-        return None if raw is None else self.decode(raw)
+        return self.keyed.load(client)
+
+    def change(self, client: str, previous: S | None, transition: _Transition[S]) -> Change[S]:
+        """The core's transition as the runtime's change: the client's deadline is filed when it appears or closes."""
+        state = transition.state
+        deadlines: tuple[int, ...] = ()
+        if state is not None and state != previous and (previous is None or previous.closed_ms != state.closed_ms):
+            deadlines = (state.deadline_ms(CONFIG),)
+        rejected = () if transition.rejected is None else (transition.rejected,)
+        return Change(state=state, outputs=outputs(client, transition.emits), rejected=rejected, deadlines=deadlines)
 
     async def apply(self, event: EventT[bytes], client: str, previous: S | None, transition: _Transition[S]) -> None:
-        if transition.rejected is not None:
-            await send_dead_letter(event, reason="rejected", error=transition.rejected, agent=self.agent, step=self.step)
-        state = transition.state
-        if state is None:
-            if previous is not None:
-                del self.table[client]
-        elif state != previous:
-            self.table[client] = state.to_dict()
-            if previous is None or previous.closed_ms != state.closed_ms:
-                self.deadlines.add(event.message.partition, "client", client, state.deadline_ms(CONFIG))
-        await emit(client, transition.emits)
+        await self.keyed.apply(event, client, previous, self.change(client, previous, transition))
 
     async def tick(self, event: EventT[bytes], now_ms: int, on_tick: Callable[[S, EofConfig, int], _Transition[S]]) -> None:
-        def deadline_of(client: str) -> int | None:
-            state = self.load(client)
-            return None if state is None else state.deadline_ms(CONFIG)
+        await self.keyed.walk_deadlines(
+            event,
+            now_ms,
+            lambda _kind, state: state.deadline_ms(CONFIG),
+            lambda client, state, now: self.change(client, state, on_tick(state, CONFIG, now)),
+        )
 
-        async def expire(client: str) -> None:
-            state = self.load(client)
-            if state is not None:
-                await self.apply(event, client, state, on_tick(state, CONFIG, now_ms))
 
-        await self.deadlines.walk_keys(event.message.partition, now_ms, deadline_of, expire)
+def _encode(state: _ClientState) -> Any:
+    return state.to_dict()

@@ -7,8 +7,8 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from agents.eof_common import CATALOGUE, HOURS, aggregate_topic, batches_topic, counter_topic
-from app.codec import dumps
 from app.core import InvalidMessage, app, handle_events, settings
+from app.runtime.keyed import Output, send_checked
 from tables.eof import filter_batch
 
 __all__ = ["eof_filter"]
@@ -32,25 +32,32 @@ def _parse_batch(message: Any) -> tuple[str, int, list[str]]:
 async def _filter(event: EventT[bytes], message: Any) -> None:
     client, batch_id, lines = _parse_batch(message)
     outcome = filter_batch(batch_id, lines, CATALOGUE, HOURS, settings.eof_max_batch_orders)
-    key = client.encode()
-    sent = []
-    for out_id, orders in outcome.forwarded:
-        batch = {"kind": "batch", "client": client, "batch_id": out_id, "orders": [order.to_dict() for order in orders]}
-        sent.append(await aggregate_topic.send(key=key, value=dumps(batch)))
-    # The report goes in the same transaction as the forwarded batches and this batch's offset.
-    report = {
-        "kind": "filtered",
-        "client": client,
-        "batch_id": batch_id,
-        "forwarded": len(outcome.forwarded),
-        "dropped": len(outcome.dropped),
-    }
-    sent.append(await counter_topic.send(key=key, value=dumps(report)))
-    for future in sent:
-        await future
+    batches = [
+        Output(aggregate_topic, client, {"kind": "batch", "client": client, "batch_id": out_id, "orders": [o.to_dict() for o in orders]})
+        for out_id, orders in outcome.forwarded
+    ]
+    # A forwarded batch too large for a record is dead-lettered here and not counted as forwarded: the
+    # aggregator waits only for batches that exist.
+    dead = await send_checked(event, batches, agent=AGENT, step="forward")
+    forwarded = len(batches) - len(dead)
+    await _report(event, client, batch_id, forwarded=forwarded, dropped=len(outcome.dropped) + len(dead))
+
+
+async def _report(event: EventT[bytes], client: str, batch_id: int, *, forwarded: int, dropped: int) -> None:
+    """The batch's report to the controller, in the same transaction as the forwarded batches and the batch's offset."""
+    report = {"kind": "filtered", "client": client, "batch_id": batch_id, "forwarded": forwarded, "dropped": dropped}
+    await send_checked(event, [Output(counter_topic, client, report)], agent=AGENT, step="report")
+
+
+async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
+    """A batch that could not be filtered at all still gets its report (nothing forwarded), by its key ``client/batch``."""
+    key = event.message.key.decode("utf-8", "replace") if event.message.key else ""
+    client, _, batch = key.rpartition("/")
+    if client and batch.isdigit():
+        await _report(event, client, int(batch), forwarded=0, dropped=0)
 
 
 @app.agent(batches_topic)
 async def eof_filter(stream: StreamT[bytes]) -> None:
     """Reads a client's batches (keyed client/batch, so any filter worker may get any batch of a client)."""
-    await handle_events(stream, agent=AGENT, what="eof filter: batch", handler=_filter)
+    await handle_events(stream, agent=AGENT, what="eof filter: batch", handler=_filter, owed=_owed)

@@ -34,16 +34,17 @@ from app.core import (
     json_table,
     message_headers,
     now_ms,
+    record_limit,
     retry_policy,
     send_dead_letter_record,
     settings,
     signals,
     topics,
 )
-from app.deadlines import DeadlineIndex, deadline_bucket
-from app.errors import StepOutcome, dead_letter_record, describe_error, run_with_retry
+from app.deadlines import DeadlineIndex
+from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
-from app.runtime.keyed import Output
+from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
 from tables.aggregates import AggregatorConfig
 from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
@@ -95,6 +96,12 @@ class CompiledBarrier:
     deadlines: DeadlineIndex
     #: how long a completion of each awaited flow is remembered (the longest timeout awaiting that flow)
     remember_ms: dict[str, int] = field(default_factory=dict)
+    #: the barrier's keys through the keyed-state runtime
+    keyed: KeyedState[BarrierState] = field(init=False)
+
+    def __post_init__(self) -> None:
+        store = TableStore(self.table, BarrierState.to_dict, BarrierState.from_dict)
+        self.keyed = KeyedState(agent=f"barrier:{self.barrier.name}", store=store, deadlines=self.deadlines, step=self.barrier.name)
 
 
 FLOWS: list[Flow] = load_flows(settings.flows_module)
@@ -281,15 +288,18 @@ topics.extra.extend(all_topics())
 # Executions: run steps, publish outcomes.
 
 
-async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None) -> None:
-    """An execution ended: tell every barrier awaiting this flow (by the key read on entry), and the outcomes topic."""
+def outcome_outputs(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None) -> list[Output]:
+    """An execution ended: a completion to every barrier awaiting this flow (by the key read on entry), and its outcome."""
     keys: dict[str, str | None] = meta.get("keys", {})
+    outputs: list[Output] = []
     for awaited in compiled.awaited_by:
         key = keys.get(awaited.barrier.name)
         if key is None:
             continue  # the key could not be read on entry: this execution counts for no waiting exchange
         completion = {"kind": "completion", "flow": compiled.flow.name, "outcome": outcome, "error": error}
-        await _barrier_topics[awaited.barrier.name].send(key=key.encode(), value=dumps(completion))
+        outputs.append(
+            Output(_barrier_topics[awaited.barrier.name], key, completion, what=f"a completion for barrier {awaited.barrier.name!r}")
+        )
     record = {
         "flow": compiled.flow.name,
         "exchange_id": meta["exchange_id"],
@@ -298,7 +308,13 @@ async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome:
         "keys": keys,
         "at_ms": now_ms(),
     }
-    await compiled.outcomes.send(key=str(meta["exchange_id"]).encode(), value=dumps(record))
+    outputs.append(Output(compiled.outcomes, str(meta["exchange_id"]), record, what="the outcome"))
+    return outputs
+
+
+async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None, event: EventT[bytes]) -> None:
+    """Send :func:`outcome_outputs`, checked (one that cannot be written is dead-lettered, never a crash)."""
+    await send_checked(event, outcome_outputs(compiled, meta, outcome, error), agent=f"flow:{compiled.flow.name}", step="outcome")
 
 
 async def _fail(
@@ -325,7 +341,7 @@ async def _fail(
         value=dumps(exchange.to_dict()),
     )
     await send_dead_letter_record(record)
-    await publish_outcome(compiled, meta, FAILED, error)
+    await publish_outcome(compiled, meta, FAILED, error, event)
 
 
 def _waiting_key(barrier: Barrier, exchange: Exchange) -> tuple[str | None, str | None]:
@@ -352,7 +368,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 await _fail(compiled, exchange, meta, step, "failed", error, outcome.attempts, event)
                 return
             if step.kind == "filter" and not outcome.value:
-                await publish_outcome(compiled, meta, COMPLETED, None)  # dropped by a filter: completed
+                await publish_outcome(compiled, meta, COMPLETED, None, event)  # dropped by a filter: completed
                 return
         elif step.kind == "to":
             assert step.topic is not None
@@ -382,7 +398,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             }
             await _barrier_topics[barrier.name].send(key=key.encode(), value=dumps(arrival))
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
-    await publish_outcome(compiled, meta, COMPLETED, None)
+    await publish_outcome(compiled, meta, COMPLETED, None, event)
 
 
 async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Exchange, meta: dict[str, Any], event: EventT[bytes]) -> None:
@@ -488,27 +504,26 @@ for _compiled_segment in _segments.values():
 # Barriers.
 
 
-async def _apply(
-    compiled: CompiledBarrier, key: str, transition: Transition, previous: BarrierState | None, event: EventT[bytes], now: int
-) -> None:
-    if transition.state is None:
-        if previous is not None:
-            del compiled.table[key]
-    elif transition.state != previous:
-        compiled.table[key] = transition.state.to_dict()
-        due = transition.state.next_due_ms()
-        if due is not None and (previous is None or previous.next_due_ms() != due):
-            compiled.deadlines.add(event.message.partition, "key", key, due)
+def _barrier_change(
+    compiled: CompiledBarrier, key: str, transition: Transition, previous: BarrierState | None, event: EventT[bytes], *, tick: bool
+) -> Change[BarrierState]:
+    """The core's transition as the runtime's change: releases resume the owner flow; failures are dead-lettered and
+    end their execution as failed; the key's next due instant is filed when it moved (on a tick, always)."""
     owner = _flows[compiled.owner]
+    outputs: list[Output] = []
     for release in transition.releases:
         waiting = release.waiting
         resume = {"exchange": waiting.exchange, "meta": waiting.meta, "resume_step": waiting.resume_step}
-        await owner.resume.send(key=key.encode(), value=dumps(resume))
+        outputs.append(Output(owner.resume, key, resume, what="the resume after the barrier"))
     for failure in transition.failures:
-        await _give_up(compiled, owner, key, failure, event)
+        outputs += _give_up(compiled, owner, key, failure, event)
+    state = transition.state
+    due = state.next_due_ms() if state is not None else None
+    moved = due is not None and (tick or previous is None or previous.next_due_ms() != due)
+    return Change(state=state, outputs=tuple(outputs), deadlines=(due,) if moved and due is not None else ())
 
 
-async def _give_up(compiled: CompiledBarrier, owner: CompiledFlow, key: str, failure: Failure, event: EventT[bytes]) -> None:
+def _give_up(compiled: CompiledBarrier, owner: CompiledFlow, key: str, failure: Failure, event: EventT[bytes]) -> list[Output]:
     """A waiting exchange failed at the barrier: its own flow's error handling (dead letter, failed outcome)."""
     waiting = failure.waiting
     record = dead_letter_record(
@@ -524,16 +539,13 @@ async def _give_up(compiled: CompiledBarrier, owner: CompiledFlow, key: str, fai
         value=dumps(waiting.exchange),
     )
     record["awaiting"] = [{"flow": flow, "key": key} for flow in failure.missing]
-    await send_dead_letter_record(record)
-    await publish_outcome(owner, waiting.meta, FAILED, failure.error)
+    letter = Output(topics.dead_letters, key, fitted_dead_letter(record, record_limit()), what="a dead letter")
+    return [letter, *outcome_outputs(owner, waiting.meta, FAILED, failure.error)]
 
 
 def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
     name = compiled.barrier.name
-
-    def load(key: str) -> BarrierState | None:
-        raw = compiled.table.get(key)
-        return None if raw is None else BarrierState.from_dict(raw)
+    keyed = compiled.keyed
 
     async def handle(event: EventT[bytes], message: Any) -> None:
         if not isinstance(message, dict):
@@ -542,25 +554,15 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
         kind = message.get("kind")
         if kind == "tick":
 
-            async def due(_: str, key: str) -> bool:
-                previous = load(key)
-                transition = on_tick(previous, name, now)
-                await _apply(compiled, key, transition, previous, event, now)
-                next_due = transition.state.next_due_ms() if transition.state is not None else None
-                if next_due is None:
-                    return False
-                if deadline_bucket(next_due) <= deadline_bucket(now):
-                    return True  # due later in this very second: the next tick looks again
-                if transition.state == previous:
-                    compiled.deadlines.add(event.message.partition, "key", key, next_due)  # _apply files only changes
-                return False
+            def on_deadline(key: str, state: BarrierState, now_ms: int) -> Change[BarrierState]:
+                return _barrier_change(compiled, key, on_tick(state, name, now_ms), state, event, tick=True)
 
-            await compiled.deadlines.walk(event.message.partition, now, due)
+            await keyed.walk_deadlines(event, now, lambda _kind, state: state.next_due_ms(), on_deadline)
             return
         if event.message.key is None:
             raise InvalidMessage(f"barrier {name!r}: a {kind!r} message needs the correlation key as its Kafka key")
         key = event.message.key.decode("utf-8", "replace")
-        previous = load(key)
+        previous = keyed.load(key)
         if kind == "arrival":
             waiting = Waiting(
                 exchange_id=str(message["exchange_id"]),
@@ -581,7 +583,7 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
             transition = on_completion(previous, key, flow, str(message["outcome"]), message.get("error"), remember, name, now)
         else:
             raise InvalidMessage(f"barrier {name!r}: field 'kind' must be 'arrival', 'completion' or 'tick', got {kind!r}")
-        await _apply(compiled, key, transition, previous, event, now)
+        await keyed.apply(event, key, previous, _barrier_change(compiled, key, transition, previous, event, tick=False))
 
     return handle
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import faust
+from collections.abc import Sequence
 
-from app.codec import dumps
+import faust
+from faust.types import EventT
+
 from app.core import app, settings, topics
+from app.runtime.keyed import Output, Undeliverable, send_checked
 from tables.shop import Send
 
-__all__ = ["shop_topics", "send_all", "SHOP_TOPICS"]
+__all__ = ["shop_topics", "send_all", "outputs", "SHOP_TOPICS"]
 
 #: Every topic of the shop and its key: orders/payments/dispatch/outcomes/transactions by ticket,
 #: kitchen by flavour, screens/reports by screen.
@@ -23,8 +26,12 @@ shop_topics: dict[str, faust.TopicT] = {name: _topic(name) for name in SHOP_TOPI
 topics.extra.extend(shop_topics.values())
 
 
-async def send_all(sends: list[Send]) -> None:
-    """Send the core's messages; awaited, so under exactly_once they join the event's transaction."""
-    pending = [await shop_topics[send.to].send(key=send.key.encode(), value=dumps(send.value)) for send in sends]
-    for future in pending:
-        await future
+def outputs(sends: Sequence[Send]) -> tuple[Output, ...]:
+    """The core's messages as the runtime's outputs."""
+    return tuple(Output(shop_topics[send.to], send.key, send.value, what=f"shop.{send.to}") for send in sends)
+
+
+async def send_all(event: EventT[bytes], sends: Sequence[Send], *, agent: str) -> list[Undeliverable]:
+    """Send the core's messages, checked (:func:`app.runtime.keyed.send_checked`): under exactly_once they join the
+    event's transaction; one that cannot be written is dead-lettered, never a crash. Returns those."""
+    return await send_checked(event, outputs(sends), agent=agent, step="send")

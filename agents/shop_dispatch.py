@@ -6,26 +6,36 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import send_all, shop_topics
+from agents.shop_common import outputs, shop_topics
 from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.deadlines import DeadlineIndex
+from app.runtime.keyed import Change, KeyedState, TableStore
 from app.ticks import tick_every
-from tables.shop import Dispatch, DispatchDone, DispatchState, ShopOrder, on_dispatch_tick, on_kitchen, on_open, on_payment
+from tables.shop import Dispatch, DispatchDone, DispatchState, Send, ShopOrder, on_dispatch_tick, on_kitchen, on_open, on_payment
 from tables.shop_dispatch_tables import dispatch, dispatch_deadlines
 
 __all__ = ["shop_dispatch"]
 
 AGENT = "shop_dispatch"
-deadline_index = DeadlineIndex(dispatch_deadlines)
 #: how long answers for an order whose open never came are kept (a stray message)
 PLACEHOLDER_TIMEOUT_MS = 60_000
 
 
-def _load(order_id: str) -> DispatchState | None:
-    raw = dispatch.get(order_id)
-    if raw is None:
-        return None
+def _decode(raw: Any) -> DispatchState:
     return DispatchDone.from_dict(raw) if raw.get("done") else Dispatch.from_dict(raw)
+
+
+def _encode(state: DispatchState) -> Any:
+    return state.to_dict()
+
+
+orders: KeyedState[DispatchState] = KeyedState(
+    agent=AGENT,
+    store=TableStore(dispatch, _encode, _decode),
+    deadlines=DeadlineIndex(dispatch_deadlines),
+    step="dispatch",
+    deadline_kind="order",
+)
 
 
 def _due_ms(state: DispatchState) -> int:
@@ -34,31 +44,18 @@ def _due_ms(state: DispatchState) -> int:
     return state.deadline_ms if state.opened else state.deadline_ms + PLACEHOLDER_TIMEOUT_MS
 
 
-async def _store(event: EventT[bytes], order_id: str, previous: DispatchState | None, state: DispatchState | None) -> None:
-    if state is None:
-        if previous is not None:
-            del dispatch[order_id]
-        return
-    if state == previous:
-        return
-    dispatch[order_id] = state.to_dict()
-    if previous is None or type(previous) is not type(state) or _due_ms(previous) != _due_ms(state):
-        deadline_index.add(event.message.partition, "order", order_id, _due_ms(state))
+def _change(previous: DispatchState | None, state: DispatchState | None, sends: list[Send]) -> Change[DispatchState]:
+    """The core's answer as the runtime's change: the order's deadline is filed when its kind or its due time moved."""
+    moved = state is not None and (previous is None or type(previous) is not type(state) or _due_ms(previous) != _due_ms(state))
+    return Change(state=state, outputs=outputs(sends), deadlines=(_due_ms(state),) if moved and state is not None else ())
 
 
 async def _on_tick(event: EventT[bytes], now: int) -> None:
-    def deadline_of(order_id: str) -> int | None:
-        state = _load(order_id)
-        return None if state is None else _due_ms(state)
+    def on_deadline(order_id: str, state: DispatchState, now_ms: int) -> Change[DispatchState]:
+        updated, sends = on_dispatch_tick(state, now_ms, settings.done_retention_ms, PLACEHOLDER_TIMEOUT_MS)
+        return _change(state, updated, sends)
 
-    async def expire(order_id: str) -> None:
-        state = _load(order_id)
-        if state is not None:
-            updated, sends = on_dispatch_tick(state, now, settings.done_retention_ms, PLACEHOLDER_TIMEOUT_MS)
-            await _store(event, order_id, state, updated)
-            await send_all(sends)
-
-    await deadline_index.walk_keys(event.message.partition, now, deadline_of, expire)
+    await orders.walk_deadlines(event, now, lambda _kind, state: _due_ms(state), on_deadline)
 
 
 def _flag(message: dict[str, Any], name: str) -> bool:
@@ -79,7 +76,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     order_id = message.get("order_id")
     if not isinstance(order_id, str) or not order_id:
         raise InvalidMessage(f"shop dispatch: 'order_id' must be a non-empty string, got {order_id!r:.60}")
-    previous = _load(order_id)
+    previous = orders.load(order_id)
     if kind == "open":
         try:
             raw = message["order"]
@@ -102,8 +99,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
         state, sends = on_payment(previous, order_id, _flag(message, "ok"), now)
     else:
         raise InvalidMessage(f"shop dispatch: 'kind' must be 'open', 'kitchen', 'payment' or 'tick', got {kind!r:.60}")
-    await _store(event, order_id, previous, state)
-    await send_all(sends)
+    await orders.apply(event, order_id, previous, _change(previous, state, sends))
 
 
 @app.agent(shop_topics["dispatch"])

@@ -11,9 +11,10 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import send_all, shop_topics
+from agents.shop_common import outputs, shop_topics
 from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.deadlines import DeadlineIndex, deadline_bucket
+from app.runtime.keyed import Change, KeyedState, TableStore
 from app.ticks import tick_every
 from tables.shop import Send, Stock, on_deliver, on_release, on_reserve
 from tables.shop_stock_tables import settled, settled_deadlines, stock
@@ -22,6 +23,7 @@ __all__ = ["shop_kitchen"]
 
 AGENT = "shop_kitchen"
 settled_index = DeadlineIndex(settled_deadlines)
+containers: KeyedState[Stock] = KeyedState(agent=AGENT, store=TableStore(stock, Stock.to_dict, Stock.from_dict), step="stock")
 
 
 def _container(flavour: str) -> Stock:
@@ -70,9 +72,9 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
             settled_index.add(event.message.partition, "settled", mark, now + settings.done_retention_ms)
     else:
         raise InvalidMessage(f"shop kitchen: 'kind' must be 'reserve', 'release' or 'deliver', got {kind!r:.60}")
-    if updated != container or stock.get(flavour) is None:
-        stock[flavour] = updated.to_dict()
-    await send_all(sends)
+    # A container first met is written even unchanged: the table then shows every flavour's stock.
+    previous = containers.load(flavour)
+    await containers.apply(event, flavour, previous, Change(state=updated, outputs=outputs(sends)))
 
 
 @app.agent(shop_topics["kitchen"])

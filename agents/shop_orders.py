@@ -6,42 +6,78 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import send_all, shop_topics
+from agents.shop_common import outputs, send_all, shop_topics
 from app.catalogue import CATALOGUE_CENTS
-from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter, settings
-from tables.shop import INVALID, Send, card_accepted, parse_shop_order
+from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
+from app.errors import describe_error
+from app.runtime.keyed import prepare_outputs, send_prepared
+from tables.shop import INVALID, Send, ShopOrder, card_accepted, parse_shop_order
 
 __all__ = ["shop_orders"]
 
 AGENT = "shop_orders"
 
 
-def parse_envelope(message: Any) -> tuple[str, str, int, str]:
-    """(ticket, screen, line number, text) of a screen's message."""
+def parse_envelope(message: Any) -> tuple[str, str, int, str | None, dict[str, Any] | None]:
+    """(ticket, screen, line number, text, too_large) of a screen's message; ``text`` is None for a line too large to send."""
     if not isinstance(message, dict):
         raise InvalidMessage(f"shop orders: a screen message must be a JSON object, got {type(message).__name__}")
     ticket, screen, line, text = message.get("ticket"), message.get("screen"), message.get("line"), message.get("text")
-    if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int) or not isinstance(text, str):
+    too_large = message.get("too_large")
+    if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int):
         raise InvalidMessage("shop orders: a screen message needs 'ticket' (str), 'screen' (str), 'line' (int) and 'text' (str)")
-    return ticket, screen, line, text
+    if not isinstance(text, str) and not isinstance(too_large, dict):
+        raise InvalidMessage(f"shop orders: screen {screen} line {line}: 'text' must be a string, got {type(text).__name__}")
+    return ticket, screen, line, text if isinstance(text, str) else None, too_large if isinstance(too_large, dict) else None
+
+
+def ticket_parts(ticket: str) -> tuple[str, int] | None:
+    """(screen, line) from a ticket ``<day>/<screen>/<line>`` (the record key a screen sends a line with)."""
+    screen, _, line = ticket.rpartition("/")
+    return (screen, int(line)) if screen and line.isdigit() else None
+
+
+def read_order(text: str | None, too_large: dict[str, Any] | None) -> tuple[ShopOrder | None, str | None]:
+    """The order on a line, or why there is none: whatever the line holds, this returns (the line's outcome is owed)."""
+    if text is None:
+        size = (too_large or {}).get("size_bytes")
+        return None, f"line too large: {size} bytes, over the {(too_large or {}).get('limit_bytes')}-byte limit of a record"
+    try:
+        return parse_shop_order(text, CATALOGUE_CENTS)
+    except Exception as error:  # a line may hold anything; its outcome is still owed
+        return None, f"unreadable line: {describe_error(error)[:300]}"
+
+
+async def _send_invalid(event: EventT[bytes], ticket: str, screen: str, line: int, problem: str) -> None:
+    outcome = {
+        "ticket": ticket,
+        "screen": screen,
+        "line": line,
+        "order_id": None,
+        "status": INVALID,
+        "reason": problem,
+        "amount_cents": 0,
+    }
+    await send_all(event, [Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})], agent=AGENT)
+
+
+async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
+    """A screen's line that could not be handled at all (undecodable, no envelope): still its one outcome, by its key."""
+    ticket = event.message.key.decode("utf-8", "replace") if event.message.key else ""
+    parts = ticket_parts(ticket)
+    if parts is None:
+        return  # not a screen's line (no ticket to answer): the dead letter is all there is
+    screen, line = parts
+    await _send_invalid(event, ticket, screen, line, f"{reason}: {error[:300]}")
 
 
 async def _take_order(event: EventT[bytes], message: Any) -> None:
-    ticket, screen, line, text = parse_envelope(message)
-    order, problem = parse_shop_order(text, CATALOGUE_CENTS)
+    ticket, screen, line, text, too_large = parse_envelope(message)
+    order, problem = read_order(text, too_large)
     if order is None:
         # The line is dead-lettered with its reason, and still gets its one outcome (counted as invalid).
         await send_dead_letter(event, reason="invalid", error=f"screen {screen} line {line}: {problem}", agent=AGENT, step="parse")
-        outcome = {
-            "ticket": ticket,
-            "screen": screen,
-            "line": line,
-            "order_id": None,
-            "status": INVALID,
-            "reason": problem,
-            "amount_cents": 0,
-        }
-        await send_all([Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})])
+        await _send_invalid(event, ticket, screen, line, str(problem))
         return
     # The card's fate depends on the seed, the screen's name (not its day), the line and the order: same files, same fates.
     screen_name = screen.rsplit("/", 1)[-1]
@@ -61,10 +97,18 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
         Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
         for flavour, scoops in sorted(order.scoops.items())
     ]
-    await send_all(sends)
+    prepared = prepare_outputs(outputs(sends), record_limit())
+    if prepared.undeliverable:
+        # The order cannot go on as it is (its open, say, would not fit a record): nothing of it is sent, the
+        # line is dead-lettered and answered as invalid, as a line that does not parse.
+        problem = f"the order cannot be forwarded: {prepared.undeliverable[0].problem}"
+        await send_dead_letter(event, reason="invalid", error=f"screen {screen} line {line}: {problem}", agent=AGENT, step="forward")
+        await _send_invalid(event, ticket, screen, line, problem)
+        return
+    await send_prepared(prepared.ready)
 
 
 @app.agent(shop_topics["orders"])
 async def shop_orders(stream: StreamT[bytes]) -> None:
     """Reads the screens' lines (keyed by ticket)."""
-    await handle_events(stream, agent=AGENT, what="shop orders: screen message", handler=_take_order)
+    await handle_events(stream, agent=AGENT, what="shop orders: screen message", handler=_take_order, owed=_owed)

@@ -6,22 +6,23 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import send_all, shop_topics
-from app.core import InvalidMessage, app, handle_events, now_ms, send_dead_letter
+from agents.shop_common import outputs, shop_topics
+from app.core import InvalidMessage, app, handle_events, now_ms
+from app.runtime.keyed import Change, KeyedState, TableStore
 from tables.shop import Payment, on_capture, on_settle
 from tables.shop_payment_tables import payments
 
 __all__ = ["shop_payments"]
 
 AGENT = "shop_payments"
+gateway: KeyedState[Payment] = KeyedState(agent=AGENT, store=TableStore(payments, Payment.to_dict, Payment.from_dict), step="payment")
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:
     if not isinstance(message, dict) or not isinstance(message.get("order_id"), str):
         raise InvalidMessage("shop payments: a message must be a JSON object with a string 'order_id'")
     order_id = message["order_id"]
-    raw = payments.get(order_id)
-    previous = None if raw is None else Payment.from_dict(raw)
+    previous = gateway.load(order_id)
     kind = message.get("kind")
     if kind == "capture":
         amount, accepted = message.get("amount_cents"), message.get("accepted")
@@ -35,11 +36,9 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
         payment = settled
     else:
         raise InvalidMessage(f"shop payments: 'kind' must be 'capture', 'commit' or 'void', got {kind!r:.60}")
-    if error is not None:
-        await send_dead_letter(event, reason="rejected", error=error, agent=AGENT, step=str(kind))
-    if payment is not None and payment != previous:
-        payments[order_id] = payment.to_dict()
-    await send_all(sends)
+    # A settle that finds nothing to settle keeps what is there (None: no change).
+    change = Change(state=payment if payment is not None else previous, outputs=outputs(sends), rejected=(error,) if error else ())
+    await gateway.apply(event, order_id, previous, change)
 
 
 @app.agent(shop_topics["payments"])

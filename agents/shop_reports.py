@@ -6,22 +6,25 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import send_all, shop_topics
+from agents.shop_common import outputs, shop_topics
 from app.core import InvalidMessage, app, handle_events
+from app.runtime.keyed import Change, KeyedState, TableStore
 from tables.shop import ScreenReport, on_end, on_outcome
 from tables.shop_report_tables import reports
 
 __all__ = ["shop_reports"]
 
 AGENT = "shop_reports"
+screens: KeyedState[ScreenReport] = KeyedState(
+    agent=AGENT, store=TableStore(reports, ScreenReport.to_dict, ScreenReport.from_dict), step="report"
+)
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:
     if not isinstance(message, dict) or not isinstance(message.get("screen"), str):
         raise InvalidMessage("shop reports: a message must be a JSON object with a string 'screen'")
     screen = message["screen"]
-    raw = reports.get(screen)
-    previous = None if raw is None else ScreenReport.from_dict(raw)
+    previous = screens.load(screen)
     kind = message.get("kind")
     if kind == "outcome":
         line, status, amount = message.get("line"), message.get("status"), message.get("amount_cents")
@@ -35,9 +38,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
         state, sends = on_end(previous, screen, lines)
     else:
         raise InvalidMessage(f"shop reports: 'kind' must be 'outcome' or 'end', got {kind!r:.60}")
-    if state != previous:
-        reports[screen] = state.to_dict()
-    await send_all(sends)
+    await screens.apply(event, screen, previous, Change(state=state, outputs=outputs(sends)))
 
 
 @app.agent(shop_topics["screens"])

@@ -11,9 +11,10 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from app.aggregation import ItemWorker, Keyed, aggregate_inline, encode_split, encoded, send_splits, split_messages
+from app.aggregation import ItemWorker, Keyed, aggregate_inline, encode_split, invalid_result, send_result, send_splits, split_messages
 from app.core import app, handle_part_events, handle_parts, now_ms, settings, topics
 from app.pipeline import AGGREGATOR, STEP_IS_ASYNC, step
+from app.runtime.keyed import Output, send_checked
 from app.split import split_order
 
 __all__ = ["splitter"]
@@ -51,7 +52,7 @@ async def _split_part(part: Sequence[EventT[bytes]]) -> None:
         deadline_ms = now_ms() + settings.aggregate_timeout_ms
         splits.append(encode_split(order_id, *split_messages(order_id, items, chunk=settings.split_chunk, deadline_ms=deadline_ms)))
 
-    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=split)
+    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=split, owed=_owed)
     await send_splits(splits, results=topics.item_results, items=topics.items, size=settings.bundle)
 
 
@@ -59,6 +60,19 @@ async def _inline_part(part: Sequence[EventT[bytes]]) -> None:
     async def aggregate(event: EventT[bytes], order: Any) -> None:
         order_id, items = split_order(order)
         result = await aggregate_inline(_inline, AGGREGATOR, event, order_id, items)
-        await topics.aggregates.send(key=order_id.encode(), value=encoded(result, what=f"the result of {order_id!r}"))
+        await send_result(event, [Output(topics.aggregates, order_id, result, what="the result")], agent=AGENT)
 
-    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=aggregate, concurrent=STEP_IS_ASYNC)
+    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=aggregate, concurrent=STEP_IS_ASYNC, owed=_owed)
+
+
+async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
+    """An order that cannot be split (or run inline) still gets its one result, ``invalid``, keyed by the order's key.
+
+    Whoever waits for the order's result learns that it failed and why; the order itself is in the dead
+    letters. An order without a key has nobody to answer: the dead letter is all there is.
+    """
+    if not event.message.key:
+        return
+    correlation_id = event.message.key.decode("utf-8", "replace")
+    result = invalid_result(correlation_id, AGGREGATOR.name, reason, error)
+    await send_checked(event, [Output(topics.aggregates, correlation_id, result, what="the result")], agent=AGENT, step="owed")

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import faust
 from faust.types import EventT, StreamT, TableT
 
 from app.codec import DecodeError, dumps
-from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, topics
+from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, stop_worker, topics
 from app.deadlines import DeadlineIndex, deadline_bucket
-from app.errors import describe_error
+from app.errors import OutputFailed, describe_error
+from app.runtime.keyed import Change, KeyedState, Output, Undeliverable
 from tables.trigger_tables import SweepQueue, child_statuses, fired_deadlines, fired_triggers, sweep_entries, trigger_states
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
@@ -168,40 +169,93 @@ def _load_fired(parent_id: str) -> FiredState | None:
     return None if raw is None else FiredState.from_dict(raw)
 
 
-async def _wake(parent_id: str, wake: Wake) -> None:
-    topic = _wake_topics.get(wake.topic)
+@dataclass(frozen=True)
+class ParentState:
+    """A parent's keyed state: its trigger (None once fired and cleaned) and its fired marker (None until it fires)."""
+
+    trigger: TriggerState | None
+    fired: FiredState | None
+
+
+class _Parents:
+    """The triggers' :class:`app.runtime.keyed.Store`: a trigger in one table, its fired marker in another."""
+
+    def load(self, parent_id: str) -> ParentState | None:
+        trigger, fired = _load_state(parent_id), _load_fired(parent_id)
+        return None if trigger is None and fired is None else ParentState(trigger, fired)
+
+    def encoded_size(self, parent_id: str, state: ParentState) -> int:
+        trigger = len(dumps(state.trigger.to_dict())) if state.trigger is not None else 0
+        fired = len(dumps(state.fired.to_dict())) if state.fired is not None else 0
+        return max(trigger, fired) + len(parent_id.encode())
+
+    def save(self, parent_id: str, previous: ParentState | None, state: ParentState | None) -> None:
+        state_before = previous.trigger if previous is not None else None
+        fired_before = previous.fired if previous is not None else None
+        trigger = state.trigger if state is not None else None
+        fired = state.fired if state is not None else None
+        if trigger != state_before:
+            if trigger is None:
+                if state_before is not None:
+                    del states[parent_id]
+            else:
+                states[parent_id] = trigger.to_dict()
+        if fired != fired_before and fired is not None:
+            fired_markers[parent_id] = fired.to_dict()
+
+
+def _wake_topic(name: str) -> faust.TopicT:
+    topic = _wake_topics.get(name)
     if topic is None:
-        topic = _wake_topics[wake.topic] = _topic(wake.topic)
-    await topic.send(key=parent_id.encode(), value=dumps(wake.record))
+        topic = _wake_topics[name] = _topic(name)
+    return topic
+
+
+def _wake_outline(parent_id: str, change: Change[ParentState], failures: Sequence[Undeliverable]) -> Change[ParentState]:
+    """A wake that cannot be written (a registration's context too large): the parent is still woken, by an outline."""
+    outputs = []
+    for output in change.outputs:
+        failure = next((failure for failure in failures if failure.output is output), None)
+        if failure is None:
+            outputs.append(output)
+            continue
+        outline = {
+            "parent_id": parent_id,
+            "status": "dead-lettered",
+            "error": failure.problem[:500],
+            "size_bytes": failure.size_bytes,
+            "sha256": failure.sha256,
+        }
+        outputs.append(replace(output, value=outline))
+    return replace(change, outputs=tuple(outputs))
+
+
+parents: KeyedState[ParentState] = KeyedState(
+    agent=AGENT, store=_Parents(), undeliverable=lambda key, _previous, change, failures: _wake_outline(key, change, failures), step="fire"
+)
 
 
 async def _write(
-    partition: int,
+    event: EventT[bytes],
     parent_id: str,
     before: tuple[TriggerState | None, FiredState | None],
     after: tuple[TriggerState | None, FiredState | None],
     wakes: Sequence[Wake],
 ) -> None:
-    """Write what changed for one parent (once, whatever the number of events that led there) and send its wakes."""
+    """Apply what changed for one parent (once, whatever the number of events that led there) and send its wakes."""
     (state_before, fired_before), (state, fired) = before, after
-    if state != state_before:
-        if state is None:
-            if state_before is not None:
-                del states[parent_id]
-        else:
-            states[parent_id] = state.to_dict()
-    if fired != fired_before and fired is not None:
-        fired_markers[parent_id] = fired.to_dict()
-        if fired_before is None:
-            fired_index.add(partition, "fired", parent_id, fired.expires_ms)
-            stats.fired[fired.fired_by] = stats.fired.get(fired.fired_by, 0) + 1
-            if statuses_view.get(parent_id) is not None:
-                del statuses_view[parent_id]  # the fired marker answers for this parent from now on
-    for wake in wakes:
-        await _wake(parent_id, wake)
+    if fired is not None and fired_before is None:
+        fired_index.add(event.message.partition, "fired", parent_id, fired.expires_ms)
+        stats.fired[fired.fired_by] = stats.fired.get(fired.fired_by, 0) + 1
+        if statuses_view.get(parent_id) is not None:
+            del statuses_view[parent_id]  # the fired marker answers for this parent from now on
+    previous = None if state_before is None and fired_before is None else ParentState(state_before, fired_before)
+    updated = None if state is None and fired is None else ParentState(state, fired)
+    wake_outputs = tuple(Output(_wake_topic(wake.topic), parent_id, wake.record, what="the wake") for wake in wakes)
+    await parents.apply(event, parent_id, previous, Change(state=updated, outputs=wake_outputs))
 
 
-async def _apply_parent(partition: int, parent_id: str, messages: Sequence[Parsed], now: int, newly_waiting: list[tuple[str, int]]) -> None:
+async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, newly_waiting: list[tuple[str, int]]) -> None:
     """All messages of one parent in this batch, in arrival order, folded in memory and written once."""
     state_before, fired_before = _load_state(parent_id), _load_fired(parent_id)
     state, fired = state_before, fired_before
@@ -244,7 +298,7 @@ async def _apply_parent(partition: int, parent_id: str, messages: Sequence[Parse
         due = sweep_due_ms(state, CONFIG)
         if due is not None:
             newly_waiting.append((parent_id, due))
-    await _write(partition, parent_id, (state_before, fired_before), (state, fired), wakes)
+    await _write(messages[-1].event, parent_id, (state_before, fired_before), (state, fired), wakes)
 
 
 async def _sweep(event: EventT[bytes], now: int) -> None:
@@ -257,7 +311,7 @@ async def _sweep(event: EventT[bytes], now: int) -> None:
         if transition.fired is not None and fired is None:
             log.info("triggers: the sweep fires parent %r (completion events were lost)", parent_id)
             await _write(
-                partition, parent_id, (state, fired), (transition.state, transition.fired), [transition.wake] if transition.wake else []
+                event, parent_id, (state, fired), (transition.state, transition.fired), [transition.wake] if transition.wake else []
             )
             return None
         if transition.state is not None and transition.state.registered:
@@ -302,7 +356,9 @@ async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
     newly_waiting: list[tuple[str, int]] = []
     for parent_id, messages in by_parent.items():
         try:
-            await _apply_parent(partition, parent_id, messages, now, newly_waiting)
+            await _apply_parent(parent_id, messages, now, newly_waiting)
+        except OutputFailed:
+            raise  # the producer refused it: the worker stops, nothing is skipped
         except Exception as error:  # a bug, not bad input: dead-letter this parent's messages, go on with the others
             log.exception("triggers: unexpected error while handling parent %r", parent_id)
             for parsed in messages:
@@ -311,6 +367,8 @@ async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
     if sweep is not None:
         try:
             await _sweep(sweep, now)
+        except OutputFailed:
+            raise
         except Exception as error:
             log.exception("triggers: sweep step of partition %d failed", partition)
             await send_dead_letter(sweep, reason="error", error=describe_error(error), agent=AGENT, step="sweep")
@@ -318,7 +376,10 @@ async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
 
 async def _handle_part(events: Sequence[EventT[bytes]]) -> None:
     stats.batches += 1
-    await _handle_partition(events, now_ms())
+    try:
+        await _handle_partition(events, now_ms())
+    except OutputFailed as error:
+        stop_worker(f"{AGENT}: an output could not be sent: {error}")
 
 
 @app.agent(triggers_topic)

@@ -42,15 +42,17 @@ from app.core import (
 from app.deadlines import DeadlineIndex
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
-from app.runtime.keyed import Change, KeyedState, Output, Undeliverable
+from app.runtime.keyed import Change, KeyedState, Output, Undeliverable, dead_letter_output, prepare_outputs, send_checked
 from tables.aggregates import (
     DEAD_LETTERED,
+    TOO_LARGE,
     AggregatorConfig,
     DoneState,
     GroupState,
     ItemOutcome,
     Transition,
     complete_at_once,
+    complete_now,
     on_expire,
     on_item,
     on_late_item,
@@ -70,6 +72,8 @@ __all__ = [
     "GroupStore",
     "ResultOutputs",
     "dead_lettered_result",
+    "invalid_result",
+    "send_result",
 ]
 
 
@@ -221,7 +225,22 @@ class ItemWorker:
         await send_bundled(self.results, outgoing, size=self.bundle)
 
     async def encoded_outcomes(self, event: EventT[bytes], raw: Any) -> Keyed:
+        """The outcome message of an item message, encoded; one too large for a record becomes failed outcomes.
+
+        The aggregate still hears of every item (failed: "result too large", with the size and sha256), and
+        the results themselves go to the dead letters, cut to fit.
+        """
         key, message = await self.outcomes(event, raw)
+        output = Output(self.results, key, message, what="the item outcomes")
+        prepared = prepare_outputs([output], record_limit())
+        if not prepared.undeliverable:
+            return key, prepared.ready[0][1]
+        [failure] = prepared.undeliverable
+        await dead_letter_output(event, failure, agent=self.agent, step="outcomes")
+        error = f"result too large to send: {failure.problem} (sha256 {failure.sha256 or '-'}; in the dead letters)"
+        reported = message["items"] if message["kind"] == "items" else [message]
+        failed = [{**item, "ok": False, "result": None, "error": error[:500]} if item.get("ok") else item for item in reported]
+        message = {**message, "items": failed} if message["kind"] == "items" else {**message, **failed[0]}
         return key, encoded(message, what=f"{self.agent}: the outcomes of an item message of {key!r}")
 
     async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
@@ -400,6 +419,9 @@ class GroupStore:
         raw = self.open_groups.get(key)
         return None if raw is None else GroupState.from_dict(raw)
 
+    def encoded_size(self, key: str, state: AggregateState) -> int:
+        return len(dumps(state.to_dict())) + len(key.encode())
+
     def save(self, key: str, previous: AggregateState | None, state: AggregateState | None) -> None:
         if isinstance(previous, GroupState) and not isinstance(state, GroupState):
             del self.open_groups[key]
@@ -434,6 +456,36 @@ def dead_lettered_result(result: dict[str, Any], failure: Undeliverable) -> dict
     }
 
 
+def invalid_result(correlation_id: str, aggregator: str, reason: str, error: str) -> dict[str, Any]:
+    """The result of a group that could not even be split (the input is in the dead letters): status ``invalid``."""
+    return {
+        "correlation_id": correlation_id,
+        "aggregator": aggregator,
+        "status": "invalid",
+        "reason": reason,
+        "error": error[:500],
+        "expected_count": None,
+        "items": [],
+        "missing": [],
+        "failed": [],
+    }
+
+
+async def send_result(event: EventT[bytes], outputs: Sequence[Output], *, agent: str) -> None:
+    """Send a group's result outputs, for a stage that keeps no state (items inline); one too large goes out as an outline.
+
+    The full result is in the dead letters (:func:`app.runtime.keyed.send_checked`), and its
+    :func:`dead_lettered_result` takes its place, so the group still has exactly one result.
+    """
+    failed = await send_checked(event, outputs, agent=agent, step="emit")
+    outlines = [
+        replace(failure.output, value=dead_lettered_result(failure.output.value if isinstance(failure.output.value, dict) else {}, failure))
+        for failure in failed
+    ]
+    if outlines:
+        await send_checked(event, outlines, agent=agent, step="emit")
+
+
 class Aggregation:
     """The aggregate stage: ``handle(event, message)`` for 'open', 'item', 'items' (a chunk's outcomes) and 'tick'.
 
@@ -460,7 +512,12 @@ class Aggregation:
         self.store = GroupStore(open_groups, done_groups)
         self.deadline_index = DeadlineIndex(deadlines)
         self.keyed: KeyedState[AggregateState] = KeyedState(
-            agent=agent, store=self.store, deadlines=self.deadline_index, undeliverable=self._undeliverable, step="merge"
+            agent=agent,
+            store=self.store,
+            deadlines=self.deadline_index,
+            undeliverable=self._undeliverable,
+            oversized=self._oversized,
+            step="merge",
         )
         #: items that arrived after their group completed (counted, never merged); also per group in the table
         self.late_items = 0
@@ -532,6 +589,21 @@ class Aggregation:
             state=replace(state, status=DEAD_LETTERED, error=failure.problem[:500]),
             outputs=tuple(self.outputs(self._event, key, outline, context)),
         )
+
+    def _oversized(self, key: str, previous: Any, change: Change[AggregateState], problem: str) -> Change[AggregateState]:
+        """An open group grown too large to store completes there and then, partial (reason ``too-large``), with what it has.
+
+        Its result is then as large, so it goes the way of a result that cannot be written (:meth:`_undeliverable`):
+        the group done ``dead-lettered``, the result in the dead letters, an outline sent instead. What arrives
+        for it later is counted late.
+        """
+        state = change.state
+        if not isinstance(state, GroupState) or self._event is None:
+            return Change(state=previous, rejected=(*change.rejected, problem))
+        transition = complete_now(state, self.config, "partial", TOO_LARGE, now_ms())
+        self._context = transition.context
+        completed = self._change(self._event, key, previous, transition)
+        return replace(completed, rejected=change.rejected)
 
     async def _apply(
         self,

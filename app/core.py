@@ -7,10 +7,11 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from aiokafka import AIOKafkaProducer
@@ -19,7 +20,7 @@ from faust.types.auth import CredentialsT
 
 from app import engine
 from app.codec import DecodeError, dumps, loads
-from app.errors import RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
+from app.errors import OutputFailed, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
 from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
@@ -280,8 +281,14 @@ def decode_event(event: EventT[bytes], *, what: str) -> Any:
 
 EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 
+#: What an agent that owes an outcome per input sends when the input failed: (event, reason, error) -> None.
+#: Called after the input's dead letter, whatever failed (decoding, validation, a bug); it must not raise.
+OwedOutcome = Callable[[EventT[bytes], str, str], Awaitable[None]]
 
-async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False) -> None:
+
+async def handle_events(
+    stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False, owed: OwedOutcome | None = None
+) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
@@ -289,12 +296,13 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     agent keeps running and the partition is not blocked. ``batched``: events are taken in batches (see
     :func:`handle_parts`), one scope per partition's part instead of one per event. A handler that waits on
     I/O runs a batch's events at once with :func:`handle_parts` and :func:`handle_part_events`, both
-    ``concurrent=True`` (the items agent).
+    ``concurrent=True`` (the items agent). ``owed``: the agent owes an outcome for every input; it is sent
+    for an input that failed, after its dead letter (:func:`dead_lettered`).
     """
     if batched:
 
         async def each(part: Sequence[EventT[bytes]]) -> None:
-            await handle_part_events(part, agent=agent, what=what, handler=handler)
+            await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
 
         await handle_parts(stream, each)
         return
@@ -303,43 +311,69 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
         async with engine.event_scope(event):
             if not engine.to_process(event):
                 continue
-            await _handle_one(event, agent=agent, what=what, handler=handler)
+            await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
             engine.ack_handled(event)
 
 
 async def handle_part_events(
-    part: Sequence[EventT[bytes]], *, agent: str, what: str, handler: EventHandler, concurrent: bool = False
+    part: Sequence[EventT[bytes]],
+    *,
+    agent: str,
+    what: str,
+    handler: EventHandler,
+    concurrent: bool = False,
+    owed: OwedOutcome | None = None,
 ) -> None:
     """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once."""
     if concurrent:
-        await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler) for event in part)
+        await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler, owed=owed) for event in part)
         return
     for event in part:
-        await _handle_one(event, agent=agent, what=what, handler=handler)
+        await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
 
 
-async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler) -> None:
-    await dead_lettered(event, agent=agent, run=lambda: handler(event, decode_event(event, what=what)))
+async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:
+    await dead_lettered(event, agent=agent, run=lambda: handler(event, decode_event(event, what=what)), owed=owed)
 
 
-async def dead_lettered(event: EventT[bytes], *, agent: str, run: Callable[[], Awaitable[None]]) -> None:
+def stop_worker(reason: str) -> NoReturn:
+    """Stop this worker process at once, loudly: what it has not committed is aborted and replayed by the next owner.
+
+    For a failure that must not be skipped (an output the producer refused after retries): going on would
+    commit the input's offset, and its state, without its outputs. The exit is the same as a SIGKILL's, which
+    the exactly-once tests prove loses nothing; a supervisor (or the operator) restarts the worker.
+    """
+    log.critical("weir: stopping the worker: %s", reason)
+    logging.shutdown()
+    os._exit(70)  # EX_SOFTWARE; no cleanup that could commit a transaction half-way
+
+
+async def dead_lettered(event: EventT[bytes], *, agent: str, run: Callable[[], Awaitable[None]], owed: OwedOutcome | None = None) -> None:
     """Run ``run()`` (the handling of ``event``, or of a part of it: :func:`dead_letter_value`); dead-letter what it raises.
 
     Undecodable and invalid input, and any other error (a bug, logged with its traceback), go to the dead
-    letters with the step that failed; cancellation goes on.
+    letters with the step that failed; cancellation goes on. ``owed(event, reason, error)`` then sends the
+    outcome the input is owed (an agent that answers every input). An output the producer refused after
+    retries (:class:`app.errors.OutputFailed`) is not the input's fault: the worker stops (:func:`stop_worker`).
     """
     try:
         await run()
+        return
+    except OutputFailed as error:
+        stop_worker(f"{agent}: an output of {event.message.tp}@{event.message.offset} could not be sent: {error}")
     except DecodeError as error:
-        await send_dead_letter(event, reason="undecodable", error=str(error), agent=agent, step="decode")
+        reason, text, step = "undecodable", str(error), "decode"
     except InvalidMessage as error:
-        await send_dead_letter(event, reason="invalid", error=str(error), agent=agent, step="validate")
+        reason, text, step = "invalid", str(error), "validate"
     except asyncio.CancelledError:
         raise
     except Exception as error:
         log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
-        await send_dead_letter(event, reason="error", error=describe_error(error), agent=agent, step="handle")
+        reason, text, step = "error", describe_error(error), "handle"
+    await send_dead_letter(event, reason=reason, error=text, agent=agent, step=step)
+    if owed is not None:
+        await owed(event, reason, text)
 
 
 PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]

@@ -114,9 +114,11 @@ class DeadlineIndex:
                 kind, key, failures = entry[0], entry[1], (entry[2] if len(entry) > 2 else 0)
                 try:
                     keep = await handle(kind, key)
-                except (asyncio.CancelledError, *self.fatal):
+                except asyncio.CancelledError:
                     raise
                 except Exception as error:
+                    if isinstance(error, self.fatal):
+                        raise
                     failures += 1
                     if failures < self.max_attempts:
                         log.warning("deadline index: %s %r failed (%d of %d): %r", kind, key, failures, self.max_attempts, error)

@@ -47,7 +47,18 @@ def _euros(cents: int) -> str:
     return f"{cents / 100:,.2f}"
 
 
+def _report_or_failure(outcome: dict[str, Any] | BaseException) -> dict[str, Any]:
+    if isinstance(outcome, BaseException):
+        if not isinstance(outcome, Exception):
+            raise outcome  # a cancellation or an interrupt stops the demo
+        return {"failed": f"{type(outcome).__name__}: {outcome}"}
+    return outcome
+
+
 def print_report(name: str, report: dict[str, Any]) -> None:
+    if "failed" in report:
+        print(f"  {name:<10} NO REPORT: the screen failed: {report['failed']}")
+        return
     reasons = ", ".join(f"{count} {reason}" for reason, count in report["aborted_by_reason"].items()) or "none"
     print(
         f"  {name:<10} lines {report['lines']:>4}  served {report['served']:>4}  aborted {report['aborted']:>3} ({reasons})"
@@ -69,7 +80,20 @@ def read_screens(orders_dir: Path) -> dict[str, list[str]]:
     if not files:
         message = f"no *.jsonl order files in {orders_dir} (one file per screen)"
         raise FileNotFoundError(message)
-    return {path.stem: path.read_text().splitlines() for path in files}
+    return {path.stem: read_lines(path) for path in files}
+
+
+def read_lines(path: Path) -> list[str]:
+    """A JSON-lines file's lines, split on newlines only (JSON strings may hold U+2028 or U+0085), without a BOM."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        message = f"{path}: not UTF-8 text ({error}); an order file holds one JSON object per line"
+        raise ValueError(message) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -103,7 +127,9 @@ async def run_shop(
         reporter = asyncio.create_task(_progress(progress, stop))
         try:
             runs = [shop.run_screen(name, lines, progress=progress[name], timeout_s=timeout_s) for name, lines in screens.items()]
-            reports = dict(zip(screens, await asyncio.gather(*runs), strict=True))
+            # One screen's failure is its own: the others' reports are kept and printed.
+            outcomes = await asyncio.gather(*runs, return_exceptions=True)
+            reports = {name: _report_or_failure(outcome) for name, outcome in zip(screens, outcomes, strict=True)}
         finally:
             stop.set()
             await reporter
@@ -121,10 +147,11 @@ async def run_shop(
 
 def print_summary(result: dict[str, Any]) -> bool:
     print(f"\nend of day ({result['elapsed_s']:.1f}s)")
+    ok = True
     for name, report in result["reports"].items():
         print_report(name, report)
+        ok &= "failed" not in report
     print("\nstock left")
-    ok = True
     for flavour, container in sorted(result["stock"].items()):
         balanced = container["initial"] - container["delivered"] == container["available"] and not container["reserved"]
         ok &= balanced
@@ -136,7 +163,7 @@ def print_summary(result: dict[str, Any]) -> bool:
     amounts: Counter[str] = Counter()
     for payment in result["payments"].values():
         amounts[payment["state"]] += payment["amount_cents"]
-    revenue = sum(report["revenue_cents"] for report in result["reports"].values())
+    revenue = sum(report.get("revenue_cents", 0) for report in result["reports"].values())
     money_ok = amounts["committed"] == revenue and states["captured"] == 0
     ok &= money_ok
     print("\npayments")

@@ -9,6 +9,7 @@ end-of-day report when every line is accounted for.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +21,7 @@ import orjson
 
 from app.codec import dumps
 from app.kafka_io import ReplyDesk, read_topic
+from app.settings import load_settings
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 
@@ -48,8 +50,11 @@ class Screens:
         partitions: int = 4,
         day: str | None = None,
         client_options: Mapping[str, Any] | None = None,
+        max_record_bytes: int | None = None,
     ) -> None:
         self._topic = topic
+        #: the largest record a screen sends (the shop's ``WEIR_MAX_MESSAGE_BYTES`` less 1 KiB, by default)
+        self.max_record_bytes = max_record_bytes if max_record_bytes is not None else load_settings().max_message_bytes - 1024
         self._partitions = partitions
         self.day = day or time.strftime("%Y-%m-%dT%H%M%S")
         self._desk = ReplyDesk(bootstrap, self._reply_of, client_options=client_options)
@@ -69,6 +74,18 @@ class Screens:
     async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         await self._desk.stop()
 
+    def envelope(self, ticket: str, screen: str, line: int, text: str) -> bytes:
+        """The record of one line; a line too large for a record is not sent: its size and sha256 go instead.
+
+        The shop still owes that line an outcome (invalid, "too large"), and the screen's report counts it.
+        """
+        value = dumps({"ticket": ticket, "screen": screen, "line": line, "text": text})
+        if len(value) <= self.max_record_bytes:
+            return value
+        raw = text.encode("utf-8", "surrogatepass")
+        too_large = {"size_bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(), "limit_bytes": self.max_record_bytes}
+        return dumps({"ticket": ticket, "screen": screen, "line": line, "text": None, "too_large": too_large})
+
     def screen_id(self, name: str) -> str:
         return f"{self.day}/{name}"
 
@@ -83,8 +100,7 @@ class Screens:
             count = number
             ticket = f"{screen}/{number}"
             self._desk.expect(f"outcome:{ticket}")
-            envelope = {"ticket": ticket, "screen": screen, "line": number, "text": text}
-            await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=dumps(envelope))
+            await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=self.envelope(ticket, screen, number, text))
             outcome = await self._desk.wait(f"outcome:{ticket}", timeout_s)  # the next customer waits for this one
             if progress is not None:
                 progress.done += 1

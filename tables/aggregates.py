@@ -8,6 +8,8 @@ from typing import Any
 
 __all__ = [
     "DEAD_LETTERED",
+    "TOO_LARGE",
+    "complete_now",
     "AggregatorConfig",
     "ItemOutcome",
     "GroupState",
@@ -23,6 +25,8 @@ __all__ = [
 
 #: The done status of a group whose result could not be written (too large, not serialisable): it is in the dead letters.
 DEAD_LETTERED = "dead-lettered"
+#: The completion reason of a group that grew too large to store: it completed with what it had.
+TOO_LARGE = "too-large"
 
 COMPLETE_BY_COUNT = "count"
 COMPLETE_BY_FLAG = "flag"
@@ -285,6 +289,11 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
         "deadline_ms": state.deadline_ms,
         "completed_ms": now_ms,
     }
+
+
+def complete_now(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> Transition:
+    """Complete a group at once with what it has (a group too large to store: ``TOO_LARGE``)."""
+    return _complete(state, config, status, reason, now_ms)
 
 
 def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> Transition:

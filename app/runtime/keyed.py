@@ -4,8 +4,10 @@ A pattern is a pure core: for an input (or a deadline) and the key's state it re
 the key's new state (None: delete it), the outputs to send, the inputs it rejects, the deadlines to file.
 :meth:`KeyedState.apply` does the rest, in this order, for every pattern:
 
-1. **check every output before anything is stored**: encode it and measure it against the record limit
-   (:func:`app.core.record_limit`). An output that cannot be written (too large, not serialisable) is a
+1. **check the new state and every output before anything is stored**: a state too large for its changelog
+   record goes to the pattern's ``oversized`` hook (by default the input is refused, the key unchanged; an
+   aggregate completes the group there and then). Each output is encoded and measured against the record
+   limit (:func:`app.core.record_limit`). An output that cannot be written (too large, not serialisable) is a
    case of this key, not of the batch: the pattern's ``undeliverable`` hook says what the key becomes
    instead (an aggregate: its group done with status ``dead-lettered``, a small result in place of the
    full one), and the output itself goes to the dead letters cut to fit, with its size and sha256. A
@@ -48,6 +50,8 @@ __all__ = [
     "OutputFailed",
     "prepare_outputs",
     "send_checked",
+    "send_prepared",
+    "dead_letter_output",
     "fingerprint",
 ]
 
@@ -141,7 +145,10 @@ async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
         key = output.key.encode() if output.key is not None else None
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
-                await output.topic.send(key=key, value=value, headers=list(output.headers) or None)
+                if output.headers:
+                    await output.topic.send(key=key, value=value, headers=list(output.headers))
+                else:
+                    await output.topic.send(key=key, value=value)
                 break
             except asyncio.CancelledError:
                 raise
@@ -194,6 +201,10 @@ class Store(Protocol[S]):
 
     def save(self, key: str, previous: S | None, state: S | None) -> None: ...
 
+    def encoded_size(self, key: str, state: S) -> int:
+        """The bytes the largest changelog record of ``state`` takes (what the broker must accept to store it)."""
+        ...
+
 
 class TableStore(Generic[S]):
     """A state per key of one table, as the JSON its ``encode`` gives."""
@@ -207,6 +218,9 @@ class TableStore(Generic[S]):
         raw = self.table.get(key)
         return None if raw is None else self.decode(raw)
 
+    def encoded_size(self, key: str, state: S) -> int:
+        return len(dumps(self.encode(state))) + len(key.encode())
+
     def save(self, key: str, previous: S | None, state: S | None) -> None:
         if state is None:
             if previous is not None:
@@ -217,6 +231,15 @@ class TableStore(Generic[S]):
 
 #: What a key becomes when outputs of its change cannot be written: (key, previous state, the change, what failed) -> a new change.
 UndeliverableHook = Callable[[str, Any, Change[Any], Sequence[Undeliverable]], Change[Any]]
+
+
+#: What a key becomes when its new state is too large to store: (key, previous state, the change, why) -> a new change.
+OversizedHook = Callable[[str, Any, Change[Any], str], Change[Any]]
+
+
+def refuse_oversized(key: str, previous: Any, change: Change[Any], problem: str) -> Change[Any]:
+    """The default: the input that would grow the state past a record is refused (dead-lettered); the key stays as it was."""
+    return Change(state=previous, rejected=(*change.rejected, problem))
 
 
 def drop_undeliverable(key: str, previous: Any, change: Change[Any], failures: Sequence[Undeliverable]) -> Change[Any]:
@@ -235,6 +258,7 @@ class KeyedState(Generic[S]):
         store: Store[S],
         deadlines: DeadlineIndex | None = None,
         undeliverable: UndeliverableHook = drop_undeliverable,
+        oversized: OversizedHook = refuse_oversized,
         step: str = "apply",
         deadline_kind: str = "key",
     ) -> None:
@@ -244,6 +268,7 @@ class KeyedState(Generic[S]):
         if deadlines is not None:
             deadlines.fatal = (*deadlines.fatal, OutputFailed)
         self.undeliverable = undeliverable
+        self.oversized = oversized
         self.step = step
         self.deadline_kind = deadline_kind
         #: outputs of this worker dead-lettered as undeliverable (also in the dead-letter topic, per key)
@@ -255,6 +280,7 @@ class KeyedState(Generic[S]):
     async def apply(self, event: EventT[bytes], key: str, previous: S | None, change: Change[S]) -> None:
         """Check the outputs, then dead-letter rejects, store the state, file deadlines, send (the module's steps 1-4)."""
         limit = record_limit()
+        change = self._fit_state(key, previous, change, limit)
         prepared = prepare_outputs(change.outputs, limit)
         if prepared.undeliverable:
             for failure in prepared.undeliverable:
@@ -277,6 +303,21 @@ class KeyedState(Generic[S]):
                 kind, due_ms = deadline if isinstance(deadline, tuple) else (self.deadline_kind, deadline)
                 self.deadlines.add(event.message.partition, kind, key, due_ms, now_ms=now)
         await send_prepared(prepared.ready)
+
+    def _fit_state(self, key: str, previous: S | None, change: Change[S], limit: int) -> Change[S]:
+        """A new state too large for its changelog record goes to the pattern's ``oversized`` hook (checked once more)."""
+        state = change.state
+        if state is None or state == previous:
+            return change
+        size = self.store.encoded_size(key, state)
+        if size <= limit:
+            return change
+        problem = f"{self.agent}: the state of {key!r} would be {size} bytes, more than a record may hold ({limit})"
+        log.warning("%s", problem)
+        replaced = self.oversized(key, previous, change, problem)
+        if replaced.state is not None and replaced.state != previous and self.store.encoded_size(key, replaced.state) > limit:
+            return refuse_oversized(key, previous, change, problem)
+        return replaced
 
     async def walk_deadlines(
         self,

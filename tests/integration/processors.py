@@ -15,4 +15,7 @@ async def test_step(payload: Any) -> dict[str, Any]:
         raise ValueError(f"poisoned item {payload.get('value')!r}")
     if payload.get("sleep_s"):
         await asyncio.sleep(float(payload["sleep_s"]))
-    return {"value": payload.get("value"), "started": started, "finished": time.time(), "pid": os.getpid()}
+    value = payload.get("value")
+    if payload.get("inflate"):  # a result much larger than the item: the merged result may outgrow a record
+        value = f"{value}:" + "x" * int(payload["inflate"])
+    return {"value": value, "started": started, "finished": time.time(), "pid": os.getpid()}

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app import aggregation
 from app.aggregation import Aggregation, split_messages
 from app.errors import fitted_dead_letter
 from app.runtime import keyed
@@ -146,14 +147,19 @@ def test_a_result_too_large_to_send_leaves_its_group_dead_lettered_and_an_outlin
     _, [small] = split_messages("small", ["a"], chunk=10, deadline_ms=10**13)
     asyncio.run(stage.handle(_event(), _outcomes(chunk)))
     asyncio.run(stage.handle(_event(), _outcomes(small)))
-    late = {"kind": "open", "correlation_id": "slow", "total": 3, "deadline_ms": 1_000}
+    # A small open state whose result, listing 3,000 missing items, is over the limit: completed by its timeout.
+    late = {"kind": "open", "correlation_id": "slow", "total": 3_000, "deadline_ms": 1_000}
     asyncio.run(stage.handle(_event(), late))
-    slow = {"kind": "items", "correlation_id": "slow", "total": 3, "items": [{"index": 0, "ok": True, "result": "y" * 60_000}]}
-    asyncio.run(stage.handle(_event(), slow))
     asyncio.run(stage.handle(_event(), {"kind": "tick"}))  # the deadline (1 s after the epoch) has long passed
+    # A group whose state would outgrow a record completes at once, too large, and what comes later is late.
+    huge = {"kind": "open", "correlation_id": "huge", "total": 5, "deadline_ms": 10**13}
+    asyncio.run(stage.handle(_event(), huge))
+    items = [{"index": index, "ok": True, "result": "z" * 30_000} for index in range(2)]
+    asyncio.run(stage.handle(_event(), {"kind": "items", "correlation_id": "huge", "total": 5, "items": items}))
+    asyncio.run(stage.handle(_event(), {"kind": "item", "correlation_id": "huge", "total": 5, "index": 4, "ok": True}))
     by_group = {correlation_id: result for correlation_id, result, _ in emitted}
     assert by_group["small"]["status"] == "complete"
-    for group, reason in (("big", "flag"), ("slow", "timeout")):
+    for group, reason in (("big", "flag"), ("slow", "timeout"), ("huge", "too-large")):
         outline = by_group[group]
         assert (outline["status"], outline["reason"]) == ("dead-lettered", reason)
         assert outline["size_bytes"] > 50_000
@@ -161,6 +167,31 @@ def test_a_result_too_large_to_send_leaves_its_group_dead_lettered_and_an_outlin
         assert tables["done"][group]["status"] == "dead-lettered"
         assert "more than a record may hold" in tables["done"][group]["error"]
         assert group not in tables["open"]
-    assert sorted(letter["key"]["text"] for letter in letters) == ["big", "slow"]
+    assert tables["done"]["huge"]["late_indexes"] == [4]
+    assert sorted(letter["key"]["text"] for letter in letters) == ["big", "huge", "slow"]
     assert all(letter["reason"] == "undeliverable" and letter["value"]["truncated"] for letter in letters)
-    assert stage.keyed.undeliverable_count == 2
+    assert stage.keyed.undeliverable_count == 3
+
+
+def test_a_tick_that_raises_once_still_completes_every_due_group_on_the_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expiry of one group raises on the first tick: the other due groups complete at once, that one on the next."""
+    stage, emitted, tables = _stage()
+    for group in ("a", "b", "c"):
+        asyncio.run(stage.handle(_event(), {"kind": "open", "correlation_id": group, "total": 2, "deadline_ms": 1_000}))
+    real_expire = aggregation.on_expire
+    failed: list[str] = []
+
+    def expire_failing_once(state: Any, config: Any, now_ms: int) -> Any:
+        if state.correlation_id == "b" and not failed:
+            failed.append("b")
+            raise RuntimeError("the walk breaks on b")
+        return real_expire(state, config, now_ms)
+
+    monkeypatch.setattr(aggregation, "on_expire", expire_failing_once)
+    asyncio.run(stage.handle(_event(), {"kind": "tick"}))
+    assert sorted(correlation_id for correlation_id, _, _ in emitted) == ["a", "c"]
+    assert "b" in tables["open"]
+    asyncio.run(stage.handle(_event(), {"kind": "tick"}))
+    assert sorted(correlation_id for correlation_id, _, _ in emitted) == ["a", "b", "c"]
+    assert all(result["reason"] == "timeout" for _, result, _ in emitted)
+    assert tables["open"] == {}

@@ -80,12 +80,17 @@ def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_ord
     orders = [{"order_id": "o-1", "items": ["a", "b"]}, {"order_id": "bad"}, {"order_id": "o-2", "items": ["c", "boom", "d"]}]
     message = SimpleNamespace
     events = [
-        message(message=message(topic="orders", partition=0, offset=n, key=b"k", value=orjson.dumps(order), headers=[]))
+        message(
+            message=message(
+                topic="orders", partition=0, offset=n, key=str(order["order_id"]).encode(), value=orjson.dumps(order), headers=[]
+            )
+        )
         for n, order in enumerate(orders)
     ]
     asyncio.run(splitter._inline_part(events))  # type: ignore[arg-type]
     sent = {key.decode(): result for key, result in results.sent}
-    assert sorted(sent) == ["o-1", "o-2"]
+    assert sorted(sent) == ["bad", "o-1", "o-2"], "every order gets its one result, a bad one too"
+    assert (sent["bad"]["status"], sent["bad"]["reason"]) == ("invalid", "invalid")
     assert (sent["o-1"]["status"], [item["result"] for item in sent["o-1"]["items"]]) == ("complete", ["A", "B"])
     assert sent["o-2"]["status"] == "complete"
     assert sent["o-2"]["failed"] == [1]
