@@ -47,7 +47,7 @@ from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, va
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
 from tables.aggregates import AggregatorConfig
-from tables.barrier import COMPLETED, FAILED, BarrierState, Failure, Transition, Waiting, on_arrival, on_completion, on_tick
+from tables.barrier import COMPLETED, FAILED, BarrierState, BarrierTransition, Failure, Waiting, on_arrival, on_completion, on_tick
 
 __all__ = ["load_flows", "FLOWS"]
 
@@ -505,7 +505,7 @@ for _compiled_segment in _segments.values():
 
 
 def _barrier_change(
-    compiled: CompiledBarrier, key: str, transition: Transition, previous: BarrierState | None, event: EventT[bytes], *, tick: bool
+    compiled: CompiledBarrier, key: str, transition: BarrierTransition, previous: BarrierState | None, event: EventT[bytes], *, tick: bool
 ) -> Change[BarrierState]:
     """The core's transition as the runtime's change: releases resume the owner flow; failures are dead-lettered and
     end their execution as failed; the key's next due instant is filed when it moved (on a tick, always)."""

@@ -26,7 +26,7 @@ from tables.trigger_tables import SweepQueue, child_statuses, fired_deadlines, f
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
-    Completion,
+    ChildCompletion,
     FiredState,
     TriggerConfig,
     TriggerState,
@@ -260,8 +260,8 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
     state_before, fired_before = _load_state(parent_id), _load_fired(parent_id)
     state, fired = state_before, fired_before
     wakes: list[Wake] = []
-    completions: list[Completion] = []
-    statuses: list[Completion] = []
+    completions: list[ChildCompletion] = []
+    statuses: list[ChildCompletion] = []
 
     def count_completions() -> None:
         nonlocal state, fired
@@ -274,10 +274,10 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
     for parsed in messages:
         body = parsed.body
         if parsed.kind == "completion":
-            completions.append(Completion(child_id=body["child_id"], outcome=body["outcome"]))
+            completions.append(ChildCompletion(child_id=body["child_id"], outcome=body["outcome"]))
             stats.completions += 1
         elif parsed.kind == "status":
-            statuses.append(Completion(child_id=body["child_id"], outcome=body["outcome"]))
+            statuses.append(ChildCompletion(child_id=body["child_id"], outcome=body["outcome"]))
         else:
             count_completions()
             wake_topic = body.get("wake_topic", DEFAULT_WAKE_TOPIC)

@@ -49,8 +49,8 @@ from tables.aggregates import (
     AggregatorConfig,
     DoneState,
     GroupState,
+    GroupTransition,
     ItemOutcome,
-    Transition,
     complete_at_once,
     complete_now,
     on_expire,
@@ -559,7 +559,7 @@ class Aggregation:
         event: EventT[bytes],
         correlation_id: str,
         previous: AggregateState | None,
-        transition: Transition,
+        transition: GroupTransition,
         rejected: tuple[str, ...] = (),
     ) -> Change[AggregateState]:
         """The core's transition as the runtime's change: the state, the result's outputs, the deadline to file."""
@@ -690,7 +690,7 @@ class Aggregation:
         if opened is not None and deadline_ms is not None:
             state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
         rejected: list[str] = []
-        transition = Transition(state=state)
+        transition = GroupTransition(state=state)
         for position, (outcome, last) in enumerate(outcomes):
             step = on_item(state, self.config, correlation_id, outcome, total, last, now)
             if step.rejected is not None:
@@ -701,7 +701,7 @@ class Aggregation:
                 transition = replace(step, done=done)
                 break
             state = step.state
-            transition = Transition(state=state)
+            transition = GroupTransition(state=state)
         change = self._change(event, correlation_id, previous, transition, tuple(rejected))
         await self._apply(event, correlation_id, change, previous, transition.context)
 

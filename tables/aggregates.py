@@ -14,7 +14,7 @@ __all__ = [
     "ItemOutcome",
     "GroupState",
     "DoneState",
-    "Transition",
+    "GroupTransition",
     "on_open",
     "on_item",
     "on_expire",
@@ -150,7 +150,7 @@ class DoneState:
 
 
 @dataclass(frozen=True)
-class Transition:
+class GroupTransition:
     """The result of one event: the group's new state (None: delete the key), what to emit, what to refuse."""
 
     state: GroupState | None
@@ -170,7 +170,7 @@ def on_open(
     *,
     config: AggregatorConfig,
     context: Any = None,
-) -> Transition:
+) -> GroupTransition:
     """The splitter announced a group: remember its deadline, its size when completing by count, its context.
 
     A repeat changes nothing. A flag-only aggregator ignores the announced total: its count comes from
@@ -183,11 +183,11 @@ def on_open(
             updated = replace(updated, expected_count=counted_total, deadline_ms=deadline_ms)
         if state.context is None and context is not None:
             updated = replace(updated, context=context)
-        return Transition(state=updated)
+        return GroupTransition(state=updated)
     fresh = GroupState(
         correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=counted_total, context=context
     )
-    return Transition(state=fresh)
+    return GroupTransition(state=fresh)
 
 
 def on_item(
@@ -198,15 +198,15 @@ def on_item(
     total: int | None,
     last: bool,
     now_ms: int,
-) -> Transition:
+) -> GroupTransition:
     """An item's outcome arrived: merge it once by index; complete the group when its criteria hold."""
     group = state or GroupState(correlation_id=correlation_id, deadline_ms=now_ms + config.timeout_ms, opened_ms=now_ms)
     counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
     problem = _check_item(group, config, outcome.index, counted_total, last)
     if problem is not None:
-        return Transition(state=state, rejected=problem)  # a refused item leaves no trace, not even a new group
+        return GroupTransition(state=state, rejected=problem)  # a refused item leaves no trace, not even a new group
     if outcome.index in group.received:
-        return Transition(state=state)  # redelivered: merged once already
+        return GroupTransition(state=state)  # redelivered: merged once already
     state = group
     expected = state.expected_count
     if expected is None and counted_total is not None:
@@ -222,7 +222,7 @@ def on_item(
     if expected is not None and len(received) >= expected and all(index in received for index in range(expected)):
         reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
         return _complete(updated, config, "complete", reason, now_ms)
-    return Transition(state=updated)
+    return GroupTransition(state=updated)
 
 
 def complete_at_once(
@@ -232,7 +232,7 @@ def complete_at_once(
     outcomes: Sequence[tuple[ItemOutcome, bool]],
     deadline_ms: int,
     now_ms: int,
-) -> Transition:
+) -> GroupTransition:
     """A group whose every outcome is at hand (the item step ran inline): opened, merged and completed in one step.
 
     The transitions of the aggregate stage (:func:`on_open`, then :func:`on_item` for each outcome with its
@@ -240,7 +240,7 @@ def complete_at_once(
     complete the group (not every index of ``total``) leave it open: the transition then has no result.
     """
     state = on_open(None, correlation_id, total, deadline_ms, now_ms, config=config).state
-    transition = Transition(state=state)
+    transition = GroupTransition(state=state)
     for outcome, last in outcomes:
         transition = on_item(state, config, correlation_id, outcome, total, last, now_ms)
         if transition.done is not None or transition.rejected is not None:
@@ -249,10 +249,10 @@ def complete_at_once(
     return transition
 
 
-def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> Transition:
+def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
     """A tick: a group past its deadline completes partial, naming what is missing; others stay."""
     if state is None or state.deadline_ms > now_ms:
-        return Transition(state=state)
+        return GroupTransition(state=state)
     return _complete(state, config, "partial", "timeout", now_ms)
 
 
@@ -291,19 +291,19 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
     }
 
 
-def complete_now(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> Transition:
+def complete_now(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> GroupTransition:
     """Complete a group at once with what it has (a group too large to store: ``TOO_LARGE``)."""
     return _complete(state, config, status, reason, now_ms)
 
 
-def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> Transition:
+def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> GroupTransition:
     done = DoneState(
         correlation_id=state.correlation_id,
         status=status,
         completed_ms=now_ms,
         expires_ms=now_ms + config.done_retention_ms,
     )
-    return Transition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),), context=state.context)
+    return GroupTransition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),), context=state.context)
 
 
 def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: int | None, last: bool) -> str | None:

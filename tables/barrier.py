@@ -6,12 +6,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
-    "Completion",
+    "FlowCompletion",
     "Waiting",
     "BarrierState",
     "Release",
     "Failure",
-    "Transition",
+    "BarrierTransition",
     "on_arrival",
     "on_completion",
     "on_tick",
@@ -24,7 +24,7 @@ FAILED = "failed"
 
 
 @dataclass(frozen=True)
-class Completion:
+class FlowCompletion:
     """The latest outcome of an awaited flow for this key, remembered until ``expires_ms``."""
 
     flow: str
@@ -37,7 +37,7 @@ class Completion:
         return {"flow": self.flow, "outcome": self.outcome, "at_ms": self.at_ms, "expires_ms": self.expires_ms, "error": self.error}
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Completion:
+    def from_dict(cls, raw: dict[str, Any]) -> FlowCompletion:
         return cls(str(raw["flow"]), str(raw["outcome"]), int(raw["at_ms"]), int(raw["expires_ms"]), raw.get("error"))
 
 
@@ -94,7 +94,7 @@ class BarrierState:
 
     key: str
     waiting: tuple[Waiting, ...] = ()
-    completions: dict[str, Completion] = field(default_factory=dict)
+    completions: dict[str, FlowCompletion] = field(default_factory=dict)
     #: exchanges that went on or failed, kept until the barrier's timeout: a redelivered arrival is ignored
     settled: dict[str, int] = field(default_factory=dict)
 
@@ -114,7 +114,7 @@ class BarrierState:
         return cls(
             key=str(raw["key"]),
             waiting=tuple(Waiting.from_dict(item) for item in raw.get("waiting", [])),
-            completions={flow: Completion.from_dict(item) for flow, item in raw.get("completions", {}).items()},
+            completions={flow: FlowCompletion.from_dict(item) for flow, item in raw.get("completions", {}).items()},
             settled={exchange_id: int(until) for exchange_id, until in raw.get("settled", {}).items()},
         )
 
@@ -144,13 +144,13 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Transition:
+class BarrierTransition:
     state: BarrierState | None
     releases: tuple[Release, ...] = ()
     failures: tuple[Failure, ...] = ()
 
 
-def _current(state: BarrierState, flow: str, now_ms: int) -> Completion | None:
+def _current(state: BarrierState, flow: str, now_ms: int) -> FlowCompletion | None:
     completion = state.completions.get(flow)
     return completion if completion is not None and completion.expires_ms > now_ms else None
 
@@ -167,11 +167,11 @@ def _finish(state: BarrierState) -> BarrierState | None:
     return None if state.is_empty() else state
 
 
-def on_arrival(state: BarrierState | None, key: str, waiting: Waiting, barrier_name: str, now_ms: int) -> Transition:
+def on_arrival(state: BarrierState | None, key: str, waiting: Waiting, barrier_name: str, now_ms: int) -> BarrierTransition:
     """An exchange reached the barrier: it goes on at once if every awaited flow already completed."""
     current = state or BarrierState(key=key)
     if waiting.exchange_id in current.settled or any(item.exchange_id == waiting.exchange_id for item in current.waiting):
-        return Transition(state=state)  # redelivered arrival: counted once
+        return BarrierTransition(state=state)  # redelivered arrival: counted once
     satisfied: list[str] = []
     for flow in waiting.awaited:
         completion = _current(current, flow, now_ms)
@@ -180,20 +180,20 @@ def on_arrival(state: BarrierState | None, key: str, waiting: Waiting, barrier_n
         if completion.outcome == FAILED:
             error = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {key!r}: {completion.error}"
             settled = _settle(current, waiting)
-            return Transition(state=_finish(settled), failures=(Failure(waiting, "awaited-failed", error, (flow,)),))
+            return BarrierTransition(state=_finish(settled), failures=(Failure(waiting, "awaited-failed", error, (flow,)),))
         satisfied.append(flow)
     arrived = replace(waiting, satisfied=tuple(satisfied))
     if not arrived.missing:
-        return Transition(state=_finish(_settle(current, arrived)), releases=(Release(arrived),))
-    return Transition(state=replace(current, waiting=(*current.waiting, arrived)))
+        return BarrierTransition(state=_finish(_settle(current, arrived)), releases=(Release(arrived),))
+    return BarrierTransition(state=replace(current, waiting=(*current.waiting, arrived)))
 
 
 def on_completion(
     state: BarrierState | None, key: str, flow: str, outcome: str, error: str | None, remember_ms: int, barrier_name: str, now_ms: int
-) -> Transition:
+) -> BarrierTransition:
     """An awaited flow's execution ended for ``key``: remember it, and release or fail who waits for it."""
     current = state or BarrierState(key=key)
-    completion = Completion(flow=flow, outcome=outcome, at_ms=now_ms, expires_ms=now_ms + remember_ms, error=error)
+    completion = FlowCompletion(flow=flow, outcome=outcome, at_ms=now_ms, expires_ms=now_ms + remember_ms, error=error)
     updated = replace(current, completions={**current.completions, flow: completion})
     releases: list[Release] = []
     failures: list[Failure] = []
@@ -213,13 +213,13 @@ def on_completion(
         else:
             releases.append(Release(advanced))
             updated = _settle(updated, advanced)
-    return Transition(state=_finish(updated), releases=tuple(releases), failures=tuple(failures))
+    return BarrierTransition(state=_finish(updated), releases=tuple(releases), failures=tuple(failures))
 
 
-def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> Transition:
+def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> BarrierTransition:
     """Time passed: give up exchanges past their deadline; forget expired completions and settled ids."""
     if state is None:
-        return Transition(state=None)
+        return BarrierTransition(state=None)
     failures: list[Failure] = []
     updated = state
     for waiting in state.waiting:
@@ -233,4 +233,4 @@ def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> Trans
     completions = {flow: completion for flow, completion in updated.completions.items() if completion.expires_ms > now_ms}
     settled = {exchange_id: until for exchange_id, until in updated.settled.items() if until > now_ms}
     updated = replace(updated, completions=completions, settled=settled)
-    return Transition(state=_finish(updated), failures=tuple(failures))
+    return BarrierTransition(state=_finish(updated), failures=tuple(failures))

@@ -12,11 +12,11 @@ if TYPE_CHECKING:
 __all__ = [
     "OK",
     "TriggerConfig",
-    "Completion",
+    "ChildCompletion",
     "TriggerState",
     "FiredState",
     "Wake",
-    "Transition",
+    "TriggerTransition",
     "on_register",
     "on_completion",
     "on_sweep",
@@ -61,7 +61,7 @@ class TriggerConfig:
 
 
 @dataclass(frozen=True)
-class Completion:
+class ChildCompletion:
     """A child ended: its id, unique within its parent, and its outcome ("ok" or an error name)."""
 
     child_id: str
@@ -163,7 +163,7 @@ class Wake:
 
 
 @dataclass(frozen=True)
-class Transition:
+class TriggerTransition:
     """The result of one step: the trigger's new state (None: delete the key), its fired marker, the wake, what was refused."""
 
     state: TriggerState | None
@@ -201,16 +201,16 @@ def on_register(
     *,
     config: TriggerConfig,
     context: Any = None,
-) -> Transition:
+) -> TriggerTransition:
     """The parent registered its trigger: wait for ``expected_count`` children, or fire at once if they all completed already.
 
     A repeat changes nothing; a registration that contradicts the one in place is refused.
     """
     if fired is not None:
-        return Transition(state=state, fired=fired)  # a redelivered registration of a fired trigger
+        return TriggerTransition(state=state, fired=fired)  # a redelivered registration of a fired trigger
     where = f"trigger {config.name!r}: registration of parent {parent_id!r}"
     if expected_count <= 0:
-        return Transition(
+        return TriggerTransition(
             state=state, fired=fired, rejected=(f"{where} expects {expected_count} children, but a trigger needs at least 1",)
         )
     if state is not None and state.registered:
@@ -219,32 +219,32 @@ def on_register(
                 f"{where} expects {expected_count} children woken on {wake_topic!r}, but it is registered with "
                 f"{state.expected_count} children woken on {state.wake_topic!r}"
             )
-            return Transition(state=state, rejected=(problem,))
-        return Transition(state=state)
+            return TriggerTransition(state=state, rejected=(problem,))
+        return TriggerTransition(state=state)
     base = state or TriggerState(parent_id=parent_id, first_seen_ms=now_ms)
     registered = replace(base, expected_count=expected_count, wake_topic=wake_topic, context=context, registered_ms=now_ms)
     if len(registered.children) >= expected_count:
         return _fire(registered, config, FIRED_BY_REGISTRATION, registered.children, now_ms)
-    return Transition(state=registered)
+    return TriggerTransition(state=registered)
 
 
 def on_completion(
     state: TriggerState | None,
     fired: FiredState | None,
     parent_id: str,
-    completions: Sequence[Completion],
+    completions: Sequence[ChildCompletion],
     now_ms: int,
     *,
     config: TriggerConfig,
-) -> Transition:
+) -> TriggerTransition:
     """A batch of completions of one parent's children, in arrival order: each child counted once; fires when the counter reaches zero.
 
     Completions after the firing (in this batch or later) are absorbed and counted on the fired marker, never applied.
     """
     if not completions:
-        return Transition(state=state, fired=fired)
+        return TriggerTransition(state=state, fired=fired)
     if fired is not None:
-        return Transition(state=state, fired=replace(fired, late_completions=fired.late_completions + len(completions)))
+        return TriggerTransition(state=state, fired=replace(fired, late_completions=fired.late_completions + len(completions)))
     current = state or TriggerState(parent_id=parent_id, first_seen_ms=now_ms)
     children = dict(current.children)
     for position, completion in enumerate(completions):
@@ -258,8 +258,8 @@ def on_completion(
                 return replace(transition, fired=replace(transition.fired, late_completions=late))
             return transition
     if state is not None and len(children) == len(state.children):
-        return Transition(state=state)
-    return Transition(state=replace(current, children=children))
+        return TriggerTransition(state=state)
+    return TriggerTransition(state=replace(current, children=children))
 
 
 def on_sweep(
@@ -269,24 +269,24 @@ def on_sweep(
     now_ms: int,
     *,
     config: TriggerConfig,
-) -> Transition:
+) -> TriggerTransition:
     """The safety sweep looks at a trigger with its children's final statuses (the source of truth).
 
     A registered trigger past its grace period whose children are all done fires, though completion events
     were lost; the statuses win over the completions where both name a child. Anything else stays as it is.
     """
     if fired is not None or state is None or not state.registered or state.expected_count is None:
-        return Transition(state=state, fired=fired)
+        return TriggerTransition(state=state, fired=fired)
     due = sweep_due_ms(state, config)
     if due is None or now_ms < due:
-        return Transition(state=state)
+        return TriggerTransition(state=state)
     children = {**state.children, **statuses}
     if len(children) < state.expected_count:
-        return Transition(state=state)
+        return TriggerTransition(state=state)
     return _fire(state, config, FIRED_BY_SWEEP, children, now_ms)
 
 
-def merge_statuses(recorded: Mapping[str, str] | None, statuses: Sequence[Completion]) -> dict[str, str]:
+def merge_statuses(recorded: Mapping[str, str] | None, statuses: Sequence[ChildCompletion]) -> dict[str, str]:
     """A parent's child-status view after ``statuses`` (in arrival order): a final status is final, the first one stays."""
     merged = dict(recorded or {})
     for status in statuses:
@@ -294,7 +294,7 @@ def merge_statuses(recorded: Mapping[str, str] | None, statuses: Sequence[Comple
     return merged
 
 
-def _fire(state: TriggerState, config: TriggerConfig, fired_by: str, children: Mapping[str, str], now_ms: int) -> Transition:
+def _fire(state: TriggerState, config: TriggerConfig, fired_by: str, children: Mapping[str, str], now_ms: int) -> TriggerTransition:
     fired = FiredState(parent_id=state.parent_id, fired_ms=now_ms, expires_ms=now_ms + config.done_retention_ms, fired_by=fired_by)
     record = {
         "trigger": config.name,
@@ -310,7 +310,7 @@ def _fire(state: TriggerState, config: TriggerConfig, fired_by: str, children: M
     if state.wake_topic is None:
         message = f"trigger {config.name!r}: parent {state.parent_id!r} fires but was never registered (no wake topic)"
         raise ValueError(message)
-    return Transition(state=None, fired=fired, wake=Wake(topic=state.wake_topic, record=record))
+    return TriggerTransition(state=None, fired=fired, wake=Wake(topic=state.wake_topic, record=record))
 
 
 # ---------------------------------------------------------------------------------------------------

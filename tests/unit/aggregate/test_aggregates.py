@@ -17,8 +17,8 @@ from tables.aggregates import (
     AggregatorConfig,
     DoneState,
     GroupState,
+    GroupTransition,
     ItemOutcome,
-    Transition,
     merged_result,
     on_expire,
     on_item,
@@ -56,18 +56,18 @@ class Fold:
     state: GroupState | None = None
     done: DoneState | None = None
     emits: list[dict[str, Any]] = field(default_factory=list)
-    transitions: list[Transition] = field(default_factory=list)
+    transitions: list[GroupTransition] = field(default_factory=list)
 
     def tick(self) -> int:
         self.now += 7
         return self.now
 
-    def open(self, total: int | None, deadline_ms: int) -> Transition:
+    def open(self, total: int | None, deadline_ms: int) -> GroupTransition:
         transition = on_open(self.state, self.correlation_id, total, deadline_ms, self.tick(), config=self.config)
         self.state = transition.state
         return transition
 
-    def item(self, outcome: ItemOutcome, total: int | None, last: bool) -> Transition | None:
+    def item(self, outcome: ItemOutcome, total: int | None, last: bool) -> GroupTransition | None:
         if self.done is not None:
             self.done = on_late_item(self.done, outcome.index)
             return None
@@ -334,7 +334,7 @@ def test_open_deadline_is_used_by_expiry() -> None:
 
 
 def test_expire_of_no_group_is_a_no_op() -> None:
-    assert on_expire(None, BOTH, 10**12) == Transition(state=None)
+    assert on_expire(None, BOTH, 10**12) == GroupTransition(state=None)
 
 
 def test_expire_before_deadline_keeps_state() -> None:
@@ -425,7 +425,7 @@ def test_expire_missing_is_exactly_the_absent_indexes(count: int, data: st.DataO
 # --------------------------------------------------------------------------------------------------------------
 
 
-def assert_rejected(transition: Transition, before: GroupState, config: AggregatorConfig, index: int) -> str:
+def assert_rejected(transition: GroupTransition, before: GroupState, config: AggregatorConfig, index: int) -> str:
     assert transition.rejected is not None
     assert transition.state is before
     assert transition.done is None

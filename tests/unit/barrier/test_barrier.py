@@ -18,10 +18,10 @@ from tables.barrier import (
     COMPLETED,
     FAILED,
     BarrierState,
-    Completion,
+    BarrierTransition,
     Failure,
+    FlowCompletion,
     Release,
-    Transition,
     Waiting,
     on_arrival,
     on_completion,
@@ -78,19 +78,19 @@ class Barrier:
     releases: list[Release] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
 
-    def _apply(self, transition: Transition) -> Transition:
+    def _apply(self, transition: BarrierTransition) -> BarrierTransition:
         self.state = transition.state
         self.releases.extend(transition.releases)
         self.failures.extend(transition.failures)
         return transition
 
-    def arrive(self, waiting: Waiting) -> Transition:
+    def arrive(self, waiting: Waiting) -> BarrierTransition:
         return self._apply(on_arrival(self.state, self.key, waiting, self.name, self.now))
 
-    def complete(self, flow: str, outcome: str = COMPLETED, error: str | None = None) -> Transition:
+    def complete(self, flow: str, outcome: str = COMPLETED, error: str | None = None) -> BarrierTransition:
         return self._apply(on_completion(self.state, self.key, flow, outcome, error, self.remember_ms, self.name, self.now))
 
-    def tick(self) -> Transition:
+    def tick(self) -> BarrierTransition:
         return self._apply(on_tick(self.state, self.name, self.now))
 
 
@@ -500,7 +500,7 @@ def test_one_completion_releases_every_exchange_it_completes_at_once() -> None:
 
 
 def test_on_tick_forgets_expired_completions_and_settled_ids_then_state_is_none() -> None:
-    assert on_tick(None, BARRIER, 123) == Transition(state=None)
+    assert on_tick(None, BARRIER, 123) == BarrierTransition(state=None)
     barrier = Barrier(remember_ms=500)
     waiting = waiting_for(("queue://kitchen",), barrier.now, timeout_ms=2_000)
     barrier.arrive(waiting)
@@ -527,15 +527,15 @@ def test_on_tick_forgets_expired_completions_and_settled_ids_then_state_is_none(
     barrier.now = 4_999
     assert barrier.tick().state is not None
     # until then a redelivered arrival is still ignored
-    assert barrier.arrive(waiting) == Transition(state=barrier.state)
+    assert barrier.arrive(waiting) == BarrierTransition(state=barrier.state)
     barrier.now = 5_000
     transition = barrier.tick()
-    assert transition == Transition(state=None)
+    assert transition == BarrierTransition(state=None)
 
 
 def test_next_due_ms_is_the_earliest_deadline_expiry_or_settled_until() -> None:
     assert BarrierState(key=KEY).next_due_ms() is None
-    completion = Completion(flow="queue://kitchen", outcome=COMPLETED, at_ms=0, expires_ms=700)
+    completion = FlowCompletion(flow="queue://kitchen", outcome=COMPLETED, at_ms=0, expires_ms=700)
     waiting_a = waiting_for(("queue://kitchen",), 0, exchange_id="a", timeout_ms=900)
     waiting_b = waiting_for(("queue://payment",), 0, exchange_id="b", timeout_ms=400)
     state = BarrierState(key=KEY, waiting=(waiting_a, waiting_b), completions={"queue://kitchen": completion}, settled={"z": 650})
@@ -555,7 +555,7 @@ def test_next_due_ms_is_the_min_of_all_instants(deadlines: list[int], expiries: 
     state = BarrierState(
         key=KEY,
         waiting=tuple(Waiting(f"ex-{i}", "dispatch", 0, deadline, ("queue://kitchen",), {}, 1) for i, deadline in enumerate(deadlines)),
-        completions={f"flow-{i}": Completion(f"flow-{i}", COMPLETED, 0, expiry) for i, expiry in enumerate(expiries)},
+        completions={f"flow-{i}": FlowCompletion(f"flow-{i}", COMPLETED, 0, expiry) for i, expiry in enumerate(expiries)},
         settled={f"done-{i}": until for i, until in enumerate(settled)},
     )
     assert state.next_due_ms() == min([*deadlines, *expiries, *settled], default=None)
@@ -575,7 +575,7 @@ json_values = st.recursive(
 )
 
 completions = st.builds(
-    Completion,
+    FlowCompletion,
     flow=names,
     outcome=st.sampled_from([COMPLETED, FAILED]),
     at_ms=instants,
@@ -604,9 +604,9 @@ states = st.builds(
 
 @ROUND_TRIP
 @given(completions)
-def test_completion_round_trips(completion: Completion) -> None:
-    assert Completion.from_dict(completion.to_dict()) == completion
-    assert Completion.from_dict(json.loads(json.dumps(completion.to_dict()))) == completion
+def test_completion_round_trips(completion: FlowCompletion) -> None:
+    assert FlowCompletion.from_dict(completion.to_dict()) == completion
+    assert FlowCompletion.from_dict(json.loads(json.dumps(completion.to_dict()))) == completion
 
 
 @ROUND_TRIP

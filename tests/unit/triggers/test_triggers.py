@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tables.triggers import (
     OK,
-    Completion,
+    ChildCompletion,
     FiredState,
     TriggerConfig,
     TriggerState,
@@ -48,7 +48,7 @@ class Fold:
     def register(self) -> None:
         self._take(on_register(self.state, self.fired, PARENT, self.expected, "wake", self.now, config=CONFIG, context={"step": 3}))
 
-    def complete(self, batch: list[Completion]) -> None:
+    def complete(self, batch: list[ChildCompletion]) -> None:
         self._take(on_completion(self.state, self.fired, PARENT, batch, self.now, config=CONFIG))
 
     def sweep(self, statuses: dict[str, str]) -> None:
@@ -68,8 +68,8 @@ def scenarios(draw: st.DrawFn) -> tuple[int, dict[str, str], list[Any], list[int
     more) anywhere; the event sequence cut into batches of any size."""
     expected = draw(st.integers(min_value=1, max_value=8))
     outcomes = {f"c{index}": draw(st.sampled_from([OK, OK, "failed", "timeout"])) for index in range(expected)}
-    events: list[Any] = [Completion(child, outcome) for child, outcome in outcomes.items()]
-    events += [Completion(child, outcomes[child]) for child in draw(st.lists(st.sampled_from(sorted(outcomes)), max_size=6))]
+    events: list[Any] = [ChildCompletion(child, outcome) for child, outcome in outcomes.items()]
+    events += [ChildCompletion(child, outcomes[child]) for child in draw(st.lists(st.sampled_from(sorted(outcomes)), max_size=6))]
     events += ["register"] * draw(st.integers(min_value=1, max_value=3))
     events = draw(st.permutations(events))
     cuts = draw(st.lists(st.integers(min_value=1, max_value=len(events)), max_size=len(events)))
@@ -81,9 +81,9 @@ def run(expected: int, events: list[Any], cuts: list[int]) -> Fold:
     fold = Fold(expected)
     start = 0
     for end in [*cuts, len(events)]:
-        pending: list[Completion] = []
+        pending: list[ChildCompletion] = []
         for item in events[start:end]:
-            if isinstance(item, Completion):
+            if isinstance(item, ChildCompletion):
                 pending.append(item)
                 continue
             if pending:
@@ -119,7 +119,7 @@ def test_any_order_duplication_and_batching_fires_once_with_the_same_summary(
     assert one_by_one.fired is not None
     assert batched.fired.fired_by == one_by_one.fired.fired_by
     first_registration = events.index("register")
-    all_before = {item.child_id for item in events[:first_registration] if isinstance(item, Completion)} == set(outcomes)
+    all_before = {item.child_id for item in events[:first_registration] if isinstance(item, ChildCompletion)} == set(outcomes)
     assert (batched.fired.fired_by == "registration") == all_before
 
 
@@ -130,7 +130,7 @@ def test_completions_after_the_firing_never_fire_again(scenario: tuple[int, dict
     fold = run(expected, events, cuts)
     assert fold.fired is not None
     before = fold.fired.late_completions
-    fold.complete([Completion(child, OK) for child in late])
+    fold.complete([ChildCompletion(child, OK) for child in late])
     fold.register()
     fold.sweep({child: OK for child in late})
     assert len(fold.wakes) == 1
@@ -140,8 +140,8 @@ def test_completions_after_the_firing_never_fire_again(scenario: tuple[int, dict
 
 def test_registration_after_all_completions_fires_at_registration() -> None:
     fold = Fold(expected=3)
-    fold.complete([Completion("a", OK), Completion("b", "failed")])
-    fold.complete([Completion("c", OK), Completion("a", OK)])
+    fold.complete([ChildCompletion("a", OK), ChildCompletion("b", "failed")])
+    fold.complete([ChildCompletion("c", OK), ChildCompletion("a", OK)])
     assert fold.wakes == []
     assert fold.state is not None
     assert fold.state.remaining is None
@@ -154,14 +154,14 @@ def test_registration_after_all_completions_fires_at_registration() -> None:
 def test_counter_counts_down_once_per_child_and_fires_at_zero() -> None:
     fold = Fold(expected=3)
     fold.register()
-    fold.complete([Completion("a", OK), Completion("a", OK)])
+    fold.complete([ChildCompletion("a", OK), ChildCompletion("a", OK)])
     assert fold.state is not None
     assert fold.state.remaining == 2
-    fold.complete([Completion("b", OK)])
+    fold.complete([ChildCompletion("b", OK)])
     assert fold.state is not None
     assert fold.state.remaining == 1
     assert not fold.wakes
-    fold.complete([Completion("c", "boom"), Completion("d", OK)])  # d comes after zero: absorbed, counted late
+    fold.complete([ChildCompletion("c", "boom"), ChildCompletion("d", OK)])  # d comes after zero: absorbed, counted late
     [wake] = fold.wakes
     assert wake.record["fired_by"] == "count"
     assert wake.record["summary"]["failed"] == ["c"]
@@ -204,7 +204,7 @@ def test_sweep_fires_exactly_when_all_children_are_done_and_never_twice(
     assert fold.state is not None
     assert fold.state.registered_ms is not None
     registered_ms = fold.state.registered_ms
-    fold.complete([Completion(child, outcomes[child]) for child in sorted(delivered)])
+    fold.complete([ChildCompletion(child, outcomes[child]) for child in sorted(delivered)])
     fired_by_count = len(delivered) == expected
     assert len(fold.wakes) == int(fired_by_count)
     fold.now = registered_ms + elapsed_ms
@@ -226,13 +226,13 @@ def test_sweep_fires_exactly_when_all_children_are_done_and_never_twice(
     for _ in range(2):
         fold.now += CONFIG.sweep_grace_ms
         fold.sweep(dict(outcomes))
-        fold.complete([Completion(child, outcome) for child, outcome in outcomes.items()])
+        fold.complete([ChildCompletion(child, outcome) for child, outcome in outcomes.items()])
     assert len(fold.wakes) == 1
 
 
 def test_sweep_never_fires_an_unregistered_trigger() -> None:
     fold = Fold(expected=1)
-    fold.complete([Completion("a", OK)])
+    fold.complete([ChildCompletion("a", OK)])
     fold.now += 10 * CONFIG.sweep_grace_ms
     fold.sweep({"a": OK})
     assert fold.wakes == []
@@ -240,7 +240,7 @@ def test_sweep_never_fires_an_unregistered_trigger() -> None:
 
 
 def test_statuses_keep_the_first_final_status() -> None:
-    merged = merge_statuses({"a": OK}, [Completion("a", "failed"), Completion("b", "failed"), Completion("b", OK)])
+    merged = merge_statuses({"a": OK}, [ChildCompletion("a", "failed"), ChildCompletion("b", "failed"), ChildCompletion("b", OK)])
     assert merged == {"a": OK, "b": "failed"}
 
 

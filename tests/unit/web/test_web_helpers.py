@@ -12,7 +12,7 @@ from app import web
 from app.codec import dumps
 from app.errors import dead_letter_record
 from tables.aggregates import GroupState, ItemOutcome
-from tables.barrier import BarrierState, Completion, Waiting
+from tables.barrier import BarrierState, FlowCompletion, Waiting
 from tables.eof import ClientTotals, ControllerState
 from tables.triggers import TriggerState
 
@@ -195,7 +195,7 @@ def test_barrier_summary_names_what_each_exchange_awaits() -> None:
         resume_step=2,
         satisfied=("kitchen",),
     )
-    state = BarrierState(key="o-1", waiting=(waiting,), completions={"kitchen": Completion("kitchen", "completed", NOW - 1, NOW + 9)})
+    state = BarrierState(key="o-1", waiting=(waiting,), completions={"kitchen": FlowCompletion("kitchen", "completed", NOW - 1, NOW + 9)})
     summary = web.summarize_value("barrier-await-kitchen-and-payment", state.to_dict(), NOW)
     assert summary["waiting"] == [
         {"exchange_id": "x-1", "flow": "dispatch", "awaiting": ["payment"], "deadline_ms": NOW + 60_000, "due_in_s": 60}
