@@ -345,7 +345,8 @@ def stop_worker(reason: str) -> NoReturn:
     the exactly-once tests prove loses nothing; a supervisor (or the operator) restarts the worker.
     """
     log.critical("weir: stopping the worker: %s", reason)
-    logging.shutdown()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
     os._exit(70)  # EX_SOFTWARE; no cleanup that could commit a transaction half-way
 
 

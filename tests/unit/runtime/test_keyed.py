@@ -166,3 +166,35 @@ def test_a_dead_letter_always_fits_and_keeps_where_and_why(value: Any, key: Any,
         assert letter["value"]["size_bytes"] == len(raw)
     else:
         assert letter["value"] == record["value"]
+
+
+def test_an_output_the_producer_refuses_stops_the_worker_instead_of_skipping_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OutputFailed is not the input's fault: no dead letter, no owed outcome, the process exits (as a SIGKILL would end it)."""
+    from app import core
+    from app.errors import OutputFailed
+
+    exits: list[int] = []
+    letters: list[str] = []
+
+    class Exited(BaseException):
+        pass
+
+    def exit_now(status: int) -> None:
+        exits.append(status)
+        raise Exited
+
+    async def letter(*_: Any, **__: Any) -> None:
+        letters.append("dead letter")
+
+    async def owed(*_: Any) -> None:
+        letters.append("owed outcome")
+
+    async def run() -> None:
+        raise OutputFailed("the result of 'o-1': KafkaTimeoutError")
+
+    monkeypatch.setattr(core.os, "_exit", exit_now)
+    monkeypatch.setattr(core, "send_dead_letter", letter)
+    with pytest.raises(Exited):
+        asyncio.run(core.dead_lettered(_event(), agent="t", run=run, owed=owed))
+    assert exits == [70]
+    assert letters == []
