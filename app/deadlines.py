@@ -151,18 +151,21 @@ class DeadlineIndex:
         self,
         partition: int,
         now_ms: int,
-        deadline_of: Callable[[str], int | None],
-        expire: Callable[[str], Awaitable[None]],
+        deadline_of: Callable[[str, str], int | None],
+        expire: Callable[[str, str], Awaitable[None]],
+        *,
+        on_give_up: GiveUpHandler | None = None,
     ) -> None:
         """Walk entries that stand for keyed states whose deadline may have moved since they were filed.
 
-        ``deadline_of(key)`` is the state's current deadline (None: the key is gone, drop the entry). A
-        deadline later than this second is filed again at its own second (one entry per key at a time);
-        one later in this second is looked at again next tick; one that passed calls ``expire(key)``.
+        ``deadline_of(kind, key)`` is the state's current deadline for an entry of that kind (None: nothing is
+        due any more, drop the entry). A deadline later than this second is filed again at its own second (one
+        entry per key at a time); one later in this second is looked at again next tick; one that passed calls
+        ``expire(kind, key)``. Failures are handled as in :meth:`walk`.
         """
 
         async def due(kind: str, key: str) -> bool:
-            deadline_ms = deadline_of(key)
+            deadline_ms = deadline_of(kind, key)
             if deadline_ms is None:
                 return False
             if deadline_ms > now_ms:
@@ -170,7 +173,7 @@ class DeadlineIndex:
                     self.add(partition, kind, key, deadline_ms)
                     return False
                 return True
-            await expire(key)
+            await expire(kind, key)
             return False
 
-        await self.walk(partition, now_ms, due)
+        await self.walk(partition, now_ms, due, on_give_up=on_give_up)

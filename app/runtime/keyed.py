@@ -37,7 +37,7 @@ from faust.types import EventT, TableT
 from app.codec import dumps
 from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
 from app.core import now_ms as wall_clock_ms
-from app.deadlines import DeadlineIndex, deadline_bucket
+from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, dead_letter_record, describe_error
 
 __all__ = [
@@ -339,18 +339,14 @@ class KeyedState(Generic[S]):
         index = self.deadlines
         partition = event.message.partition
 
-        async def due(kind: str, key: str) -> bool:
+        def deadline_of(kind: str, key: str) -> int | None:
             state = self.load(key)
-            deadline_ms = None if state is None else due_ms(kind, state)
-            if state is None or deadline_ms is None:
-                return False
-            if deadline_ms > now_ms:
-                if deadline_bucket(deadline_ms) > deadline_bucket(now_ms):
-                    index.add(partition, kind, key, deadline_ms)
-                    return False
-                return True
-            await self.apply(event, key, state, on_deadline(key, state, now_ms))
-            return False
+            return None if state is None else due_ms(kind, state)
+
+        async def expire(kind: str, key: str) -> None:
+            state = self.load(key)
+            if state is not None:
+                await self.apply(event, key, state, on_deadline(key, state, now_ms))
 
         async def give_up(kind: str, key: str, error: Exception) -> None:
             record = dead_letter_record(
@@ -367,4 +363,4 @@ class KeyedState(Generic[S]):
             )
             await send_dead_letter_record(record)
 
-        await index.walk(partition, now_ms, due, on_give_up=give_up)
+        await index.walk_keys(partition, now_ms, deadline_of, expire, on_give_up=give_up)
