@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, parse_items
-from app.catalogue import CATALOGUE_CENTS
 from app.core import app, handle_parts, settings, topics
-from app.pipeline import STEP_IS_ASYNC, load_processor, price_item, step
+from app.pipeline import STEP_IS_ASYNC, load_processor, step
 
-__all__ = ["parse_items", "price_item", "load_processor", "CATALOGUE_CENTS"]
+__all__ = ["parse_items", "load_processor"]
 
 AGENT = "items"
 

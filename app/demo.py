@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from app.demo_items import STEP as DEMO_STEP
 from app.kafka_io import ensure_topics, produce, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
@@ -62,7 +63,13 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
     settings = load_settings()
     run_id = uuid.uuid4().hex[:6]
     prefix = f"demo-{run_id}."
-    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"demo-{run_id}", "PYTHONPATH": str(ROOT)}
+    env = {
+        "WEIR_ITEM_PROCESSOR": DEMO_STEP,
+        **os.environ,
+        "WEIR_TOPIC_PREFIX": prefix,
+        "WEIR_APP_ID": f"demo-{run_id}",
+        "PYTHONPATH": str(ROOT),
+    }
     records, order_ids = _read_lines(orders_path)
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     await ensure_topics(settings.bootstrap, names, settings.partitions)

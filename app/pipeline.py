@@ -12,12 +12,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from app.catalogue import CATALOGUE_CENTS
 from app.core import retry_policy, settings
 from app.errors import StepOutcome, run_with_retry
 from tables.aggregates import AggregatorConfig
 
-__all__ = ["price_item", "load_processor", "step", "STEP_IS_ASYNC", "AGGREGATOR"]
+__all__ = ["as_is", "load_processor", "step", "STEP_IS_ASYNC", "AGGREGATOR"]
 
 #: The pipeline's aggregator: its name in the results, its timeout, how long a completed group is remembered.
 AGGREGATOR = AggregatorConfig(
@@ -27,17 +26,9 @@ AGGREGATOR = AggregatorConfig(
 )
 
 
-def price_item(payload: Any) -> dict[str, Any]:
-    """The demo's item step: price an ice-cream item from the catalogue."""
-    flavour = payload.get("flavour") if isinstance(payload, dict) else None
-    scoops = payload.get("scoops") if isinstance(payload, dict) else None
-    if flavour not in CATALOGUE_CENTS:
-        message = f"item step 'price': unknown flavour {flavour!r}, expected one of {sorted(CATALOGUE_CENTS)}"
-        raise ValueError(message)
-    if not isinstance(scoops, int) or isinstance(scoops, bool) or scoops <= 0:
-        message = f"item step 'price': 'scoops' must be a positive integer, got {scoops!r}"
-        raise ValueError(message)
-    return {"flavour": flavour, "scoops": scoops, "price_cents": CATALOGUE_CENTS[flavour] * scoops}
+def as_is(payload: Any) -> Any:
+    """The default item step: an item's result is its payload (a split and an aggregate with nothing in between)."""
+    return payload
 
 
 def load_processor(spec: str) -> Callable[[Any], Any]:

@@ -180,8 +180,8 @@ class Settings:
     max_message_bytes: int = 1_000_000
     #: WEIR_TRACE_FILE: diagnostic: every worker appends each handled event and committed offset there (empty: none).
     trace_file: str = ""
-    #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the demo's pricing step).
-    item_processor: str = "app.pipeline:price_item"
+    #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the item's payload is its result).
+    item_processor: str = "app.pipeline:as_is"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A

@@ -56,6 +56,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from app.catalogue import CATALOGUE_CENTS
+from app.demo_items import STEP as DEMO_STEP
 from app.eof_gateway import Gateway
 from app.kafka_io import delete_topics, ensure_topics
 from app.processes import ROOT, WorkerProcess
@@ -393,6 +394,7 @@ def weir_pipeline(
     worker and its agents (default :data:`WEIR_STAGES`: one splitter+aggregator, two items). ``extra_env``
     adds to their environment, ``trace_files`` names a WEIR_TRACE_FILE per worker. Stopped on leaving."""
     env = {
+        "WEIR_ITEM_PROCESSOR": DEMO_STEP,  # the work every system does: price each item from the catalogue
         **os.environ,
         "WEIR_TOPIC_PREFIX": prefix,
         "WEIR_APP_ID": prefix.rstrip(".").replace(".", "-"),

@@ -43,7 +43,7 @@ def split(order: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def price(item: dict[str, Any]) -> dict[str, Any]:
-    """The demo's item step (agents.items.price_item), reported as an item outcome."""
+    """The demo's item step (app.demo_items.price_item), reported as an item outcome."""
     payload = item["payload"]
     flavour, scoops = payload.get("flavour"), payload.get("scoops")
     ok = flavour in CATALOGUE_CENTS and isinstance(scoops, int) and scoops > 0

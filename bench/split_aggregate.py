@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from app.demo_items import STEP as DEMO_STEP
 from app.kafka_io import delete_topics, ensure_topics, read_topic
 from app.processes import WorkerProcess
 from app.settings import load_settings
@@ -98,7 +99,13 @@ def main() -> None:
     run = uuid.uuid4().hex[:6]
     prefix = f"bench-{run}."
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-bench-{run}-"))
-    env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"bench-{run}", "WEIR_GUARANTEE": args.guarantee}
+    env = {
+        "WEIR_ITEM_PROCESSOR": DEMO_STEP,
+        **os.environ,
+        "WEIR_TOPIC_PREFIX": prefix,
+        "WEIR_APP_ID": f"bench-{run}",
+        "WEIR_GUARANTEE": args.guarantee,
+    }
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     asyncio.run(ensure_topics(settings.bootstrap, names, settings.partitions))
     stages = ("splitter,aggregator", "items", "items")
