@@ -18,7 +18,7 @@ import faust
 from faust.types import EventT, StreamT, TableT
 
 from app.codec import DecodeError, dumps
-from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, stop_worker, topics
+from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, topics
 from app.deadlines import DeadlineIndex, deadline_bucket
 from app.errors import OutputFailed, describe_error
 from app.runtime.keyed import Change, KeyedState, Output, Undeliverable
@@ -376,10 +376,7 @@ async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:
 
 async def _handle_part(events: Sequence[EventT[bytes]]) -> None:
     stats.batches += 1
-    try:
-        await _handle_partition(events, now_ms())
-    except OutputFailed as error:
-        stop_worker(f"{AGENT}: an output could not be sent: {error}")
+    await _handle_partition(events, now_ms())  # an OutputFailed goes up: the batch fails, nothing of it is skipped
 
 
 @app.agent(triggers_topic)

@@ -7,11 +7,10 @@ import contextlib
 import contextvars
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import faust
 from aiokafka import AIOKafkaProducer
@@ -337,32 +336,22 @@ async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: E
     await dead_lettered(event, agent=agent, run=lambda: handler(event, decode_event(event, what=what)), owed=owed)
 
 
-def stop_worker(reason: str) -> NoReturn:
-    """Stop this worker process at once, loudly: what it has not committed is aborted and replayed by the next owner.
-
-    For a failure that must not be skipped (an output the producer refused after retries): going on would
-    commit the input's offset, and its state, without its outputs. The exit is the same as a SIGKILL's, which
-    the exactly-once tests prove loses nothing; a supervisor (or the operator) restarts the worker.
-    """
-    log.critical("weir: stopping the worker: %s", reason)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(70)  # EX_SOFTWARE; no cleanup that could commit a transaction half-way
-
-
 async def dead_lettered(event: EventT[bytes], *, agent: str, run: Callable[[], Awaitable[None]], owed: OwedOutcome | None = None) -> None:
     """Run ``run()`` (the handling of ``event``, or of a part of it: :func:`dead_letter_value`); dead-letter what it raises.
 
     Undecodable and invalid input, and any other error (a bug, logged with its traceback), go to the dead
     letters with the step that failed; cancellation goes on. ``owed(event, reason, error)`` then sends the
-    outcome the input is owed (an agent that answers every input). An output the producer refused after
-    retries (:class:`app.errors.OutputFailed`) is not the input's fault: the worker stops (:func:`stop_worker`).
+    outcome the input is owed (an agent that answers every input). An output the producer refused
+    (:class:`app.errors.OutputFailed`) is not the input's fault: it goes up, and the batch fails.
     """
     try:
         await run()
         return
-    except OutputFailed as error:
-        stop_worker(f"{agent}: an output of {event.message.tp}@{event.message.offset} could not be sent: {error}")
+    except OutputFailed:
+        # Not the input's fault, and not to be skipped: no dead letter, no owed outcome. The batch fails, the
+        # transaction that holds its outputs cannot commit them, and the input is handled again.
+        log.error("%s: an output of %s@%s could not be sent; the batch fails", agent, event.message.tp, event.message.offset)
+        raise
     except DecodeError as error:
         reason, text, step = "undecodable", str(error), "decode"
     except InvalidMessage as error:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import faust
+from aiokafka.errors import IllegalOperation, ProducerFenced
 from faust.types import EventT, TableT
 
 from app.codec import dumps
@@ -131,6 +132,9 @@ def prepare_outputs(outputs: Iterable[Output], limit: int) -> Prepared:
     return Prepared(tuple(ready), tuple(failed))
 
 
+#: Send errors that say the producer's transaction is gone (fenced, aborted by a timeout): retrying cannot help.
+TRANSACTION_STATE_ERRORS: tuple[type[BaseException], ...] = (IllegalOperation, ProducerFenced)
+
 #: How often a send that fails (the producer refused to queue it: a full buffer, a lost connection) is tried.
 SEND_ATTEMPTS = 3
 
@@ -138,8 +142,9 @@ SEND_ATTEMPTS = 3
 async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
     """Send checked outputs in order; each send joins the current transaction (awaited: queued, not yet delivered).
 
-    A send that fails is tried again (a refused send queued nothing), then :class:`OutputFailed` stops the
-    worker (:func:`app.core.stop_worker`): skipping the input would commit its state without its outputs.
+    A send that fails is tried again (a refused send queued nothing), then :class:`OutputFailed` goes up and
+    fails the batch: skipping the input would commit its state without its outputs. A send refused because the
+    transaction is gone (fenced, or aborted by the broker's timeout) fails at once.
     """
     for output, value in ready:
         key = output.key.encode() if output.key is not None else None
@@ -153,7 +158,8 @@ async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                if attempt == SEND_ATTEMPTS:
+                # A transaction fenced or aborted under it: the engine's next commit sorts that out, not a retry here.
+                if attempt == SEND_ATTEMPTS or isinstance(error, TRANSACTION_STATE_ERRORS):
                     raise OutputFailed(f"{output.describe()} of {output.key!r}: {describe_error(error)}") from error
                 log.warning("send of %s failed (attempt %d of %d): %r", output.describe(), attempt, SEND_ATTEMPTS, error)
                 await asyncio.sleep(0.2 * attempt)

@@ -155,8 +155,20 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
     # A malformed item message straight onto the items topic, and one to the aggregator.
     asyncio.run(produce(pipeline.bootstrap, pipeline.topic("items"), [(b"k", b'{"correlation_id": "z", "index": -1}')]))
     asyncio.run(produce(pipeline.bootstrap, pipeline.topic("item-results"), [(b"k", b'{"kind": "item", "correlation_id": "z"}')]))
-    results = read_json(pipeline, "aggregates", expected=len(good), timeout_s=60)
-    assert_complete_once(results, good)
+    results = read_json(pipeline, "aggregates", expected=len(good) + len(bad_records), timeout_s=60)
+    # Every order gets its one result: a bad one (each has a record key here) an 'invalid' one with its reason.
+    invalid = {result["correlation_id"]: result for result in results if result["status"] == "invalid"}
+    assert set(invalid) == {key.decode() for key, _ in bad_records if key is not None}
+    assert {key: result["reason"] for key, result in invalid.items()} == {
+        "broken": "undecodable",
+        "not-utf8": "undecodable",
+        "array": "invalid",
+        "no-items": "invalid",
+        "wrong-type": "invalid",
+        "empty": "invalid",
+        "tombstone": "undecodable",
+    }
+    assert_complete_once([result for result in results if result["status"] != "invalid"], good)
     letters = read_json(pipeline, "dead-letters", expected=len(bad_records) + 2, timeout_s=20)
     by_key = {(letter["key"]["text"] or letter["key"]["base64"]): letter for letter in letters}
     assert len(letters) == len(bad_records) + 2

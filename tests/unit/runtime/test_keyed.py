@@ -168,20 +168,12 @@ def test_a_dead_letter_always_fits_and_keeps_where_and_why(value: Any, key: Any,
         assert letter["value"] == record["value"]
 
 
-def test_an_output_the_producer_refuses_stops_the_worker_instead_of_skipping_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OutputFailed is not the input's fault: no dead letter, no owed outcome, the process exits (as a SIGKILL would end it)."""
+def test_an_output_the_producer_refuses_fails_the_batch_instead_of_skipping_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OutputFailed is not the input's fault: no dead letter, no owed outcome; it goes up and the batch fails."""
     from app import core
     from app.errors import OutputFailed
 
-    exits: list[int] = []
     letters: list[str] = []
-
-    class Exited(BaseException):
-        pass
-
-    def exit_now(status: int) -> None:
-        exits.append(status)
-        raise Exited
 
     async def letter(*_: Any, **__: Any) -> None:
         letters.append("dead letter")
@@ -192,9 +184,23 @@ def test_an_output_the_producer_refuses_stops_the_worker_instead_of_skipping_the
     async def run() -> None:
         raise OutputFailed("the result of 'o-1': KafkaTimeoutError")
 
-    monkeypatch.setattr(core.os, "_exit", exit_now)
     monkeypatch.setattr(core, "send_dead_letter", letter)
-    with pytest.raises(Exited):
+    with pytest.raises(OutputFailed):
         asyncio.run(core.dead_lettered(_event(), agent="t", run=run, owed=owed))
-    assert exits == [70]
     assert letters == []
+
+
+def test_a_send_refused_because_the_transaction_is_gone_fails_at_once() -> None:
+    from aiokafka.errors import IllegalOperation
+
+    from app.errors import OutputFailed
+
+    class Fenced(Topic):
+        async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
+            self.sent.append((key, value))
+            raise IllegalOperation("Can't send messages while not in transaction")
+
+    topic = Fenced("out")
+    with pytest.raises(OutputFailed, match="not in transaction"):
+        asyncio.run(keyed.send_prepared([(Output(topic, "k", "v"), b'"v"')]))  # type: ignore[arg-type]
+    assert len(topic.sent) == 1
