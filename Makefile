@@ -61,11 +61,13 @@ test-integration: $(STAMP) ## end-to-end tests on the real broker with real faus
 	scripts/broker.sh start
 	$(BIN)/pytest tests/integration
 
-test: $(STAMP) ## lint, then every test (starts the local broker itself)
+test: $(STAMP) ## lint, then every test (starts the local broker itself, and stops it after if it started it)
 	$(MAKE) --no-print-directory lint
 	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
-	scripts/broker.sh start
-	$(BIN)/pytest tests
+	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
+	scripts/broker.sh start || exit 1; \
+	$(BIN)/pytest tests; rc=$$?; \
+	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP) pyproject.toml

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from app.codec import dumps
+from app.jsonlines import read_lines
 from app.kafka_io import ReplyDesk
 from app.settings import load_settings
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
@@ -110,7 +111,7 @@ def _report_of(record: Any) -> tuple[str, Any] | None:
 async def _main(files: list[Path], batch_size: int) -> int:
     settings = load_settings()
     async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions) as gateway:
-        clients = {path.stem: path.read_text().splitlines() for path in files}
+        clients = {path.stem: read_lines(path) for path in files}
         reports = await asyncio.gather(*(gateway.run_client(client, lines, batch_size=batch_size) for client, lines in clients.items()))
     for report in reports:
         print(json.dumps(report, sort_keys=True))

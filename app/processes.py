@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-__all__ = ["WorkerProcess", "run_main"]
+__all__ = ["WorkerProcess", "run_main", "terminate", "Terminated"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,10 +70,23 @@ class WorkerProcess:
             self._log = None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a ``timeout``, a CI runner, a container stop), handled as Ctrl-C is."""
+
+
+def terminate(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: raise :class:`Terminated` where the main thread is, so ``finally`` blocks stop the workers."""
+    raise Terminated
+
+
 def run_main(main: Coroutine[Any, Any, int]) -> NoReturn:
-    """Run a demo's coroutine and exit with its code; Ctrl-C exits 130 once its ``finally`` stopped the workers."""
+    """Run a demo's coroutine and exit with its code; Ctrl-C (130) and SIGTERM (143) exit once its ``finally`` stopped the workers."""
+    signal.signal(signal.SIGTERM, terminate)
     try:
         sys.exit(asyncio.run(main))
+    except Terminated:
+        print("\nterminated: workers stopped", flush=True)
+        sys.exit(143)
     except KeyboardInterrupt:
-        print("\ninterrupted: workers stopped")
+        print("\ninterrupted: workers stopped", flush=True)
         sys.exit(130)

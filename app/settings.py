@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-__all__ = ["Settings", "load_settings", "kafka_client_options", "AGENT_NAMES", "SECURITY_PROTOCOLS", "SASL_MECHANISMS"]
+__all__ = ["Settings", "load_settings", "default_bootstrap", "kafka_client_options", "AGENT_NAMES", "SECURITY_PROTOCOLS", "SASL_MECHANISMS"]
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
@@ -70,6 +70,11 @@ def _env_bool(name: str, default: bool) -> bool:
         return False
     message = f"setting {name}={raw!r}: expected 1/true/yes/on or 0/false/no/off"
     raise ValueError(message)
+
+
+def default_bootstrap() -> str:
+    """The broker: ``KAFKA_BOOTSTRAP`` if set, else the local one on ``WEIR_KAFKA_PORT`` (19092), as scripts/broker.sh starts it."""
+    return _env_str("KAFKA_BOOTSTRAP", f"127.0.0.1:{_env_str('WEIR_KAFKA_PORT', '19092')}")
 
 
 def _env_str(name: str, default: str) -> str:
@@ -323,7 +328,7 @@ def load_settings() -> Settings:
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
         raise ValueError(message)
     return Settings(
-        bootstrap=_env_str("KAFKA_BOOTSTRAP", defaults.bootstrap),
+        bootstrap=default_bootstrap(),
         **_security_from_env(),
         app_id=_env_str("WEIR_APP_ID", defaults.app_id),
         topic_prefix=_env_str("WEIR_TOPIC_PREFIX", defaults.topic_prefix),

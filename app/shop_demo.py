@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -20,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from app.kafka_io import read_topic
+from app.jsonlines import read_lines
+from app.kafka_io import delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
@@ -76,24 +79,17 @@ async def _progress(progress: dict[str, ScreenProgress], stop: asyncio.Event) ->
 
 def read_screens(orders_dir: Path) -> dict[str, list[str]]:
     """One screen per ``*.jsonl`` file of ``orders_dir``, named after the file: its lines."""
+    if not orders_dir.is_dir():
+        message = f"{orders_dir}: no such folder (one JSON-lines file per screen, *.jsonl)"
+        raise FileNotFoundError(message)
     files = sorted(orders_dir.glob("*.jsonl"))
     if not files:
         message = f"no *.jsonl order files in {orders_dir} (one file per screen)"
         raise FileNotFoundError(message)
+    others = sorted(path.name for path in orders_dir.iterdir() if path.is_file() and path.suffix != ".jsonl")
+    if others:
+        print(f"weir ice-cream shop: skipping {', '.join(others)} in {orders_dir} (only *.jsonl files are screens)", file=sys.stderr)
     return {path.stem: read_lines(path) for path in files}
-
-
-def read_lines(path: Path) -> list[str]:
-    """A JSON-lines file's lines, split on newlines only (JSON strings may hold U+2028 or U+0085), without a BOM."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        message = f"{path}: not UTF-8 text ({error}); an order file holds one JSON object per line"
-        raise ValueError(message) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -173,7 +169,12 @@ def print_summary(result: dict[str, Any]) -> bool:
     return ok
 
 
-async def _main(orders_dir: Path, timeout_s: float) -> int:
+async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> int:
+    try:
+        screens = read_screens(orders_dir)  # before any worker starts: a bad folder fails at once, naming the file
+    except (OSError, ValueError) as error:
+        print(f"weir ice-cream shop: {error}", file=sys.stderr)
+        return 2
     settings = load_settings()
     run_id = uuid.uuid4().hex[:6]
     prefix = f"shop-{run_id}."
@@ -181,25 +182,31 @@ async def _main(orders_dir: Path, timeout_s: float) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
     workers = start_workers(env, log_dir)
+    ok = False
     try:
         for worker in workers:
             await asyncio.to_thread(worker.wait_ready, 120.0)
         print("workers ready; the screens open")
-        result = await run_shop(read_screens(orders_dir), bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s)
+        result = await run_shop(screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s)
         ok = print_summary(result)
-        print(f"\nworker logs in {log_dir}")
         return 0 if ok else 1
     finally:
         for worker in workers:
             worker.stop()
+        if keep or not ok:
+            print(f"\ntopics {prefix}* kept; worker logs in {log_dir}")
+        else:  # a run leaves nothing behind: its topics (and the app's own, named by its id) and its folder
+            await delete_topics(settings.bootstrap, f"shop-{run_id}", client_options=settings.kafka_client_options())
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="folder of JSON-lines order files, one per screen")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a customer waits for an outcome before giving up")
+    parser.add_argument("--keep", action="store_true", help="keep the run's topics and worker logs (kept anyway when the run fails)")
     arguments = parser.parse_args()
-    run_main(_main(arguments.orders, arguments.timeout))
+    run_main(_main(arguments.orders, arguments.timeout, keep=arguments.keep))
 
 
 if __name__ == "__main__":

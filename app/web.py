@@ -953,3 +953,14 @@ async def read_last_records(bootstrap: str, topic: str, limit: int, partitions: 
         return entries[:limit]
     finally:
         await consumer.stop()
+
+
+@app.page(PREFIX + "/{rest:.*}", name="weir-unknown")
+class UnknownView(WeirView):
+    """Any other path under the views' prefix: the same structured 404 as every other error (registered last)."""
+
+    async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
+        raise Problem(404, f"no view at {request.rel_url.path}: the index is {PREFIX}/")
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        raise NotImplementedError  # data() always raises

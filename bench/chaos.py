@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -30,6 +31,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from app.kafka_io import client_options_or_env, ensure_topics, read_topic
+from app.processes import Terminated, terminate
 from app.settings import load_settings
 from app.shop_demo import run_shop
 from tests.integration.conftest import Pipeline
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     unique = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix=f"weir-chaos-{unique}-"))
     pipeline = Pipeline(bootstrap=settings.bootstrap, tmp=tmp, prefix=f"chaos{unique}.", app_id=f"chaos{unique}")
+    _running.append(pipeline)
     screens = make_screens(arguments.orders // 3, seed=arguments.seed)
     orders = sum(len(lines) for lines in screens.values())
     rng = random.Random(arguments.seed)
@@ -240,5 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+#: The deployments this process started, stopped on Ctrl-C or SIGTERM wherever the run was.
+_running: list[Pipeline] = []
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (a timeout, a CI runner): no worker is left behind
+        for deployment in _running:
+            deployment.stop_all()
+        print("\nstopped: workers stopped", flush=True)
+        sys.exit(143 if isinstance(interrupt, Terminated) else 130)

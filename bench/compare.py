@@ -60,6 +60,7 @@ from app.demo_items import STEP as DEMO_STEP
 from app.eof_gateway import Gateway
 from app.kafka_io import delete_topics, ensure_topics
 from app.processes import ROOT, WorkerProcess
+from app.settings import default_bootstrap
 from bench import barrier
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record
 from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
@@ -817,7 +818,7 @@ def main() -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"--only: unknown {sorted(unknown)}, expected some of {SECTIONS}")
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    bootstrap = default_bootstrap()
     run_id = uuid.uuid4().hex[:6]
     ctx = Context(bootstrap, run_id, runs, Path(tempfile.mkdtemp(prefix=f"weir-compare-{run_id}-")), broker_pid())
     command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, "-m", "bench.compare", *sys.argv[1:]])

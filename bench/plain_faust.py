@@ -16,7 +16,9 @@ from typing import Any
 
 import faust
 
-BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+from app.settings import default_bootstrap
+
+BOOTSTRAP = default_bootstrap()
 PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "4"))
 
 app = faust.App(

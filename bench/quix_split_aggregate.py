@@ -29,6 +29,7 @@ from quixstreams import Application, State
 from quixstreams.models import TopicConfig
 
 from app.catalogue import CATALOGUE_CENTS
+from app.settings import default_bootstrap
 
 PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "4"))
 
@@ -90,7 +91,7 @@ def merge(outcome: dict[str, Any], state: State[str, Any]) -> dict[str, Any] | N
 
 def build() -> Application:
     app = Application(
-        broker_address=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+        broker_address=default_bootstrap(),
         consumer_group=os.environ.get("BENCH_APP_ID", "bench-quix"),
         processing_guarantee="exactly-once",
         commit_interval=float(os.environ.get("BENCH_COMMIT_INTERVAL", "0.1")),

@@ -39,6 +39,10 @@ __all__ = [
     "ScreenReport",
     "on_outcome",
     "on_end",
+    "LineRanges",
+    "add_line",
+    "has_line",
+    "lines_counted",
 ]
 
 #: Scoops per size of an item.
@@ -71,6 +75,10 @@ class ShopOrder:
     amount_cents: int
 
 
+#: The fields of an order's item (a field the shop does not know, say ``quantity``, is refused, never ignored).
+ITEM_FIELDS = frozenset({"flavour", "size"})
+
+
 def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder | None, str | None]:
     """The order on a screen's line, or ``(None, reason)``."""
     try:
@@ -89,8 +97,13 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
     scoops: dict[str, int] = {}
     amount = 0
     for number, item in enumerate(items):
-        flavour = item.get("flavour") if isinstance(item, dict) else None
-        size = item.get("size") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            return None, f"order {order_id!r} item {number}: an item must be a JSON object, got {type(item).__name__}"
+        unknown = sorted(str(field) for field in item if field not in ITEM_FIELDS)
+        if unknown:
+            return None, f"order {order_id!r} item {number}: unknown field(s) {unknown!r:.80}, an item has only {sorted(ITEM_FIELDS)}"
+        flavour = item.get("flavour")
+        size = item.get("size")
         if not isinstance(flavour, str) or flavour not in catalogue:
             return None, f"order {order_id!r} item {number}: unknown flavour {flavour!r:.60}, expected one of {sorted(catalogue)}"
         if not isinstance(size, str) or size not in SIZES:
@@ -443,7 +456,9 @@ class ScreenReport:
     """A screen's day in table ``shop_reports``: outcomes counted once per line, until its end says how many."""
 
     screen: str
-    lines_seen: frozenset[int] = frozenset()
+    #: the lines counted so far, as sorted half-open ranges ``(first, end)``: a screen's lines come in order,
+    #: so this stays one range or a few, and a write's size does not grow with the day
+    lines_seen: tuple[tuple[int, int], ...] = ()
     served: int = 0
     revenue_cents: int = 0
     aborted: dict[str, int] = field(default_factory=dict)
@@ -454,7 +469,7 @@ class ScreenReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "screen": self.screen,
-            "lines_seen": sorted(self.lines_seen),
+            "lines_seen": [list(span) for span in self.lines_seen],
             "served": self.served,
             "revenue_cents": self.revenue_cents,
             "aborted": dict(self.aborted),
@@ -467,7 +482,7 @@ class ScreenReport:
     def from_dict(cls, raw: Mapping[str, Any]) -> ScreenReport:
         return cls(
             screen=str(raw["screen"]),
-            lines_seen=frozenset(int(line) for line in raw.get("lines_seen") or ()),
+            lines_seen=_line_ranges(raw.get("lines_seen") or ()),
             served=int(raw.get("served") or 0),
             revenue_cents=int(raw.get("revenue_cents") or 0),
             aborted={str(reason): int(count) for reason, count in (raw.get("aborted") or {}).items()},
@@ -475,6 +490,41 @@ class ScreenReport:
             expected_lines=raw.get("expected_lines"),
             flushed=bool(raw.get("flushed")),
         )
+
+
+LineRanges = tuple[tuple[int, int], ...]
+
+
+def has_line(ranges: LineRanges, line: int) -> bool:
+    return any(first <= line < end for first, end in ranges)
+
+
+def lines_counted(ranges: LineRanges) -> int:
+    return sum(end - first for first, end in ranges)
+
+
+def add_line(ranges: LineRanges, line: int) -> LineRanges:
+    """``ranges`` with ``line`` in it, merged with its neighbours (sorted, no overlaps, no touching ranges)."""
+    spans = sorted([*ranges, (line, line + 1)])
+    merged: list[tuple[int, int]] = []
+    for first, end in spans:
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((first, end))
+    return tuple(merged)
+
+
+def _line_ranges(raw: Any) -> LineRanges:
+    """Ranges as stored (``[[first, end], ...]``), or the older list of line numbers."""
+    ranges: LineRanges = ()
+    for entry in raw:
+        if isinstance(entry, list | tuple):
+            for line in range(int(entry[0]), int(entry[1])):
+                ranges = add_line(ranges, line) if not has_line(ranges, line) else ranges
+        else:
+            ranges = add_line(ranges, int(entry))
+    return ranges
 
 
 def _reason_class(reason: str | None) -> str:
@@ -487,7 +537,7 @@ def _reason_class(reason: str | None) -> str:
 
 
 def _maybe_report(state: ScreenReport) -> tuple[ScreenReport, list[Send]]:
-    if state.flushed or state.expected_lines is None or len(state.lines_seen) < state.expected_lines:
+    if state.flushed or state.expected_lines is None or lines_counted(state.lines_seen) < state.expected_lines:
         return state, []
     report = {
         "screen": state.screen,
@@ -506,9 +556,9 @@ def on_outcome(
 ) -> tuple[ScreenReport, list[Send]]:
     """One line's outcome, counted once (by line number)."""
     state = previous if previous is not None else ScreenReport(screen)
-    if line in state.lines_seen or state.flushed:
+    if has_line(state.lines_seen, line) or state.flushed:
         return state, []
-    state = replace(state, lines_seen=state.lines_seen | {line})
+    state = replace(state, lines_seen=add_line(state.lines_seen, line))
     if status == READY:
         state = replace(state, served=state.served + 1, revenue_cents=state.revenue_cents + amount_cents)
     elif status == INVALID:

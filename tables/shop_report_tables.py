@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.core import json_table
 from app.web import register_view
+from tables.shop import ScreenReport, lines_counted
 
 __all__ = ["reports"]
 
@@ -17,7 +18,7 @@ register_view(
     "shop_reports",
     title="screens' end of day",
     summarize=lambda value, now_ms: {
-        "lines_seen": len(value["lines_seen"]),
+        "lines_seen": lines_counted(ScreenReport.from_dict(value).lines_seen),
         "expected_lines": value["expected_lines"],
         "served": value["served"],
         "aborted": sum(value["aborted"].values()),

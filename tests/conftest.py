@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from app.settings import default_bootstrap
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,8 +36,7 @@ def kafka_bootstrap() -> Iterator[str]:
             pytest.fail(f"KAFKA_BOOTSTRAP={external} is set but nothing answers there")
         yield external
         return
-    port = os.environ.get("WEIR_KAFKA_PORT", "19092")
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = default_bootstrap()
     already_running = _reachable(bootstrap)
     if not already_running:
         started = subprocess.run([str(ROOT / "scripts" / "broker.sh"), "start"], capture_output=True, text=True, check=False)

@@ -173,6 +173,8 @@ def test_errors_are_structured_json_with_status_codes(deployment: Pipeline) -> N
     url = base(deployment.workers[0])
     status, body, _ = get(f"{url}/weir/tables/nope/")
     assert (status, body) == (404, {"error": "no table 'nope' on this worker", "table": "nope", "key": None})
+    status, body, _ = get(f"{url}/weir/no-such-view/")
+    assert (status, body) == (404, {"error": "no view at /weir/no-such-view/: the index is /weir/", "table": None, "key": None})
     status, body, _ = get(f"{url}/weir/tables/aggregates/no-such-group/")
     assert (status, body) == (404, {"error": "key not found", "table": "aggregates", "key": "no-such-group"})
     status, body, _ = get(f"{url}/weir/tables/aggregates/?page=zero")

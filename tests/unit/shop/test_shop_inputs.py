@@ -3,6 +3,7 @@ and the order files' reading (newlines only, a BOM, not UTF-8)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import orjson
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from agents.shop_orders import parse_envelope, read_order, ticket_parts
 from app.shop_demo import read_lines
 from app.shop_screens import Screens
+from tables.shop import LineRanges, ScreenReport, add_line, has_line, lines_counted, on_outcome
 
 #: The lines that once ended the demo with no report for any screen.
 NASTY_LINES = {
@@ -76,3 +78,35 @@ def test_order_files_split_on_newlines_only_without_a_bom(tmp_path: Path) -> Non
     bad.write_bytes(b"\xff\xfe{}\n")
     with pytest.raises(ValueError, match=r"latin\.jsonl: not UTF-8"):
         read_lines(bad)
+
+
+@pytest.mark.parametrize("extra", [{"count": -5}, {"quantity": 3}])
+def test_an_unknown_item_field_is_refused_by_name(extra: dict[str, int]) -> None:
+    line = orjson.dumps({"order_id": "o-1", "card": "4111", "items": [{"flavour": "vanilla", "size": "small", **extra}]}).decode()
+    order, problem = read_order(line, None)
+    assert order is None
+    assert f"unknown field(s) {sorted(extra)!r}" in str(problem)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=60), max_size=80))
+def test_line_ranges_hold_exactly_the_lines_added_in_any_order(lines: list[int]) -> None:
+    ranges: LineRanges = ()
+    for line in lines:
+        ranges = add_line(ranges, line)
+    assert lines_counted(ranges) == len(set(lines))
+    assert all(has_line(ranges, line) for line in lines)
+    assert not any(has_line(ranges, line) for line in set(range(0, 62)) - set(lines))
+    assert all(first < end for first, end in ranges)
+    assert all(previous_end < first for (_, previous_end), (first, _) in itertools.pairwise(ranges))
+
+
+def test_a_report_written_after_many_lines_stays_small_and_reads_back_older_forms() -> None:
+    state: ScreenReport | None = None
+    for line in range(1, 10_001):
+        state, _ = on_outcome(state, "d/s", line, "ready", None, 100)
+    assert state is not None
+    assert len(orjson.dumps(state.to_dict())) < 300
+    assert ScreenReport.from_dict(state.to_dict()) == state
+    older = {**state.to_dict(), "lines_seen": [1, 2, 3, 7]}
+    assert ScreenReport.from_dict(older).lines_seen == ((1, 4), (7, 8))

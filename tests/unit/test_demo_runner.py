@@ -1,0 +1,63 @@
+"""What a person running the demos meets before any worker starts: the broker's address, the orders folder, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.settings import default_bootstrap
+from app.shop_demo import read_screens
+from tests.conftest import ROOT
+
+
+def test_the_bootstrap_follows_kafka_bootstrap_else_the_local_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("WEIR_KAFKA_PORT", raising=False)
+    assert default_bootstrap() == "127.0.0.1:19092"
+    monkeypatch.setenv("WEIR_KAFKA_PORT", "39092")
+    assert default_bootstrap() == "127.0.0.1:39092", "the clients follow the port the broker script uses"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "kafka:9092")
+    assert default_bootstrap() == "kafka:9092"
+
+
+def test_a_bad_orders_folder_is_named_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        read_screens(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=r"no \*\.jsonl order files"):
+        read_screens(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"order_id": "1"}\n')
+    (tmp_path / "notes.txt").write_text("hello")
+    assert read_screens(tmp_path) == {"a": ['{"order_id": "1"}']}
+    assert "skipping notes.txt" in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_demo_the_way_ctrl_c_does(tmp_path: Path) -> None:
+    """run_main: the coroutine's ``finally`` (which stops the workers) runs, and the exit status says SIGTERM."""
+    marker = tmp_path / "stopped"
+    script = (
+        "import asyncio, sys\n"
+        "from app.processes import run_main\n"
+        "async def main() -> int:\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        await asyncio.sleep(60)\n"
+        "        return 0\n"
+        "    finally:\n"
+        f"        open({str(marker)!r}, 'w').write('workers stopped')\n"
+        "run_main(main())\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 143
+    assert marker.read_text() == "workers stopped"
