@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import html
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -22,6 +21,7 @@ from yarl import URL
 from app import engine
 from app.core import app, settings, topics
 from app.kafka_io import key_partition
+from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
 from tables.aggregates import DoneState, GroupState
 from tables.barrier import BarrierState
 from tables.eof import ClientTotals, ControllerState, EofConfig
@@ -77,47 +77,6 @@ DEFAULT_DEAD_LETTERS = 50
 MAX_DEAD_LETTERS = 500
 PEER_TIMEOUT_S = 5.0
 DEAD_LETTER_READ_TIMEOUT_S = 5.0
-
-Summarize = Callable[[Any, int], Mapping[str, Any]]
-GroupBy = Callable[[Any], str]
-
-# ---------------------------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class PatternView:
-    """How the pages show the values of one table (or of every table whose name matches ``pattern``)."""
-
-    pattern: str
-    title: str
-    summarize: Summarize
-    group_by: GroupBy | None = None
-
-
-_views: dict[str, PatternView] = {}
-
-
-def register_view(table_name: str, *, summarize: Summarize, title: str | None = None, group_by: GroupBy | None = None) -> PatternView:
-    """Show each value of ``table_name`` as ``summarize(value, now_ms)`` in the list and key pages (HTML and JSON).
-
-    ``table_name`` may hold ``*`` wildcards for tables named at run time (``"barrier-*"``); an exact name wins
-    over a pattern, and a longer pattern over a shorter one. ``summarize`` gets the decoded JSON value and the
-    clock, and returns a flat mapping of JSON-able fields; a field named ``deadline_ms`` is shown as "due in N s"
-    with a live countdown. ``group_by(value)``, when given, names each value's group (a payment's state): the
-    table page counts the keys of each group over the whole table. Registering a name again replaces its view.
-    """
-    view = PatternView(pattern=table_name, title=title or table_name, summarize=summarize, group_by=group_by)
-    _views[table_name] = view
-    return view
-
-
-def view_for(table_name: str) -> PatternView | None:
-    """The view registered for ``table_name``: its exact name, else the longest matching pattern."""
-    exact = _views.get(table_name)
-    if exact is not None:
-        return exact
-    matching = [view for pattern, view in _views.items() if "*" in pattern and fnmatch.fnmatchcase(table_name, pattern)]
-    return max(matching, key=lambda view: len(view.pattern), default=None)
 
 
 def summarize_value(table_name: str, value: Any, now_ms: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.core import json_table
-from app.web import register_view
+from app.runtime.views import register_view
 
 __all__ = ["dispatch", "dispatch_deadlines"]
 

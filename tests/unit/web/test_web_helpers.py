@@ -11,6 +11,7 @@ import pytest
 from app import web
 from app.codec import dumps
 from app.errors import dead_letter_record
+from app.runtime import views
 from tables.aggregates import GroupState, ItemOutcome
 from tables.barrier import BarrierState, FlowCompletion, Waiting
 from tables.eof import ClientTotals, ControllerState
@@ -269,7 +270,7 @@ def test_a_shop_view_is_one_call() -> None:
         assert web.count_groups("test_payments", values) == {"captured": 2, "committed": 1, "unreadable": 1}
         assert web.merge_counts({"captured": 2}, {"captured": 1, "voided": 4}) == {"captured": 3, "voided": 4}
     finally:
-        web._views.pop("test_payments")
+        views._views.pop("test_payments")
 
 
 def test_dead_letters_decode_the_original_message_where_possible() -> None:
