@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import client_options_or_env, ensure_topics, read_topic
+from app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_topic
 from app.processes import Terminated, terminate
 from app.settings import load_settings
 from app.shop_demo import run_shop
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         help="workers join their groups as static members (WEIR_STATIC_MEMBERSHIP=1): a victim restarted in its slot"
         " gets its partitions back without a rebalance",
     )
+    parser.add_argument("--summary", type=Path, help="also write the figures as JSON to this file (for tests)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's topics and worker logs (kept anyway when it fails)")
     arguments = parser.parse_args(argv)
 
     settings = load_settings()
@@ -184,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def chaos() -> None:
         chunks = [garbage[start : start + 10] for start in range(0, len(garbage), 10)]
+        cycle: list[str] = []
         while not done.wait(rng.uniform(0.75, 1.25) * arguments.kill_every):
-            stage = rng.choice(victims)
+            if not cycle:  # every victim stage once per round, in a shuffled order: each is hit early in a run
+                cycle.extend(rng.sample(victims, len(victims)))
+            stage = cycle.pop()
             group = workers[stage]
             victim = group.pop(rng.randrange(len(group)))
             victim.kill()
@@ -240,6 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     # at_least_once promises no loss, not no duplicates: its duplicates are reported, the invariants must hold.
     once = duplicated == 0 or arguments.guarantee == "at_least_once"
     ok = lost == 0 and once and not violations and refused == len(garbage_positions)
+    if arguments.summary is not None:
+        summary = {
+            "orders": orders,
+            "elapsed_s": elapsed,
+            "kills": dict(kills),
+            "bad_inputs": len(garbage_positions),
+            "dead_lettered": refused,
+            "lost": lost,
+            "duplicated": duplicated,
+            "violations": violations,
+            "ok": ok,
+        }
+        arguments.summary.write_text(orjson.dumps(summary).decode())
+    if ok and not arguments.keep:  # nothing left behind: the run's topics, the apps' own, and the worker logs
+        asyncio.run(delete_topics(pipeline.bootstrap, f"chaos{unique}"))
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 
 
