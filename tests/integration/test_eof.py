@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -15,7 +16,7 @@ from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
 from app.eof_gateway import Gateway, batched
 from app.kafka_io import produce, read_topic
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, OpeningHours, filter_batch, reference_report
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS, OpeningHours, filter_batch, reference_report
 from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -190,9 +191,16 @@ def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pip
                 asyncio.create_task(gateway.run_client(client, lines, batch_size=BATCH_SIZE, timeout_s=240))
                 for client, lines in clients.items()
             ]
-            await asyncio.sleep(4.0)
+            # The kill comes once the filters have reported a few batches: work is in flight, few reports are out.
+            await read_topic(
+                pipeline.bootstrap,
+                pipeline.topic(TOPIC_COUNTER),
+                until=lambda rows: sum(b'"filtered"' in (row.value or b"") for row in rows) >= 3,
+                timeout_s=60,
+            )
             workers["controller"].kill()
             workers["filter-a"].kill()
+            killed_at_ms.append(int(time.time() * 1000))
             print("\nSIGKILLed the controller and filter-a mid-run")
             await asyncio.sleep(1.0)
             pipeline.start_worker(
@@ -204,6 +212,14 @@ def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pip
             results = await asyncio.gather(*runs)
         return {report["client"]: report for report in results}
 
+    killed_at_ms: list[int] = []
     reports = asyncio.run(scenario())
     assert_reports_exact(reports, clients)
+    # The gateway keeps the first report per client; the topic, read_committed, shows every one.
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(TOPIC_REPORTS), until=lambda _: False, timeout_s=3.0))
+    per_client = Counter(orjson.loads(record.value)["client"] for record in records)
+    assert per_client == dict.fromkeys(clients, 1), f"reports per client on the topic: {per_client}"
+    [killed] = killed_at_ms
+    before = sum(1 for record in records if record.timestamp < killed)
+    assert before < len(clients), "every report was out before the kill: it hit no work in flight"
     assert_cleaned_up(pipeline)

@@ -10,9 +10,11 @@ import time
 from collections import Counter
 from typing import Any
 
+import orjson
 import pytest
 
 from app.catalogue import CATALOGUE_CENTS
+from app.kafka_io import read_topic
 from app.shop_demo import STAGES, run_shop
 from scripts.make_shop_orders import order_lines
 from tables.shop import card_accepted, parse_shop_order
@@ -102,6 +104,23 @@ def assert_invariants(result: dict[str, Any], screens: dict[str, list[str]]) -> 
     assert len(invalid_letters) == sum(report["invalid"] for report in result["reports"].values())
 
 
+def assert_outcomes_once_on_the_topic(pipeline: Pipeline, screens: dict[str, list[str]], killed_at_ms: list[int]) -> None:
+    """Every record of the outcomes topic, read_committed: one outcome per line, and every kill before the last one.
+
+    The screens keep the first outcome per ticket, so a duplicate would not show in what they report; the topic
+    shows it. A kill after the last outcome would test nothing: each must land while orders were in flight.
+    """
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("shop.outcomes"), until=lambda _: False, timeout_s=3.0))
+    per_line = Counter((orjson.loads(record.value)["screen"].rsplit("/", 1)[-1], orjson.loads(record.value)["line"]) for record in records)
+    expected = {(name, number) for name, lines in screens.items() for number in range(1, len(lines) + 1)}
+    assert set(per_line) == expected, f"{len(expected - set(per_line))} lines without an outcome on the topic"
+    twice = {line: count for line, count in per_line.items() if count > 1}
+    assert not twice, f"outcomes committed more than once: {twice}"
+    last_ms = max(record.timestamp for record in records)
+    late = [killed for killed in killed_at_ms if killed >= last_ms]
+    assert not late, f"{len(late)} of {len(killed_at_ms)} kills came after the last outcome: they hit no work in flight"
+
+
 def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) -> None:
     screens = make_screens(40)
     start_shop(pipeline)
@@ -133,19 +152,35 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
     workers = start_shop(pipeline, **env)
     done = threading.Event()
     kills: list[str] = []
+    killed_at_ms: list[int] = []
+
+    total = sum(len(lines) for lines in screens.values())
+
+    def outcomes_out(at_least: int = 0, timeout_s: float = 0.5) -> int:
+        rows = asyncio.run(
+            read_topic(
+                pipeline.bootstrap, pipeline.topic("shop.outcomes"), until=lambda rows: 0 < at_least <= len(rows), timeout_s=timeout_s
+            )
+        )
+        return len(rows)
 
     def chaos() -> None:
         rng = random.Random(3)
-        # The first kill early (a day of 90 orders may take only about 10 s without faults), then one every
-        # kill_every_s: with dynamic members kills closer than about 12 s keep the groups rebalancing.
-        wait_s = rng.uniform(2.0, 4.0)
+        # The first kill as soon as a few outcomes are out (a day of 90 orders may take only about 10 s without
+        # faults), then one every kill_every_s: with dynamic members kills closer than about 12 s keep the groups
+        # rebalancing. No kill once every outcome is out: it would hit no work in flight.
+        outcomes_out(at_least=5, timeout_s=60)
+        wait_s = 0.0
         while not done.wait(wait_s):
             wait_s = rng.uniform(*kill_every_s)
+            if outcomes_out() >= total:
+                break
             stage = rng.choice(["shop_kitchen", "shop_payments"])
             group = workers[stage]
             victim = group.pop(rng.randrange(len(group)))
             victim.kill()
             kills.append(stage)
+            killed_at_ms.append(int(time.time() * 1000))
             # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
             group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, **env))
 
@@ -159,6 +194,7 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
         killer.join()
     print(f"\n{orders * 3} orders with {len(kills)} SIGKILLs ({Counter(kills)}) in {time.monotonic() - started:.1f}s")
     assert kills, "the run ended before any worker was killed"
+    assert_outcomes_once_on_the_topic(pipeline, screens, killed_at_ms)
     assert_invariants(result, screens)
     assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
         name: dict(report, screen=None) for name, report in reference_reports(screens).items()
