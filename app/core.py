@@ -388,10 +388,13 @@ class Slicer:
     A batch runs between two commits, so under exactly_once inside one transaction: a batch of 500 orders
     whose item steps take 100 ms each would keep it open 50 s, past the transaction timeout (the broker
     aborts it and fences the worker, which then crash-loops on the same batch). Slices start at
-    ``first`` events and follow the last slice's time per event, between 1 and ``most``.
+    ``first`` events and follow the last slice's time per event, between 1 and ``most``. The first slice is one
+    event: a worker that starts on a backlog of heavy events (bundles of 50 item messages whose steps take
+    2.5 s each) would otherwise take 50 of them in its first transaction, past the timeout; a fast stream
+    grows to ``most`` after its first slice.
     """
 
-    def __init__(self, most: int, *, first: int = 50, budget_s: float | None = None) -> None:
+    def __init__(self, most: int, *, first: int = 1, budget_s: float | None = None) -> None:
         self.most = max(1, most)
         self.size = min(self.most, first)
         self.budget_s = SLICE_BUDGET_S if budget_s is None else budget_s
