@@ -42,7 +42,16 @@ from app.core import (
 from app.deadlines import DeadlineIndex
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
-from app.runtime.keyed import Change, KeyedState, Output, Undeliverable, dead_letter_output, prepare_outputs, send_checked
+from app.runtime.keyed import (
+    Change,
+    KeyedState,
+    Output,
+    Undeliverable,
+    dead_letter_output,
+    drop_undeliverable,
+    prepare_outputs,
+    send_checked,
+)
 from tables.aggregates import (
     DEAD_LETTERED,
     TOO_LARGE,
@@ -478,10 +487,7 @@ async def send_result(event: EventT[bytes], outputs: Sequence[Output], *, agent:
     :func:`dead_lettered_result` takes its place, so the group still has exactly one result.
     """
     failed = await send_checked(event, outputs, agent=agent, step="emit")
-    outlines = [
-        replace(failure.output, value=dead_lettered_result(failure.output.value if isinstance(failure.output.value, dict) else {}, failure))
-        for failure in failed
-    ]
+    outlines = [replace(failure.output, value=dead_lettered_result(failure.output.value, failure)) for failure in failed]
     if outlines:
         await send_checked(event, outlines, agent=agent, step="emit")
 
@@ -521,9 +527,10 @@ class Aggregation:
         )
         #: items that arrived after their group completed (counted, never merged); also per group in the table
         self.late_items = 0
-        #: the event being handled and the group's context, for the outputs of an undeliverable result's replacement
+        #: the event being handled, and the result and context of the completion being applied (:meth:`_change`):
+        #: an undeliverable result's outline is made from them (a flow's output is its resume message, not the result)
         self._event: EventT[bytes] | None = None
-        self._context: Any = None
+        self._completing: tuple[dict[str, Any], Any] | None = None
 
     @property
     def open_groups(self) -> TableT[str, Any]:
@@ -570,6 +577,7 @@ class Aggregation:
         elif isinstance(state, DoneState) and not isinstance(previous, DoneState):
             deadlines = (("done", state.expires_ms),)
         outputs = tuple(output for result in transition.emits for output in self.outputs(event, correlation_id, result, transition.context))
+        self._completing = (transition.emits[0], transition.context) if transition.emits else None
         if transition.rejected is not None:
             rejected = (*rejected, transition.rejected)
         return Change(state=state, outputs=outputs, rejected=rejected, deadlines=deadlines)
@@ -579,15 +587,14 @@ class Aggregation:
     ) -> Change[AggregateState]:
         """A result that cannot be written: the group is done, ``dead-lettered``, and an outline of the result goes instead."""
         state = change.state
-        if not isinstance(state, DoneState) or self._event is None:
-            return replace(change, outputs=tuple(output for output in change.outputs if all(output is not f.output for f in failures)))
+        if not isinstance(state, DoneState) or self._event is None or self._completing is None:
+            return drop_undeliverable(key, previous, change, failures)
         failure = failures[0]
-        outline = dead_lettered_result(failure.output.value if isinstance(failure.output.value, dict) else {}, failure)
-        context = self._context
+        result, context = self._completing
         return replace(
             change,
             state=replace(state, status=DEAD_LETTERED, error=failure.problem[:500]),
-            outputs=tuple(self.outputs(self._event, key, outline, context)),
+            outputs=tuple(self.outputs(self._event, key, dead_lettered_result(result, failure), context)),
         )
 
     def _oversized(self, key: str, previous: Any, change: Change[AggregateState], problem: str) -> Change[AggregateState]:
@@ -601,7 +608,6 @@ class Aggregation:
         if not isinstance(state, GroupState) or self._event is None:
             return Change(state=previous, rejected=(*change.rejected, problem))
         transition = complete_now(state, self.config, "partial", TOO_LARGE, now_ms())
-        self._context = transition.context
         completed = self._change(self._event, key, previous, transition)
         return replace(completed, rejected=change.rejected)
 
@@ -611,13 +617,12 @@ class Aggregation:
         correlation_id: str,
         change: Change[AggregateState],
         previous: AggregateState | None,
-        context: Any = None,
     ) -> None:
-        self._event, self._context = event, context
+        self._event = event
         try:
             await self.keyed.apply(event, correlation_id, previous, change)
         finally:
-            self._event, self._context = None, None
+            self._event, self._completing = None, None
 
     async def _on_message(self, event: EventT[bytes], message: dict[str, Any], now: int) -> None:
         agent = self.agent
@@ -703,7 +708,7 @@ class Aggregation:
             state = step.state
             transition = GroupTransition(state=state)
         change = self._change(event, correlation_id, previous, transition, tuple(rejected))
-        await self._apply(event, correlation_id, change, previous, transition.context)
+        await self._apply(event, correlation_id, change, previous)
 
     def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
         updated = done
@@ -726,7 +731,6 @@ class Aggregation:
         def on_deadline(key: str, state: AggregateState, now_ms: int) -> Change[AggregateState]:
             if isinstance(state, GroupState):
                 transition = on_expire(state, self.config, now_ms)
-                self._context = transition.context
                 return self._change(event, key, state, transition)
             return Change(state=None)  # the done mark's retention is over
 
@@ -734,4 +738,4 @@ class Aggregation:
         try:
             await self.keyed.walk_deadlines(event, now, due_ms, on_deadline)
         finally:
-            self._event, self._context = None, None
+            self._event, self._completing = None, None

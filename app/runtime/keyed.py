@@ -53,6 +53,7 @@ __all__ = [
     "send_checked",
     "send_prepared",
     "dead_letter_output",
+    "dead_letter_outputs",
     "fingerprint",
 ]
 
@@ -194,10 +195,16 @@ async def send_checked(event: EventT[bytes], outputs: Iterable[Output], *, agent
     output is accounted for, none can stop the worker. Returns what was dead-lettered.
     """
     prepared = prepare_outputs(outputs, record_limit())
-    for failure in prepared.undeliverable:
-        await dead_letter_output(event, failure, agent=agent, step=step)
+    await dead_letter_outputs(event, prepared.undeliverable, agent=agent, step=step)
     await send_prepared(prepared.ready)
     return list(prepared.undeliverable)
+
+
+async def dead_letter_outputs(event: EventT[bytes], failures: Sequence[Undeliverable], *, agent: str, step: str) -> None:
+    """:func:`dead_letter_output` for each output that cannot be written, each logged with its reason."""
+    for failure in failures:
+        log.warning("%s: an output of key %r cannot be written: %s", agent, failure.output.key, failure.problem)
+        await dead_letter_output(event, failure, agent=agent, step=step)
 
 
 class Store(Protocol[S]):
@@ -289,16 +296,12 @@ class KeyedState(Generic[S]):
         change = self._fit_state(key, previous, change, limit)
         prepared = prepare_outputs(change.outputs, limit)
         if prepared.undeliverable:
-            for failure in prepared.undeliverable:
-                log.warning("%s: key %r: an output cannot be written: %s", self.agent, key, failure.problem)
-                await dead_letter_output(event, failure, agent=self.agent, step=self.step)
-                self.undeliverable_count += 1
+            await dead_letter_outputs(event, prepared.undeliverable, agent=self.agent, step=self.step)
             change = self.undeliverable(key, previous, change, prepared.undeliverable)
             # The replacement's own outputs are checked too; what still cannot be written is dead-lettered and dropped.
             again = prepare_outputs(change.outputs, limit)
-            for failure in again.undeliverable:
-                await dead_letter_output(event, failure, agent=self.agent, step=self.step)
-                self.undeliverable_count += 1
+            await dead_letter_outputs(event, again.undeliverable, agent=self.agent, step=self.step)
+            self.undeliverable_count += len(prepared.undeliverable) + len(again.undeliverable)
             prepared = again
         for reason in change.rejected:
             await send_dead_letter(event, reason="rejected", error=reason, agent=self.agent, step=self.step)

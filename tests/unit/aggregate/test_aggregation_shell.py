@@ -195,3 +195,46 @@ def test_a_tick_that_raises_once_still_completes_every_due_group_on_the_next_tic
     assert sorted(correlation_id for correlation_id, _, _ in emitted) == ["a", "b", "c"]
     assert all(result["reason"] == "timeout" for _, result, _ in emitted)
     assert tables["open"] == {}
+
+
+def test_a_flows_outline_is_made_from_the_result_not_from_the_resume_message_that_carries_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow's aggregate sends its result inside a resume message: the outline still names the group, its reason and size."""
+
+    async def record(letter: dict[str, Any]) -> None:
+        return None
+
+    monkeypatch.setattr(keyed, "send_dead_letter_record", record)
+    monkeypatch.setattr(keyed, "record_limit", lambda: 50_000)
+    resumed: list[dict[str, Any]] = []
+
+    class Resume:
+        def get_topic_name(self) -> str:
+            return "resume"
+
+        async def send(self, *, key: bytes, value: bytes) -> None:
+            resumed.append(orjson.loads(value))
+
+    def outputs(event: Any, correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
+        return [Output(Resume(), correlation_id, {"exchange": {"payload": result}, "context": context})]  # type: ignore[arg-type]
+
+    tables: dict[str, Any] = {"open": {}, "done": {}, "deadlines": {}}
+    stage = Aggregation(
+        agent="flow:f:agg",
+        config=AggregatorConfig(name="agg", timeout_ms=60_000),
+        open_groups=tables["open"],  # type: ignore[arg-type]
+        done_groups=tables["done"],  # type: ignore[arg-type]
+        deadlines=tables["deadlines"],  # type: ignore[arg-type]
+        outputs=outputs,
+    )
+    _, [chunk] = split_messages("g-1", ["x" * 20_000] * 3, chunk=10, deadline_ms=10**13, context={"resume_step": 3})
+    asyncio.run(stage.handle(_event(), _outcomes(chunk)))
+    [message] = resumed
+    outline = message["exchange"]["payload"]
+    assert (outline["correlation_id"], outline["aggregator"], outline["status"], outline["reason"]) == (
+        "g-1",
+        "agg",
+        "dead-lettered",
+        "flag",
+    )
+    assert outline["size_bytes"] > 50_000
+    assert message["context"] == {"resume_step": 3}, "the outline resumes the exchange the group's context names"
