@@ -170,11 +170,39 @@ def test_a_slow_batch_runs_in_slices_of_its_budget_with_a_due_commit_between_the
     assert all(event.acked for event in events)
 
 
-def test_a_fast_batch_grows_to_its_full_size() -> None:
+def test_a_fast_batch_grows_to_its_full_size_at_most_twofold_a_slice() -> None:
     slicer = core.Slicer(500, first=50, budget_s=1.0)
-    slicer.took(50, 0.01)
-    assert slicer.size == 500
+    sizes = []
+    for _ in range(5):
+        slicer.took(slicer.size, 0.01)
+        sizes.append(slicer.size)
+    assert sizes == [100, 200, 400, 500, 500]
     slicer.took(500, 5.0)
     assert slicer.size == 100
     slicer.took(1, 30.0)
     assert slicer.size == 1
+
+
+def test_a_slice_of_skipped_events_leaves_the_size_alone() -> None:
+    """Events skipped without running (older generation, rebalance hold) take no time: they must not make the
+    next slice as large as the batch."""
+    slicer = core.Slicer(500, first=1, budget_s=1.0)
+    slicer.took(1, 0.2)
+    assert slicer.size == 2
+    slicer.took(0, 0.0001)
+    assert slicer.size == 2
+
+
+def test_skipped_events_do_not_count_as_run() -> None:
+    """run_parts says how many events ran; events of an older consumer generation are acked, not run."""
+    events = _batch((0, 1), (0, 2), (1, 1))
+    events[0].message.generation_id = 0
+    events[2].message.generation_id = 0
+    ran: list[int] = []
+
+    async def handle_part(part: Any) -> None:
+        ran.extend(event.message.offset for event in part)
+
+    assert asyncio.run(core.run_parts(events, handle_part)) == 1
+    assert ran == [2]
+    assert all(event.acked for event in events)
