@@ -46,7 +46,6 @@ from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_d
 from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
-from tables.aggregates import AggregatorConfig
 from tables.barrier import COMPLETED, FAILED, BarrierState, BarrierTransition, Failure, Waiting, on_arrival, on_completion, on_tick
 
 __all__ = ["load_flows", "FLOWS"]
@@ -249,12 +248,7 @@ for _compiled_flow in _running:
             ),
             aggregation=Aggregation(
                 agent=_agent_name,
-                config=AggregatorConfig(
-                    name=_aggregate_name,
-                    timeout_ms=_aggregate_step.aggregate.timeout_ms,
-                    complete_by=frozenset(_aggregate_step.aggregate.complete_by),
-                    done_retention_ms=settings.done_retention_ms,
-                ),
+                config=_aggregate_step.aggregate.config(done_retention_ms=settings.done_retention_ms),
                 open_groups=json_table(
                     f"flow-{_flow_name}-{_aggregate_name}",
                     f"Open groups of aggregate {_aggregate_name!r} of flow {_flow_name!r} by correlation id: the items' outcomes "
@@ -428,7 +422,7 @@ async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Excha
         correlation_id,
         items,
         chunk=split.chunk or settings.split_chunk,
-        deadline_ms=now_ms() + aggregate.timeout_ms,
+        deadline_ms=None if aggregate.timeout_ms is None else now_ms() + aggregate.timeout_ms,
         context=context,
         headers=exchange.headers,
     )

@@ -49,7 +49,7 @@ async def _split_part(part: Sequence[EventT[bytes]]) -> None:
 
     async def split(event: EventT[bytes], order: Any) -> None:
         order_id, items = split_order(order)
-        deadline_ms = now_ms() + settings.aggregate_timeout_ms
+        deadline_ms = AGGREGATOR.deadline_from(now_ms())
         splits.append(encode_split(order_id, *split_messages(order_id, items, chunk=settings.split_chunk, deadline_ms=deadline_ms)))
 
     await handle_part_events(part, agent=AGENT, what="splitter: order", handler=split, owed=_owed)

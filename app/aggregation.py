@@ -54,6 +54,7 @@ from app.runtime.keyed import (
 )
 from tables.aggregates import (
     DEAD_LETTERED,
+    FORCE_ACTIONS,
     TOO_LARGE,
     AggregatorConfig,
     DoneState,
@@ -62,7 +63,9 @@ from tables.aggregates import (
     ItemOutcome,
     complete_at_once,
     complete_now,
+    force_message,
     on_expire,
+    on_force,
     on_item,
     on_late_item,
     on_open,
@@ -83,6 +86,7 @@ __all__ = [
     "dead_lettered_result",
     "invalid_result",
     "send_result",
+    "force_message",
 ]
 
 
@@ -91,7 +95,7 @@ def split_messages(
     items: list[Any],
     *,
     chunk: int,
-    deadline_ms: int,
+    deadline_ms: int | None,
     context: Any = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -305,7 +309,7 @@ async def aggregate_inline(
     commits the input's offset, so a crash before the commit sends it again, and one after never does.
     """
     now = now_ms()
-    deadline_ms = now + config.timeout_ms
+    deadline_ms = config.deadline_from(now)
     _, [chunk] = split_messages(correlation_id, items, chunk=len(items), deadline_ms=deadline_ms)
     _, message = await worker.outcomes(event, chunk)
     reported = message["items"] if message["kind"] == "items" else [message]
@@ -493,7 +497,7 @@ async def send_result(event: EventT[bytes], outputs: Sequence[Output], *, agent:
 
 
 class Aggregation:
-    """The aggregate stage: ``handle(event, message)`` for 'open', 'item', 'items' (a chunk's outcomes) and 'tick'.
+    """The aggregate stage: ``handle(event, message)`` for 'open', 'item', 'items' (a chunk's outcomes), 'tick' and 'force'.
 
     ``open_groups`` holds open groups, ``done_groups`` completed ones for the done retention (late items are
     counted there, never merged), ``deadlines`` the deadline index of both. All keyed by correlation id.
@@ -527,6 +531,8 @@ class Aggregation:
         )
         #: items that arrived after their group completed (counted, never merged); also per group in the table
         self.late_items = 0
+        #: groups an operator forced to complete or discard (:meth:`_on_force`)
+        self.forced = 0
         #: the event being handled, and the result and context of the completion being applied (:meth:`_change`):
         #: an undeliverable result's outline is made from them (a flow's output is its resume message, not the result)
         self._event: EventT[bytes] | None = None
@@ -547,6 +553,8 @@ class Aggregation:
         kind = message.get("kind")
         if kind == "tick":
             await self._on_tick(event, now)
+        elif kind == "force":
+            await self._on_force(event, message, now)
         elif kind == "bundle":
             await self._on_bundle(event, message, now)
         else:
@@ -557,7 +565,7 @@ class Aggregation:
         await each_bundled(event, bundle, agent=self.agent, handle=functools.partial(self._on_bundled, now=now))
 
     async def _on_bundled(self, event: EventT[bytes], message: Any, *, now: int) -> None:
-        if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle"):
+        if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle", "force"):
             raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
         await self._on_message(event, message, now)
 
@@ -572,8 +580,9 @@ class Aggregation:
         """The core's transition as the runtime's change: the state, the result's outputs, the deadline to file."""
         state: AggregateState | None = transition.done if transition.done is not None else transition.state
         deadlines: tuple[tuple[str, int], ...] = ()
-        if isinstance(state, GroupState) and (not isinstance(previous, GroupState) or previous.deadline_ms != state.deadline_ms):
-            deadlines = (("group", state.deadline_ms),)
+        due = state.due_ms(self.config) if isinstance(state, GroupState) else None
+        if due is not None and not self._filed(previous, due):
+            deadlines = (("group", due),)
         elif isinstance(state, DoneState) and not isinstance(previous, DoneState):
             deadlines = (("done", state.expires_ms),)
         outputs = tuple(output for result in transition.emits for output in self.outputs(event, correlation_id, result, transition.context))
@@ -581,6 +590,16 @@ class Aggregation:
         if transition.rejected is not None:
             rejected = (*rejected, transition.rejected)
         return Change(state=state, outputs=outputs, rejected=rejected, deadlines=deadlines)
+
+    def _filed(self, previous: AggregateState | None, due: int) -> bool:
+        """Whether the group's deadline entry already stands for ``due``: one filed at ``due`` or earlier.
+
+        An entry that comes due before the group does is filed again at the group's deadline by the walk
+        (:meth:`app.deadlines.DeadlineIndex.walk_keys`), so an inactivity deadline that moves on with every
+        merge costs no index write per merge, only one per quiet period.
+        """
+        earlier = previous.due_ms(self.config) if isinstance(previous, GroupState) else None
+        return earlier is not None and earlier <= due
 
     def _undeliverable(
         self, key: str, previous: Any, change: Change[AggregateState], failures: Sequence[Undeliverable]
@@ -647,11 +666,13 @@ class Aggregation:
             raise InvalidMessage(f"{agent}: field 'open' of {correlation_id!r} must be an object, got {type(folded).__name__}")
         await self._merge(event, correlation_id, outcomes, message.get("total"), now, folded)
 
-    def _open_fields(self, correlation_id: str, opened: dict[str, Any], total: Any) -> int:
+    def _open_fields(self, correlation_id: str, opened: dict[str, Any], total: Any) -> int | None:
         deadline_ms = opened.get("deadline_ms")
-        if not isinstance(deadline_ms, int) or not (total is None or (isinstance(total, int) and total > 0)):
+        good_deadline = deadline_ms is None or (isinstance(deadline_ms, int) and not isinstance(deadline_ms, bool))
+        if not good_deadline or not (total is None or (isinstance(total, int) and total > 0)):
             raise InvalidMessage(
-                f"{self.agent}: 'open' of {correlation_id!r} needs an integer deadline_ms and a positive total, got {opened!r:.200}"
+                f"{self.agent}: 'open' of {correlation_id!r} needs an integer (or null) deadline_ms and a positive total, "
+                f"got {opened!r:.200}"
             )
         return deadline_ms
 
@@ -692,7 +713,7 @@ class Aggregation:
                 await self._apply(event, correlation_id, Change(state=late), previous)
             return
         state = previous
-        if opened is not None and deadline_ms is not None:
+        if opened is not None:
             state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
         rejected: list[str] = []
         transition = GroupTransition(state=state)
@@ -719,12 +740,43 @@ class Aggregation:
                 updated = counted
         return updated
 
+    async def _on_force(self, event: EventT[bytes], message: dict[str, Any], now: int) -> None:
+        """An operator's force (:func:`force_message`): on one group, or on every open group of this partition.
+
+        A group that is not open (completed, or never opened) is left alone: a force is not a way to reopen
+        or to send a second result.
+        """
+        action = message.get("action")
+        if action not in FORCE_ACTIONS:
+            raise InvalidMessage(f"{self.agent}: a force needs 'action' in {list(FORCE_ACTIONS)}, got {action!r:.100}")
+        correlation_id = message.get("correlation_id")
+        if correlation_id is None:
+            keys = self._open_keys(event)
+        elif isinstance(correlation_id, str) and correlation_id:
+            keys = [correlation_id]
+        else:
+            raise InvalidMessage(f"{self.agent}: a force's 'correlation_id' must be a non-empty string, got {correlation_id!r:.100}")
+        for key in keys:
+            previous = self.keyed.load(key)
+            if isinstance(previous, GroupState):
+                transition = on_force(previous, self.config, action, now)
+                await self._apply(event, key, self._change(event, key, previous, transition), previous)
+                self.forced += 1
+
+    def _open_keys(self, event: EventT[bytes]) -> list[str]:
+        """The open groups of the event's partition: the table's keys that weir's producers put in that partition."""
+        topic, partition = event.message.topic, event.message.partition
+        partitions = topic_partitions.get(topic) or event.app.consumer.topic_partitions(topic)
+        if not partitions:
+            raise InvalidMessage(f"{self.agent}: the partition count of {topic!r} is not known yet; send the force again")
+        return [key for key in list(self.store.open_groups.keys()) if key_partition(key.encode(), partitions) == partition]
+
     async def _on_tick(self, event: EventT[bytes], now: int) -> None:
         """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""
 
         def due_ms(kind: str, state: AggregateState) -> int | None:
             if isinstance(state, GroupState):
-                return state.deadline_ms
+                return state.due_ms(self.config)
             # A group's own deadline entry met after it completed is dropped; the done mark has its own entry.
             return state.expires_ms if kind == "done" else None
 

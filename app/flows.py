@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tables.aggregates import AggregatorConfig
+
 __all__ = [
     "Exchange",
     "Flow",
@@ -148,11 +150,22 @@ class Split:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """An aggregate step: the items' outcomes merged by correlation id, complete by count, last-flag or timeout."""
+    """An aggregate step: the items' outcomes merged by correlation id, complete by count, last-flag, a timeout or force."""
 
     name: str
-    timeout_ms: int
+    timeout_ms: int | None
     complete_by: tuple[str, ...]
+    inactivity_ms: int | None = None
+
+    def config(self, *, done_retention_ms: int) -> AggregatorConfig:
+        """The aggregate's :class:`~tables.aggregates.AggregatorConfig` (it checks the knobs)."""
+        return AggregatorConfig(
+            name=self.name,
+            timeout_ms=self.timeout_ms,
+            inactivity_ms=self.inactivity_ms,
+            complete_by=frozenset(self.complete_by),
+            done_retention_ms=done_retention_ms,
+        )
 
 
 @dataclass(frozen=True)
@@ -252,25 +265,36 @@ class Flow:
         read = items.read if isinstance(items, KeyExpr) else items
         return self._add(Step("split", name, split=Split(name, read, correlate_by, chunk)))
 
-    def aggregate(self, name: str, *, timeout_ms: int | None, complete_by: Sequence[str] = ("count", "flag")) -> Flow:
+    def aggregate(
+        self,
+        name: str,
+        *,
+        timeout_ms: int | None,
+        inactivity_ms: int | None = None,
+        complete_by: Sequence[str] = ("count", "flag"),
+    ) -> Flow:
         """Merge the outcomes of the split's items; the exchange goes on with the merged result as its payload.
 
         The group completes when every item has an outcome (``count``; or up to the item flagged last,
-        ``flag``), or partial at ``timeout_ms`` after the split, naming the missing items. The headers and
-        properties are the exchange's before the split.
+        ``flag``), or partial at ``timeout_ms`` after the split or after ``inactivity_ms`` without an outcome,
+        whichever comes first, naming the missing items; or when an operator forces it
+        (:func:`tables.aggregates.force_message`). ``timeout_ms`` must be said: None for no absolute deadline.
+        The headers and properties are the exchange's before the split.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         if self._open_split() is None:
             message = f"{where}: an aggregate needs a split before it"
             raise FlowDeclarationError(message)
-        if timeout_ms is None or timeout_ms <= 0:
-            message = f"{where}: a timeout is mandatory and must be positive, got {timeout_ms!r}"
-            raise FlowDeclarationError(message)
         unknown = sorted(set(complete_by) - {"count", "flag"})
         if unknown or not complete_by:
             message = f"{where}: complete_by must be a non-empty subset of ['count', 'flag'], got {list(complete_by)}"
             raise FlowDeclarationError(message)
-        return self._add(Step("aggregate", name, aggregate=Aggregate(name, timeout_ms, tuple(complete_by))))
+        aggregate = Aggregate(name, timeout_ms, tuple(complete_by), inactivity_ms)
+        try:
+            aggregate.config(done_retention_ms=1)
+        except ValueError as error:
+            raise FlowDeclarationError(f"{where}: {error}") from None
+        return self._add(Step("aggregate", name, aggregate=aggregate))
 
     def process(self, name: str, function: Callable[[Exchange], Any]) -> Flow:
         """Run ``function(exchange)``; it may change the exchange, and a value it returns (not None) becomes the payload."""

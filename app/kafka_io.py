@@ -15,7 +15,16 @@ from aiokafka.partitioner import murmur2
 from app.codec import dumps
 from app.settings import kafka_client_options
 
-__all__ = ["produce", "produce_json", "read_topic", "ensure_topics", "client_options_or_env", "ReplyDesk", "delete_topics"]
+__all__ = [
+    "produce",
+    "produce_everywhere",
+    "produce_json",
+    "read_topic",
+    "ensure_topics",
+    "client_options_or_env",
+    "ReplyDesk",
+    "delete_topics",
+]
 
 
 def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -92,6 +101,19 @@ async def produce(
     finally:
         await producer.stop()
     return count
+
+
+async def produce_everywhere(bootstrap: str, topic: str, value: bytes, *, client_options: Mapping[str, Any] | None = None) -> int:
+    """Send ``value`` (no key) once to every partition of an existing ``topic``; returns how many partitions."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, **client_options_or_env(client_options))
+    try:
+        await producer.start()
+        partitions = sorted(await producer.partitions_for(topic))
+        sent = [await producer.send(topic, value=value, partition=partition) for partition in partitions]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return len(partitions)
 
 
 async def produce_json(

@@ -21,7 +21,8 @@ __all__ = ["as_is", "load_processor", "step", "STEP_IS_ASYNC", "AGGREGATOR"]
 #: The pipeline's aggregator: its name in the results, its timeout, how long a completed group is remembered.
 AGGREGATOR = AggregatorConfig(
     name="order-items",
-    timeout_ms=settings.aggregate_timeout_ms,
+    timeout_ms=settings.aggregate_timeout_ms or None,
+    inactivity_ms=settings.aggregate_inactivity_ms or None,
     done_retention_ms=settings.done_retention_ms,
 )
 

@@ -157,8 +157,10 @@ class Settings:
     retry_attempts: int = 3
     retry_backoff_ms: int = 100
     retry_max_backoff_ms: int = 2000
-    #: WEIR_AGGREGATE_TIMEOUT_MS: how long a split group may stay open before it completes partial.
+    #: WEIR_AGGREGATE_TIMEOUT_MS: how long a split group may stay open before it completes partial (0: no absolute deadline).
     aggregate_timeout_ms: int = 30_000
+    #: WEIR_AGGREGATE_INACTIVITY_MS: a group that received nothing for this long completes partial (0: no inactivity timeout).
+    aggregate_inactivity_ms: int = 0
     #: WEIR_TICK_INTERVAL_MS: how often each aggregator partition checks for expired deadlines.
     tick_interval_ms: int = 250
     #: WEIR_DONE_RETENTION_MS: how long a completed group is remembered to count late items.
@@ -351,6 +353,7 @@ def load_settings() -> Settings:
         retry_backoff_ms=_env_int("WEIR_RETRY_BACKOFF_MS", defaults.retry_backoff_ms),
         retry_max_backoff_ms=_env_int("WEIR_RETRY_MAX_BACKOFF_MS", defaults.retry_max_backoff_ms),
         aggregate_timeout_ms=_env_int("WEIR_AGGREGATE_TIMEOUT_MS", defaults.aggregate_timeout_ms),
+        aggregate_inactivity_ms=_env_int("WEIR_AGGREGATE_INACTIVITY_MS", defaults.aggregate_inactivity_ms),
         tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms),
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),

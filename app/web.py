@@ -137,8 +137,10 @@ def summarize_open_group(value: Any, now_ms: int) -> dict[str, Any]:
         "missing": group.missing_indexes(),
         "failed": sorted(index for index, outcome in group.received.items() if not outcome.ok),
         "opened_ms": group.opened_ms,
+        "updated_ms": group.updated_ms,
+        "duplicates": group.duplicates,
         "deadline_ms": group.deadline_ms,
-        "due_in_s": _due_in_s(group.deadline_ms, now_ms),
+        "due_in_s": None if group.deadline_ms is None else _due_in_s(group.deadline_ms, now_ms),
     }
 
 

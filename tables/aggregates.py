@@ -19,6 +19,8 @@ __all__ = [
     "on_item",
     "on_expire",
     "on_late_item",
+    "on_force",
+    "force_message",
     "complete_at_once",
     "merged_result",
 ]
@@ -30,16 +32,32 @@ TOO_LARGE = "too-large"
 
 COMPLETE_BY_COUNT = "count"
 COMPLETE_BY_FLAG = "flag"
+#: Completion reasons beside count and flag: the absolute deadline passed, the group was quiet too long, an operator forced it.
+TIMEOUT = "timeout"
+INACTIVITY = "inactivity"
+FORCED = "forced"
+#: The status of a group an operator discarded: its result is sent with this status, never as complete.
+DISCARDED = "discarded"
+#: What an operator may do to open groups (:func:`on_force`).
+FORCE_ACTIONS = ("complete", "discard")
 
 
 @dataclass(frozen=True)
 class AggregatorConfig:
-    """How one aggregator decides that a group is complete."""
+    """How one aggregator decides that a group is complete.
+
+    ``timeout_ms``: the absolute deadline, from the group's split (Camel's ``completionTimeout`` set once, Spring's
+    ``group-timeout`` from creation); None: none. ``inactivity_ms``: complete when no outcome arrived for that
+    long (Camel's ``completionTimeout``, Spring's ``group-timeout`` reset on each message, a reaper by last
+    modification); None: none. Either, both (the first due wins) or neither (a group then ends only by count,
+    flag or force).
+    """
 
     name: str
-    timeout_ms: int
+    timeout_ms: int | None
     complete_by: frozenset[str] = frozenset({COMPLETE_BY_COUNT, COMPLETE_BY_FLAG})
     done_retention_ms: int = 600_000
+    inactivity_ms: int | None = None
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -48,9 +66,15 @@ class AggregatorConfig:
                 f"aggregator {self.name!r}: complete_by must be a non-empty subset of {{'count', 'flag'}}, got {sorted(self.complete_by)}"
             )
             raise ValueError(message)
-        if self.timeout_ms <= 0:
-            message = f"aggregator {self.name!r}: timeout_ms must be positive, got {self.timeout_ms}"
-            raise ValueError(message)
+        for knob in ("timeout_ms", "inactivity_ms"):
+            value = getattr(self, knob)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                message = f"aggregator {self.name!r}: {knob} must be a positive integer or None, got {value!r}"
+                raise ValueError(message)
+
+    def deadline_from(self, now_ms: int) -> int | None:
+        """The absolute deadline of a group split at ``now_ms`` (None without ``timeout_ms``)."""
+        return None if self.timeout_ms is None else now_ms + self.timeout_ms
 
 
 @dataclass(frozen=True)
@@ -75,7 +99,8 @@ class GroupState:
     """An open group in table ``aggregates``: the items received so far, by index, and its deadline."""
 
     correlation_id: str
-    deadline_ms: int
+    #: the absolute deadline (None: the aggregator has no ``timeout_ms``)
+    deadline_ms: int | None
     opened_ms: int
     expected_count: int | None = None
     #: index of the item flagged ``last``, when one arrived
@@ -83,6 +108,10 @@ class GroupState:
     received: dict[int, ItemOutcome] = field(default_factory=dict)
     #: opaque data of the open, handed back with the result (a flow's exchange, to resume it after the aggregate)
     context: Any = None
+    #: when the last outcome was merged (None: none yet; the inactivity deadline then runs from ``opened_ms``)
+    updated_ms: int | None = None
+    #: outcomes that arrived again for an index already merged (dropped, counted)
+    duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +122,8 @@ class GroupState:
             "last_index": self.last_index,
             "received": [outcome.to_dict() for _, outcome in sorted(self.received.items())],
             **({"context": self.context} if self.context is not None else {}),
+            **({"updated_ms": self.updated_ms} if self.updated_ms is not None else {}),
+            **({"duplicates": self.duplicates} if self.duplicates else {}),
         }
 
     @classmethod
@@ -100,13 +131,26 @@ class GroupState:
         outcomes = [ItemOutcome.from_dict(item) for item in raw.get("received", [])]
         return cls(
             correlation_id=str(raw["correlation_id"]),
-            deadline_ms=int(raw["deadline_ms"]),
+            deadline_ms=None if raw.get("deadline_ms") is None else int(raw["deadline_ms"]),
             opened_ms=int(raw["opened_ms"]),
             expected_count=raw.get("expected_count"),
             last_index=raw.get("last_index"),
             received={outcome.index: outcome for outcome in outcomes},
             context=raw.get("context"),
+            updated_ms=raw.get("updated_ms"),
+            duplicates=int(raw.get("duplicates", 0)),
         )
+
+    def inactive_ms(self, config: AggregatorConfig) -> int | None:
+        """When the group has been quiet for the aggregator's ``inactivity_ms`` (None: no inactivity timeout)."""
+        if config.inactivity_ms is None:
+            return None
+        return (self.opened_ms if self.updated_ms is None else self.updated_ms) + config.inactivity_ms
+
+    def due_ms(self, config: AggregatorConfig) -> int | None:
+        """When the group times out: the earlier of its absolute and its inactivity deadline (None: never)."""
+        dues = [due for due in (self.deadline_ms, self.inactive_ms(config)) if due is not None]
+        return min(dues, default=None)
 
     def missing_indexes(self) -> list[int]:
         upper = self.expected_count
@@ -165,7 +209,7 @@ def on_open(
     state: GroupState | None,
     correlation_id: str,
     total: int | None,
-    deadline_ms: int,
+    deadline_ms: int | None,
     now_ms: int,
     *,
     config: AggregatorConfig,
@@ -199,14 +243,15 @@ def on_item(
     last: bool,
     now_ms: int,
 ) -> GroupTransition:
-    """An item's outcome arrived: merge it once by index; complete the group when its criteria hold."""
-    group = state or GroupState(correlation_id=correlation_id, deadline_ms=now_ms + config.timeout_ms, opened_ms=now_ms)
+    """An item's outcome arrived: merge it once by index (a second one for a merged index is counted, dropped);
+    complete the group when its criteria hold. A merge restarts the inactivity deadline."""
+    group = state or GroupState(correlation_id=correlation_id, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms)
     counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
     problem = _check_item(group, config, outcome.index, counted_total, last)
     if problem is not None:
         return GroupTransition(state=state, rejected=problem)  # a refused item leaves no trace, not even a new group
     if outcome.index in group.received:
-        return GroupTransition(state=state)  # redelivered: merged once already
+        return GroupTransition(state=replace(group, duplicates=group.duplicates + 1))  # merged once already
     state = group
     expected = state.expected_count
     if expected is None and counted_total is not None:
@@ -218,7 +263,7 @@ def on_item(
             expected = outcome.index + 1
     received = dict(state.received)
     received[outcome.index] = outcome
-    updated = replace(state, expected_count=expected, last_index=last_index, received=received)
+    updated = replace(state, expected_count=expected, last_index=last_index, received=received, updated_ms=now_ms)
     if expected is not None and len(received) >= expected and all(index in received for index in range(expected)):
         reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
         return _complete(updated, config, "complete", reason, now_ms)
@@ -230,7 +275,7 @@ def complete_at_once(
     correlation_id: str,
     total: int,
     outcomes: Sequence[tuple[ItemOutcome, bool]],
-    deadline_ms: int,
+    deadline_ms: int | None,
     now_ms: int,
 ) -> GroupTransition:
     """A group whose every outcome is at hand (the item step ran inline): opened, merged and completed in one step.
@@ -250,10 +295,33 @@ def complete_at_once(
 
 
 def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
-    """A tick: a group past its deadline completes partial, naming what is missing; others stay."""
-    if state is None or state.deadline_ms > now_ms:
+    """A tick: a group past its deadline completes partial, naming what is missing and the deadline that came
+    due first (``timeout``: the absolute one, also on a tie; ``inactivity``); others stay."""
+    due = None if state is None else state.due_ms(config)
+    if state is None or due is None or due > now_ms:
         return GroupTransition(state=state)
-    return _complete(state, config, "partial", "timeout", now_ms)
+    reason = TIMEOUT if state.deadline_ms == due else INACTIVITY
+    return _complete(state, config, "partial", reason, now_ms)
+
+
+def on_force(state: GroupState | None, config: AggregatorConfig, action: str, now_ms: int) -> GroupTransition:
+    """An operator's force on an open group (Camel's forceCompletion, Spring's ``forceComplete`` / ``expireMessageGroups``).
+
+    ``complete``: the group completes now with what it has, reason ``forced`` (status ``complete`` when nothing
+    is missing, else ``partial``). ``discard``: it ends now with status ``discarded``, reason ``forced``; its
+    result still goes out with the outcomes it had, so nothing merged is lost without a trace. No open group:
+    nothing changes.
+    """
+    if action not in FORCE_ACTIONS:
+        message = f"aggregator {config.name!r}: a force action is one of {list(FORCE_ACTIONS)}, got {action!r}"
+        raise ValueError(message)
+    if state is None:
+        return GroupTransition(state=None)
+    if action == "discard":
+        return _complete(state, config, DISCARDED, FORCED, now_ms)
+    known = state.expected_count is not None
+    status = "complete" if known and not state.missing_indexes() else "partial"
+    return _complete(state, config, status, FORCED, now_ms)
 
 
 def on_late_item(done: DoneState, index: int) -> DoneState:
@@ -261,6 +329,19 @@ def on_late_item(done: DoneState, index: int) -> DoneState:
     if index in done.late_indexes:
         return done
     return replace(done, late_indexes=tuple(sorted((*done.late_indexes, index))))
+
+
+def force_message(action: str, correlation_id: str | None = None) -> dict[str, Any]:
+    """An operator's control message to an aggregate topic: force-``complete`` or force-``discard`` one group, or
+    every open group of the partition it is sent to (``correlation_id`` None: send it to every partition).
+
+    Camel's ``forceCompletion`` signal, Spring Integration's ``forceComplete`` / ``expireMessageGroups``. The
+    result says ``reason: forced``; a discarded group's result has status ``discarded``.
+    """
+    message: dict[str, Any] = {"kind": "force", "action": action}
+    if correlation_id is not None:
+        message["correlation_id"] = correlation_id
+    return message
 
 
 def merged_result(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> dict[str, Any]:
@@ -288,6 +369,7 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
         "opened_ms": state.opened_ms,
         "deadline_ms": state.deadline_ms,
         "completed_ms": now_ms,
+        "duplicates": state.duplicates,
     }
 
 

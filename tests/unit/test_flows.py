@@ -123,7 +123,11 @@ def test_split_and_aggregate_make_a_segment_of_the_process_steps_between_them() 
             lambda f: f.split("s", payload("items")).barrier("b", awaits=["x"], timeout_ms=10, correlate_by=header("k")),
             "got a barrier step",
         ),
-        (lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=None), "a timeout is mandatory"),
+        (lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=0), "timeout_ms must be a positive integer or None"),
+        (
+            lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=None, inactivity_ms=-1),
+            "inactivity_ms must be a positive integer or None",
+        ),
         (lambda f: f.split("s", payload("items")).aggregate("a", timeout_ms=10, complete_by=["size"]), "complete_by must be"),
         (lambda f: f.split("s", payload("items"), chunk=0), "chunk must be positive"),
     ],

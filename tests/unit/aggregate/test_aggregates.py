@@ -6,7 +6,7 @@ Time is a fake clock (plain ints); nothing here sleeps or touches Kafka/Faust.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ BOTH = AggregatorConfig(name="agg", timeout_ms=5_000)
 COUNT_ONLY = AggregatorConfig(name="agg-count", timeout_ms=5_000, complete_by=frozenset({"count"}))
 FLAG_ONLY = AggregatorConfig(name="agg-flag", timeout_ms=5_000, complete_by=frozenset({"flag"}))
 
-TIME_KEYS = ("completed_ms", "opened_ms")
+TIME_KEYS = ("completed_ms", "opened_ms", "duplicates")
 
 
 def outcome_for(index: int, ok: bool) -> ItemOutcome:
@@ -139,7 +139,8 @@ def run_scenario(scenario: dict[str, Any], deliveries: list[int]) -> Fold:
         assert transition is not None
         assert transition.rejected is None
         if index in seen:
-            assert transition.state is previous  # a redelivery is merged once: nothing changes
+            # a redelivery is merged once: only the duplicate count changes
+            assert transition.state == replace(previous, duplicates=previous.duplicates + 1)
             assert transition.done is None
             assert transition.emits == ()
             continue
@@ -489,7 +490,7 @@ def test_redelivered_flagged_item_is_not_a_conflict() -> None:
     before = open_group(BOTH, None, 3, last=3)
     transition = on_item(before, BOTH, "order-42", outcome_for(3, True), None, True, 200)
     assert transition.rejected is None
-    assert transition.state is before
+    assert transition.state == replace(before, duplicates=1)
 
 
 def test_rejected_first_item_leaves_no_state() -> None:
@@ -626,7 +627,7 @@ def test_config_rejects_bad_complete_by(complete_by: frozenset[str]) -> None:
 
 @pytest.mark.parametrize("timeout_ms", [0, -1, -60_000])
 def test_config_rejects_non_positive_timeout(timeout_ms: int) -> None:
-    with pytest.raises(ValueError, match=rf"aggregator 'bad': timeout_ms must be positive, got {timeout_ms}"):
+    with pytest.raises(ValueError, match=rf"aggregator 'bad': timeout_ms must be a positive integer or None, got {timeout_ms}"):
         AggregatorConfig(name="bad", timeout_ms=timeout_ms)
 
 

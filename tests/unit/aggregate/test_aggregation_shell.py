@@ -23,7 +23,7 @@ from app.runtime.keyed import Output
 from tables.aggregates import AggregatorConfig
 
 
-def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
+def _stage(config: AggregatorConfig | None = None) -> tuple[Aggregation, list[Any], dict[str, Any]]:
     emitted: list[Any] = []
     tables: dict[str, Any] = {"open": {}, "done": {}, "deadlines": {}}
 
@@ -46,7 +46,7 @@ def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
         contexts.append(context)
         return [Output(results, correlation_id, result)]  # type: ignore[arg-type]
 
-    config = AggregatorConfig(name="t", timeout_ms=60_000, done_retention_ms=600_000)
+    config = config or AggregatorConfig(name="t", timeout_ms=60_000, done_retention_ms=600_000)
     stage = Aggregation(
         agent="t",
         config=config,
@@ -58,8 +58,8 @@ def _stage() -> tuple[Aggregation, list[Any], dict[str, Any]]:
     return stage, emitted, tables
 
 
-def _event() -> Any:
-    return SimpleNamespace(message=SimpleNamespace(partition=0, topic="item-results", offset=0, key=b"k", headers=None))
+def _event(partition: int = 0) -> Any:
+    return SimpleNamespace(message=SimpleNamespace(partition=partition, topic="item-results", offset=0, key=b"k", headers=None))
 
 
 def _outcomes(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -238,3 +238,67 @@ def test_a_flows_outline_is_made_from_the_result_not_from_the_resume_message_tha
     )
     assert outline["size_bytes"] > 50_000
     assert message["context"] == {"resume_step": 3}, "the outline resumes the exchange the group's context names"
+
+
+def _open_with_one_outcome(stage: Aggregation, correlation_id: str, partition: int = 0) -> None:
+    """A group of 3 with item 1 in: open, not complete."""
+    message = {"kind": "item", "correlation_id": correlation_id, "total": 3, "index": 1, "ok": True, "result": "b"}
+    message["open"] = {"deadline_ms": None}
+    asyncio.run(stage.handle(_event(partition), message))
+
+
+def test_force_all_completes_the_open_groups_of_its_partition_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.kafka_io import key_partition
+
+    monkeypatch.setitem(aggregation.topic_partitions, "item-results", 4)
+    stage, emitted, tables = _stage(AggregatorConfig(name="t", timeout_ms=None))
+    keys = [f"g-{number}" for number in range(12)]
+    for key in keys:
+        _open_with_one_outcome(stage, key, key_partition(key.encode(), 4))
+    assert emitted == []
+    asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
+    in_two = sorted(key for key in keys if key_partition(key.encode(), 4) == 2)
+    assert in_two, "the keys should spread over the partitions"
+    assert sorted(key for key, _, _ in emitted) == in_two
+    assert {(result["status"], result["reason"]) for _, result, _ in emitted} == {("partial", "forced")}
+    assert all(result["missing"] == [0, 2] for _, result, _ in emitted)
+    assert sorted(tables["open"]) == sorted(set(keys) - set(in_two))
+    asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
+    assert len(emitted) == len(in_two), "a second force finds nothing open there: no second result"
+
+
+def test_force_discard_of_one_group_sends_it_discarded_and_later_items_are_late() -> None:
+    stage, emitted, tables = _stage()
+    _open_with_one_outcome(stage, "o-9")
+    _open_with_one_outcome(stage, "o-10")
+    asyncio.run(stage.handle(_event(), aggregation.force_message("discard", "o-9")))
+    [(key, result, _)] = emitted
+    assert (key, result["status"], result["reason"]) == ("o-9", "discarded", "forced")
+    assert tables["done"]["o-9"]["status"] == "discarded"
+    assert "o-10" in tables["open"]
+    late = {"kind": "item", "correlation_id": "o-9", "total": 3, "index": 0, "ok": True, "result": "a"}
+    asyncio.run(stage.handle(_event(), late))
+    assert tables["done"]["o-9"]["late_indexes"] == [0]
+    assert len(emitted) == 1
+
+
+@pytest.mark.parametrize("bad", [{"kind": "force", "action": "explode"}, {"kind": "force", "action": "complete", "correlation_id": 5}])
+def test_a_bad_force_is_refused(bad: dict[str, Any]) -> None:
+    stage, _, _ = _stage()
+    with pytest.raises(aggregation.InvalidMessage):
+        asyncio.run(stage.handle(_event(), bad))
+
+
+def test_an_inactivity_deadline_files_one_entry_per_quiet_period_not_one_per_merge() -> None:
+    """Each merge moves the inactivity deadline later; the entry filed at the open stands for it (the walk files
+    it again at the group's real deadline), so merges write no deadline entries."""
+    stage, _, tables = _stage(AggregatorConfig(name="t", timeout_ms=None, inactivity_ms=5_000))
+    opened = {"kind": "open", "correlation_id": "q", "total": 5, "deadline_ms": None}
+    asyncio.run(stage.handle(_event(), opened))
+    entries = _deadline_entries(tables)
+    assert entries == [["group", "q"]]
+    for index in range(4):
+        item = {"kind": "item", "correlation_id": "q", "total": 5, "index": index, "ok": True, "result": index}
+        asyncio.run(stage.handle(_event(), item))
+    assert _deadline_entries(tables) == entries
+    assert tables["open"]["q"]["updated_ms"] >= tables["open"]["q"]["opened_ms"]

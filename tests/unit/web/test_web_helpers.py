@@ -176,6 +176,8 @@ def test_open_aggregation_summary_and_countdown() -> None:
         "missing": [1, 3],
         "failed": [2],
         "opened_ms": NOW - 1_000,
+        "updated_ms": None,
+        "duplicates": 0,
         "deadline_ms": NOW + 12_000,
         "due_in_s": 12,
     }
