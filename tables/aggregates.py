@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +20,10 @@ __all__ = [
     "on_expire",
     "on_late_item",
     "on_force",
+    "on_part",
+    "Part",
+    "ONE_SHOT",
+    "REOPENING",
     "force_message",
     "complete_at_once",
     "merged_result",
@@ -40,6 +44,13 @@ FORCED = "forced"
 DISCARDED = "discarded"
 #: What an operator may do to open groups (:func:`on_force`).
 FORCE_ACTIONS = ("complete", "discard")
+#: Completion reasons of correlation groups (:func:`on_part`): so many parts arrived; the user's predicate said so.
+COMPLETE_BY_SIZE = "size"
+COMPLETE_BY_PREDICATE = "predicate"
+#: What a correlation group's key does after it completed: late parts are counted (one-shot), or the next part
+#: opens the key's next group at once (reopening: "batch every 3 messages per customer").
+ONE_SHOT = "one-shot"
+REOPENING = "reopening"
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,12 @@ class AggregatorConfig:
     complete_by: frozenset[str] = frozenset({COMPLETE_BY_COUNT, COMPLETE_BY_FLAG})
     done_retention_ms: int = 600_000
     inactivity_ms: int | None = None
+    #: correlation groups (:func:`on_part`, parts without indexes): one-shot or reopening keys
+    groups: str = ONE_SHOT
+    #: correlation groups: complete once this many parts arrived (Camel's ``completionSize``)
+    complete_size: int | None = None
+    #: correlation groups: complete once ``complete_when(payloads so far)`` is true (Camel's ``completionPredicate``)
+    complete_when: Callable[[list[Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -66,7 +83,10 @@ class AggregatorConfig:
                 f"aggregator {self.name!r}: complete_by must be a non-empty subset of {{'count', 'flag'}}, got {sorted(self.complete_by)}"
             )
             raise ValueError(message)
-        for knob in ("timeout_ms", "inactivity_ms"):
+        if self.groups not in (ONE_SHOT, REOPENING):
+            message = f"aggregator {self.name!r}: groups must be {ONE_SHOT!r} or {REOPENING!r}, got {self.groups!r}"
+            raise ValueError(message)
+        for knob in ("timeout_ms", "inactivity_ms", "complete_size"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 message = f"aggregator {self.name!r}: {knob} must be a positive integer or None, got {value!r}"
@@ -112,9 +132,14 @@ class GroupState:
     updated_ms: int | None = None
     #: outcomes that arrived again for an index already merged (dropped, counted)
     duplicates: int = 0
+    #: a correlation group's number among its key's groups (reopening keys: 0, 1, 2, ...)
+    sequence: int = 0
+    #: a correlation group's last merged part: (partition, offset, position in its record); None for a split's group
+    position: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"sequence": self.sequence, "position": list(self.position)} if self.position is not None else {}),
             "correlation_id": self.correlation_id,
             "deadline_ms": self.deadline_ms,
             "opened_ms": self.opened_ms,
@@ -139,6 +164,8 @@ class GroupState:
             context=raw.get("context"),
             updated_ms=raw.get("updated_ms"),
             duplicates=int(raw.get("duplicates", 0)),
+            sequence=int(raw.get("sequence", 0)),
+            position=None if raw.get("position") is None else tuple(int(part) for part in raw["position"]),
         )
 
     def inactive_ms(self, config: AggregatorConfig) -> int | None:
@@ -170,6 +197,10 @@ class DoneState:
     late_indexes: tuple[int, ...] = ()
     #: why the result could not be written, when ``status`` is ``dead-lettered``
     error: str | None = None
+    #: a correlation group's number, last merged part, and parts that came after it completed (one-shot keys)
+    sequence: int = 0
+    position: tuple[int, ...] | None = None
+    late_parts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -179,6 +210,8 @@ class DoneState:
             "expires_ms": self.expires_ms,
             "late_indexes": list(self.late_indexes),
             **({"error": self.error} if self.error is not None else {}),
+            **({"sequence": self.sequence, "position": list(self.position)} if self.position is not None else {}),
+            **({"late_parts": self.late_parts} if self.late_parts else {}),
         }
 
     @classmethod
@@ -190,6 +223,9 @@ class DoneState:
             expires_ms=int(raw["expires_ms"]),
             late_indexes=tuple(int(index) for index in raw.get("late_indexes", [])),
             error=raw.get("error"),
+            sequence=int(raw.get("sequence", 0)),
+            position=None if raw.get("position") is None else tuple(int(part) for part in raw["position"]),
+            late_parts=int(raw.get("late_parts", 0)),
         )
 
 
@@ -324,6 +360,55 @@ def on_force(state: GroupState | None, config: AggregatorConfig, action: str, no
     return _complete(state, config, status, FORCED, now_ms)
 
 
+@dataclass(frozen=True)
+class Part:
+    """A message of a correlation group: no index, its place is its arrival (Camel's and Spring's aggregators).
+
+    ``position``: where it was read, (partition, offset, position in its record): a part at or before the
+    key's last merged position is a redelivery. ``flag``: complete the group now, with this part.
+    ``context``: opaque data kept from the group's first part and handed back with the result.
+    """
+
+    payload: Any
+    position: tuple[int, ...]
+    flag: bool = False
+    context: Any = None
+
+
+def on_part(state: GroupState | DoneState | None, config: AggregatorConfig, key: str, part: Part, now_ms: int) -> GroupTransition:
+    """A part of a correlation group keyed ``key``: merged in arrival order; the group completes when one of its
+    criteria holds, first one wins: the part's ``flag``, ``complete_size`` parts, ``complete_when`` (a timeout or
+    a force comes through :func:`on_expire` / :func:`on_force`).
+
+    A redelivered part (at or before the key's last merged position) is counted as a duplicate and dropped.
+    After a completion a one-shot key counts later parts as late; a reopening key opens its next group with
+    the part that comes next, at once, so no part falls between two groups.
+    """
+    if isinstance(state, DoneState):
+        if state.position is not None and part.position <= state.position:
+            return GroupTransition(state=None, done=state)  # a redelivery of a part of the completed group
+        if config.groups == ONE_SHOT:
+            return GroupTransition(state=None, done=replace(state, late_parts=state.late_parts + 1, position=part.position))
+        state = GroupState(
+            correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=state.sequence + 1
+        )
+    elif state is None:
+        state = GroupState(correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=0)
+    elif state.position is not None and part.position <= state.position:
+        return GroupTransition(state=replace(state, duplicates=state.duplicates + 1))
+    received = dict(state.received)
+    received[len(received)] = ItemOutcome(index=len(received), ok=True, result=part.payload)
+    context = state.context if state.received else part.context
+    group = replace(state, received=received, updated_ms=now_ms, position=part.position, context=context)
+    if part.flag:
+        return _complete(group, config, "complete", COMPLETE_BY_FLAG, now_ms)
+    if config.complete_size is not None and len(received) >= config.complete_size:
+        return _complete(group, config, "complete", COMPLETE_BY_SIZE, now_ms)
+    if config.complete_when is not None and config.complete_when([outcome.result for _, outcome in sorted(received.items())]):
+        return _complete(group, config, "complete", COMPLETE_BY_PREDICATE, now_ms)
+    return GroupTransition(state=group)
+
+
 def on_late_item(done: DoneState, index: int) -> DoneState:
     """An item for a completed group: counted once by index, never merged."""
     if index in done.late_indexes:
@@ -370,6 +455,7 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
         "deadline_ms": state.deadline_ms,
         "completed_ms": now_ms,
         "duplicates": state.duplicates,
+        **({"sequence": state.sequence} if state.position is not None else {}),
     }
 
 
@@ -384,6 +470,8 @@ def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: 
         status=status,
         completed_ms=now_ms,
         expires_ms=now_ms + config.done_retention_ms,
+        sequence=state.sequence,
+        position=state.position,
     )
     return GroupTransition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),), context=state.context)
 

@@ -17,15 +17,18 @@ from tables.aggregates import (
     DISCARDED,
     FORCED,
     INACTIVITY,
+    REOPENING,
     TIMEOUT,
     AggregatorConfig,
     GroupState,
     GroupTransition,
     ItemOutcome,
+    Part,
     on_expire,
     on_force,
     on_item,
     on_open,
+    on_part,
 )
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -211,3 +214,98 @@ def test_config_refuses_a_timeout_that_is_not_a_positive_integer(knob: str, valu
     kwargs: dict[str, Any] = {"timeout_ms": 1_000, knob: value}
     with pytest.raises(ValueError, match=f"{knob} must be a positive integer or None"):
         AggregatorConfig(name="bad", **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Correlation groups: parts without indexes, by size, flag or predicate; one-shot or reopening keys.
+
+
+def deliver(config: AggregatorConfig, messages: list[tuple[str, int, bool]], redeliver: list[int]) -> tuple[list[dict[str, Any]], dict]:
+    """Feed ``(key, value, flag)`` messages at positions 0.. (and redeliveries of earlier positions, ``redeliver``:
+    after message i, message redeliver[i] % (i + 1) again); return the results and the final states by key."""
+    states: dict[str, Any] = {}
+    results: list[dict[str, Any]] = []
+
+    def feed(position: int) -> None:
+        key, value, flag = messages[position]
+        transition = on_part(states.get(key), config, key, Part(payload=value, position=(0, position, 0), flag=flag), position)
+        states[key] = transition.done if transition.done is not None else transition.state
+        results.extend(transition.emits)
+
+    for position in range(len(messages)):
+        feed(position)
+        if position < len(redeliver):
+            feed(redeliver[position] % (position + 1))
+    return results, states
+
+
+messages_strategy = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 10**6), st.booleans()), min_size=1, max_size=60
+).map(lambda rows: [(key, number, flag) for number, (key, _, flag) in enumerate(rows)])
+
+
+@PROPERTY
+@given(messages=messages_strategy, size=st.integers(1, 5), redeliver=st.lists(st.integers(0, 10**6), max_size=60))
+def test_a_reopening_key_puts_every_message_in_exactly_one_group_in_order(
+    messages: list[tuple[str, int, bool]], size: int, redeliver: list[int]
+) -> None:
+    """Batch every ``size`` messages per key, a flagged message closing its batch early: every message lands in
+    exactly one batch, batches of a key are numbered 0, 1, 2... and hold its messages in order, redeliveries
+    change nothing but the duplicate count, and only the last batch of a key may still be open."""
+    config = AggregatorConfig(name="batches", timeout_ms=None, groups=REOPENING, complete_size=size)
+    results, states = deliver(config, messages, redeliver)
+    for key in {key for key, _, _ in messages}:
+        sent = [value for each, value, _ in messages if each == key]
+        batches = [result for result in results if result["correlation_id"] == key]
+        assert [batch["sequence"] for batch in batches] == list(range(len(batches)))
+        grouped = [item["result"] for batch in batches for item in batch["items"]]
+        state = states[key]
+        still_open = [outcome.result for _, outcome in sorted(state.received.items())] if isinstance(state, GroupState) else []
+        assert grouped + still_open == sent, "each message in exactly one batch, in order"
+        for batch in batches:
+            assert batch["status"] == "complete"
+            flagged = any(flag for each, value, flag in messages if each == key and value == batch["items"][-1]["result"])
+            assert len(batch["items"]) == size or flagged
+            assert batch["reason"] == ("flag" if flagged else "size")
+        assert len(still_open) < size
+
+
+@PROPERTY
+@given(messages=messages_strategy, redeliver=st.lists(st.integers(0, 10**6), max_size=60))
+def test_a_one_shot_key_completes_once_and_counts_what_comes_after(messages: list[tuple[str, int, bool]], redeliver: list[int]) -> None:
+    config = AggregatorConfig(name="once", timeout_ms=None, complete_size=3)
+    results, states = deliver(config, messages, redeliver)
+    for key in {key for key, _, _ in messages}:
+        sent = [value for each, value, _ in messages if each == key]
+        [result] = [result for result in results if result["correlation_id"] == key] or [None]
+        if result is None:
+            assert len(sent) < 3
+            assert not any(flag for each, _, flag in messages if each == key)
+            continue
+        merged_values = [item["result"] for item in result["items"]]
+        assert merged_values == sent[: len(merged_values)]
+        assert states[key].late_parts == len(sent) - len(merged_values)
+
+
+def test_a_predicate_completes_the_group_when_it_holds() -> None:
+    config = AggregatorConfig(name="sum", timeout_ms=None, complete_when=lambda values: sum(values) >= 10)
+    state = None
+    emitted: list[dict[str, Any]] = []
+    for position, value in enumerate([4, 3, 5, 1]):
+        transition = on_part(state, config, "k", Part(payload=value, position=(0, position, 0)), position)
+        state = transition.done if transition.done is not None else transition.state
+        emitted.extend(transition.emits)
+    [result] = emitted
+    assert (result["reason"], [item["result"] for item in result["items"]]) == ("predicate", [4, 3, 5])
+
+
+def test_a_correlation_group_keeps_the_first_parts_context_and_times_out_on_inactivity() -> None:
+    config = AggregatorConfig(name="ctx", timeout_ms=None, inactivity_ms=1_000)
+    first = on_part(None, config, "k", Part(payload=1, position=(0, 1, 0), context="first"), 0).state
+    second = on_part(first, config, "k", Part(payload=2, position=(0, 2, 0), context="second"), 500).state
+    assert second is not None
+    assert second.context == "first"
+    assert on_expire(second, config, 1_499).state is second
+    expired = on_expire(second, config, 1_500)
+    assert expired.emits[0]["reason"] == INACTIVITY
+    assert expired.context == "first"
