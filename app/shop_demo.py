@@ -65,7 +65,7 @@ def print_report(name: str, report: dict[str, Any]) -> None:
     reasons = ", ".join(f"{count} {reason}" for reason, count in report["aborted_by_reason"].items()) or "none"
     print(
         f"  {name:<10} lines {report['lines']:>4}  served {report['served']:>4}  aborted {report['aborted']:>3} ({reasons})"
-        f"  invalid {report['invalid']:>2}  revenue {_euros(report['revenue_cents']):>10}"
+        f"  invalid {report['invalid']:>2}  duplicate {report.get('duplicate', 0):>2}  revenue {_euros(report['revenue_cents']):>10}"
     )
 
 
