@@ -3,9 +3,10 @@
 The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
 two-phase commit) rebuilt as streams. Every message is keyed so that one partition owns each piece of
 state: an order's payment and dispatch by order id, a flavour's stock by flavour (the token that gave one
-robot a container), a screen's report by screen, an order id taken on a screen's day by both. Every function here takes the state and ``now_ms`` and
-returns the new state and the messages to send; none touches Kafka or a clock, and each is idempotent
-under redelivery: a message seen before changes nothing and sends nothing it did not send the first time.
+robot a container), a screen's report by screen, an order id taken on a screen's day by both. Every
+function here takes the state and ``now_ms`` and returns the new state and the messages to send; none
+touches Kafka or a clock, and each is idempotent under redelivery: a message seen before changes nothing
+and sends nothing it did not send the first time.
 """
 
 from __future__ import annotations
