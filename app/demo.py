@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from app.demo_items import STEP as DEMO_STEP
-from app.kafka_io import ensure_topics, produce, read_topic
+from app.kafka_io import check_broker, ensure_topics, produce, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.split import InvalidMessage, split_order
@@ -71,6 +71,7 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         "PYTHONPATH": str(ROOT),
     }
     records, order_ids = _read_lines(orders_path)
+    await check_broker(settings.bootstrap)  # before any worker starts: one line if it cannot be used (see run_main)
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     await ensure_topics(settings.bootstrap, names, settings.partitions)
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from app.jsonlines import read_lines
-from app.kafka_io import delete_topics, read_topic
+from app.kafka_io import check_broker, delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
@@ -176,6 +176,7 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
         print(f"weir ice-cream shop: {error}", file=sys.stderr)
         return 2
     settings = load_settings()
+    await check_broker(settings.bootstrap)  # before any worker starts: one line if it cannot be used (see run_main)
     run_id = uuid.uuid4().hex[:6]
     prefix = f"shop-{run_id}."
     env = {**DEMO_ENV, **os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}

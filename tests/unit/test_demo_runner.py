@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,3 +62,22 @@ def test_sigterm_stops_a_demo_the_way_ctrl_c_does(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 143
     assert marker.read_text() == "workers stopped"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["app.shop_demo", "app.demo"])
+def test_a_broker_that_cannot_be_reached_is_one_line_naming_the_address_and_the_setting(command: str) -> None:
+    bootstrap = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"cannot reach the Kafka broker at {bootstrap}" in lines[0]
+    assert "connection refused" in lines[0]
+    assert "KAFKA_BOOTSTRAP" in lines[0]
