@@ -36,7 +36,8 @@ STAGES = ("shop_orders,shop_reports", "shop_payments", "shop_payments", "shop_ki
 DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
 
 
-def start_workers(env: dict[str, str], log_dir: Path, first_port: int = 6066) -> list[WorkerProcess]:
+def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
+    """One worker per stage; worker N's web views on ``first_port`` + N (``WEIR_DEMO_WEB_PORT``)."""
     workers = []
     for number, agents in enumerate(STAGES):
         worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
@@ -182,7 +183,7 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
     env = {**DEMO_ENV, **os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
-    workers = start_workers(env, log_dir)
+    workers = start_workers(env, log_dir, settings.demo_web_port)
     ok = False
     try:
         for worker in workers:

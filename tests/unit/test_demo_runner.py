@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import default_bootstrap
+from app.settings import default_bootstrap, load_settings
 from app.shop_demo import read_screens
 from tests.conftest import ROOT
 
@@ -81,3 +81,13 @@ def test_a_broker_that_cannot_be_reached_is_one_line_naming_the_address_and_the_
     assert f"cannot reach the Kafka broker at {bootstrap}" in lines[0]
     assert "connection refused" in lines[0]
     assert "KAFKA_BOOTSTRAP" in lines[0]
+
+
+def test_the_demos_first_web_port_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WEIR_DEMO_WEB_PORT", raising=False)
+    assert load_settings().demo_web_port == 6066
+    monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "7100")
+    assert load_settings().demo_web_port == 7100
+    monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "70000")
+    with pytest.raises(ValueError, match="WEIR_DEMO_WEB_PORT=70000"):
+        load_settings()
