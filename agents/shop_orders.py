@@ -1,4 +1,8 @@
-"""Shop orders: a screen's line becomes a capture, one reservation per flavour and an open at the dispatch barrier."""
+"""Shop orders: a screen's line is read as an order and sent to claim its order id on the screen's day.
+
+The claim (agents/shop_reports.py) sends the order on: a capture, one reservation per flavour and an open at the
+dispatch barrier; or answers the line ``duplicate`` when an earlier line of the screen took the id.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from app.catalogue import CATALOGUE_CENTS
 from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
 from app.errors import describe_error
 from app.runtime.keyed import prepare_outputs, send_prepared
-from tables.shop import INVALID, Send, ShopOrder, card_accepted, parse_shop_order
+from tables.shop import INVALID, Send, ShopOrder, card_accepted, claim_key, line_outcome, order_sends, parse_shop_order
 
 __all__ = ["shop_orders"]
 
@@ -49,16 +53,7 @@ def read_order(text: str | None, too_large: dict[str, Any] | None) -> tuple[Shop
 
 
 async def _send_invalid(event: EventT[bytes], ticket: str, screen: str, line: int, problem: str) -> None:
-    outcome = {
-        "ticket": ticket,
-        "screen": screen,
-        "line": line,
-        "order_id": None,
-        "status": INVALID,
-        "reason": problem,
-        "amount_cents": 0,
-    }
-    await send_all(event, [Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})], agent=AGENT)
+    await send_all(event, line_outcome(ticket, screen, line, None, INVALID, problem), agent=AGENT)
 
 
 async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
@@ -82,21 +77,12 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
     # The card's fate depends on the seed, the screen's name (not its day), the line and the order: same files, same fates.
     screen_name = screen.rsplit("/", 1)[-1]
     accepted = card_accepted(settings.shop_seed, f"{screen_name}/{line}/{order.order_id}", settings.shop_card_reject_rate)
-    opened = {
-        "kind": "open",
-        "order_id": ticket,
-        "ticket": ticket,
-        "screen": screen,
-        "line": line,
-        "order": {"order_id": order.order_id, "card": order.card, "scoops": order.scoops, "amount_cents": order.amount_cents},
-        "deadline_ms": now_ms() + settings.shop_dispatch_timeout_ms,
-    }
-    capture = {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted}
-    sends = [Send("dispatch", ticket, opened), Send("payments", ticket, capture)]
-    sends += [
-        Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
-        for flavour, scoops in sorted(order.scoops.items())
-    ]
+    order_fields = {"order_id": order.order_id, "card": order.card, "scoops": order.scoops, "amount_cents": order.amount_cents}
+    claim = {"kind": "order", "screen": screen, "ticket": ticket, "line": line, "order": order_fields, "accepted": accepted}
+    # What the claim will send is measured here too (its deadline as large as any), so that an order that
+    # cannot go on is answered invalid now, not left without an outcome after its id was taken.
+    forward = order_sends(order, ticket, screen, line, accepted, deadline_ms=now_ms() + settings.shop_dispatch_timeout_ms)
+    sends = [Send("screens", claim_key(screen, order.order_id), claim), *forward]
     prepared = prepare_outputs(outputs(sends), record_limit())
     if prepared.undeliverable:
         # The order cannot go on as it is (its open, say, would not fit a record): nothing of it is sent, the
@@ -105,7 +91,7 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
         await send_dead_letter(event, reason="invalid", error=f"screen {screen} line {line}: {problem}", agent=AGENT, step="forward")
         await _send_invalid(event, ticket, screen, line, problem)
         return
-    await send_prepared(prepared.ready)
+    await send_prepared(prepared.ready[:1])  # the claim alone: it sends the rest once the id is the line's
 
 
 @app.agent(shop_topics["orders"])

@@ -1,31 +1,89 @@
-"""Shop end of day: each screen's outcomes counted once per line; the report goes out when the screen's end says how many."""
+"""Shop screens' days: each order id claimed once per screen, outcomes counted once per line, the report at the end.
+
+Why an order id is checked here. A line reaches the orders stage keyed by its ticket, so that any partition
+can take it and a line that cannot even be read is still answered by its key; no orders partition sees a
+screen's other lines, hence no other line with the same id. This stage already keeps a screen's day (its
+report, keyed by screen); the orders stage sends each parsed order here first, keyed by [screen, order id],
+so that every line with that id on that screen's day lands on one key of one partition. The first line takes
+the id and its order goes on to the payments, the kitchen and the dispatch; a later line with the same id is
+answered ``duplicate`` (dead letter ``duplicate-order``) before anything is charged or reserved. A record
+delivered again is not a second line: under exactly_once it is never seen twice, and under at_least_once the
+same ticket asking again gets its order sent again, which every later stage treats as the redelivery it is.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from faust.types import EventT, StreamT
 
-from agents.shop_common import outputs, shop_topics
-from app.core import InvalidMessage, app, handle_events
-from app.runtime.keyed import Change, KeyedState, TableStore
-from tables.shop import ScreenReport, on_end, on_outcome
+from agents.shop_common import outputs, send_all, shop_topics
+from app.core import InvalidMessage, app, handle_events, now_ms, settings
+from app.runtime.keyed import Change, KeyedState, Refusal, TableStore
+from tables.shop import INVALID, OrderClaim, ScreenReport, ShopOrder, claim_key, line_outcome, on_end, on_order, on_outcome, order_sends
+from tables.shop_order_tables import order_ids
 from tables.shop_report_tables import reports
 
 __all__ = ["shop_reports"]
 
 AGENT = "shop_reports"
+#: The reason of a duplicate line's dead letter.
+DUPLICATE_ORDER = "duplicate-order"
 screens: KeyedState[ScreenReport] = KeyedState(
     agent=AGENT, store=TableStore(reports, ScreenReport.to_dict, ScreenReport.from_dict), step="report"
 )
+claims: KeyedState[OrderClaim] = KeyedState(
+    agent=AGENT, store=TableStore(order_ids, OrderClaim.to_dict, OrderClaim.from_dict), step="order-id"
+)
+
+
+def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder, bool]:
+    """(ticket, line, order, card accepted) of an order the orders stage sent to be claimed."""
+    screen, ticket, line, order, accepted = (message.get(name) for name in ("screen", "ticket", "line", "order", "accepted"))
+    if not isinstance(ticket, str) or not isinstance(line, int) or not isinstance(order, dict) or not isinstance(accepted, bool):
+        needs = "'ticket' (str), 'line' (int), 'order' (object), 'accepted' (bool)"
+        raise InvalidMessage(f"shop reports: order of screen {screen!r} needs {needs}")
+    order_id, card, scoops, amount = (order.get(name) for name in ("order_id", "card", "scoops", "amount_cents"))
+    if not isinstance(order_id, str) or not isinstance(card, str) or not isinstance(amount, int) or not isinstance(scoops, dict):
+        raise InvalidMessage(f"shop reports: order of {ticket!r} needs 'order_id', 'card' (str), 'scoops' (object), 'amount_cents' (int)")
+    if not all(isinstance(flavour, str) and isinstance(count, int) for flavour, count in scoops.items()):
+        raise InvalidMessage(f"shop reports: order of {ticket!r}: 'scoops' must map flavours to integers")
+    return ticket, line, ShopOrder(order_id, card, dict(scoops), amount), accepted
+
+
+async def _claim(event: EventT[bytes], screen: str, message: dict[str, Any]) -> None:
+    ticket, line, order, accepted = read_claim(message)
+    key = claim_key(screen, order.order_id)
+    previous = claims.load(key)
+    forward = order_sends(order, ticket, screen, line, accepted, now_ms() + settings.shop_dispatch_timeout_ms)
+    claim, sends, duplicate = on_order(previous, screen, ticket, line, order.order_id, forward)
+    refused = (Refusal(DUPLICATE_ORDER, duplicate),) if duplicate else ()
+    await claims.apply(event, key, previous, Change(state=claim, outputs=outputs(sends), rejected=refused))
+
+
+async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
+    """An order that could not be claimed (its message malformed, a step that kept failing): still its line's one outcome."""
+    try:
+        message = orjson.loads(event.message.value or b"")
+    except orjson.JSONDecodeError:
+        return  # not an order the orders stage sent (no ticket to answer): the dead letter is all there is
+    if not isinstance(message, dict) or message.get("kind") != "order":
+        return  # an outcome or an end of day: nothing is owed for those
+    screen, ticket, line = message.get("screen"), message.get("ticket"), message.get("line")
+    if isinstance(screen, str) and isinstance(ticket, str) and isinstance(line, int):
+        await send_all(event, line_outcome(ticket, screen, line, None, INVALID, f"{reason}: {error[:300]}"), agent=AGENT)
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:
     if not isinstance(message, dict) or not isinstance(message.get("screen"), str):
         raise InvalidMessage("shop reports: a message must be a JSON object with a string 'screen'")
     screen = message["screen"]
-    previous = screens.load(screen)
     kind = message.get("kind")
+    if kind == "order":
+        await _claim(event, screen, message)
+        return
+    previous = screens.load(screen)
     if kind == "outcome":
         line, status, amount = message.get("line"), message.get("status"), message.get("amount_cents")
         if not isinstance(line, int) or not isinstance(status, str) or not isinstance(amount, int):
@@ -37,11 +95,11 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
             raise InvalidMessage(f"shop reports: end of screen {screen!r} needs a non-negative integer 'lines'")
         state, sends = on_end(previous, screen, lines)
     else:
-        raise InvalidMessage(f"shop reports: 'kind' must be 'outcome' or 'end', got {kind!r:.60}")
+        raise InvalidMessage(f"shop reports: 'kind' must be 'order', 'outcome' or 'end', got {kind!r:.60}")
     await screens.apply(event, screen, previous, Change(state=state, outputs=outputs(sends)))
 
 
 @app.agent(shop_topics["screens"])
 async def shop_reports(stream: StreamT[bytes]) -> None:
-    """Reads the outcomes of each screen's lines and its end of day, keyed by screen."""
-    await handle_events(stream, agent=AGENT, what="shop reports: message", handler=_handle)
+    """Reads each screen's orders (keyed by [screen, order id]), its lines' outcomes and its end of day (keyed by screen)."""
+    await handle_events(stream, agent=AGENT, what="shop reports: message", handler=_handle, owed=_owed)

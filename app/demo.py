@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from app.demo_items import STEP as DEMO_STEP
-from app.kafka_io import ensure_topics, produce, read_topic
+from app.kafka_io import check_broker, ensure_topics, produce, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.split import InvalidMessage, split_order
@@ -25,11 +25,12 @@ DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"
 STAGES = ("splitter,aggregator", "items", "items")
 
 
-def _start_workers(env: dict[str, str], log_dir: Path) -> list[WorkerProcess]:
+def _start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
+    """One worker per stage; worker N's web views on ``first_port`` + N (``WEIR_DEMO_WEB_PORT``)."""
     workers = []
     for number, agents in enumerate(STAGES):
         worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=6066 + number).start()
+        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
         workers.append(worker)
         print(f"  worker {number}: agents={agents:<20} web=http://127.0.0.1:{worker.web_port}/ log={worker.log_path}")
     return workers
@@ -71,11 +72,12 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         "PYTHONPATH": str(ROOT),
     }
     records, order_ids = _read_lines(orders_path)
+    await check_broker(settings.bootstrap)  # before any worker starts: one line if it cannot be used (see run_main)
     names = [f"{prefix}{name}" for name in ("orders", "items", "item-results", "aggregates", "dead-letters")]
     await ensure_topics(settings.bootstrap, names, settings.partitions)
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))
     print(f"weir demo: {len(records)} lines from {orders_path} ({len(order_ids)} orders), broker {settings.bootstrap}")
-    processes = _start_workers(env, log_dir)
+    processes = _start_workers(env, log_dir, settings.demo_web_port)
     try:
         started = time.monotonic()
         await produce(settings.bootstrap, f"{prefix}orders", records)

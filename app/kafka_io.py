@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 from aiokafka.partitioner import murmur2
 
 from app.codec import dumps
@@ -24,7 +32,18 @@ __all__ = [
     "client_options_or_env",
     "ReplyDesk",
     "delete_topics",
+    "BrokerUnavailable",
+    "check_broker",
 ]
+
+#: What a broker answers when it refuses the client's SASL user, password or mechanism.
+AUTHENTICATION_ERRORS = (
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    UnsupportedSaslMechanismError,
+)
+SASL_SETTINGS = "WEIR_KAFKA_SASL_USERNAME, WEIR_KAFKA_SASL_PASSWORD and WEIR_KAFKA_SASL_MECHANISM"
 
 
 def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -34,6 +53,84 @@ def client_options_or_env(client_options: Mapping[str, Any] | None) -> dict[str,
     SASL or TLS deployment needs no change in the callers.
     """
     return dict(client_options) if client_options is not None else kafka_client_options()
+
+
+class BrokerUnavailable(Exception):
+    """The broker cannot be used at all: unreachable, or it refused the client. The message is one line for a person."""
+
+
+class _Failures(logging.Handler):
+    """aiokafka's own reasons for a failed bootstrap (it logs each host's error, then raises a generic one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.errors: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.errors.extend(arg for arg in record.args or () if isinstance(arg, BaseException))
+
+
+async def _reachable(address: str, timeout_s: float) -> str | None:
+    """None when a TCP connection to ``host:port`` opens, else why not."""
+    host, _, port = address.strip().rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+    except TimeoutError:
+        return f"no answer within {timeout_s:g}s"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except (OSError, ValueError) as error:
+        return getattr(error, "strerror", None) or str(error)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
+def _refused(bootstrap: str, options: Mapping[str, Any], cause: BaseException | None) -> str:
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    if isinstance(cause, AUTHENTICATION_ERRORS):
+        user = options.get("sasl_plain_username")
+        return f"the Kafka broker at {bootstrap} refused user {user!r} (SASL {options.get('sasl_mechanism')}): check {SASL_SETTINGS}"
+    if isinstance(cause, ssl.SSLError):
+        tls_settings = "WEIR_KAFKA_SSL_CAFILE and WEIR_KAFKA_SECURITY_PROTOCOL"
+        return f"TLS with the Kafka broker at {bootstrap} failed ({cause.reason or cause}): check {tls_settings}"
+    why = f" ({str(cause)[:120]})" if cause is not None else ""
+    return (
+        f"the Kafka broker at {bootstrap} accepts connections but not this client{why}: check WEIR_KAFKA_SECURITY_PROTOCOL "
+        f"(now {protocol}) and, for SASL, {SASL_SETTINGS}"
+    )
+
+
+async def check_broker(bootstrap: str, *, client_options: Mapping[str, Any] | None = None, timeout_s: float = 15.0) -> None:
+    """Raise :class:`BrokerUnavailable` with one line naming the cause and the setting to check, when the broker at
+    ``bootstrap`` cannot be reached or refuses the client (wrong SASL password, TLS, protocol). Commands call this
+    before they start workers, which would otherwise each fail with tracebacks."""
+    addresses = [address for address in bootstrap.split(",") if address.strip()]
+    unreachable = [(address, await _reachable(address, min(timeout_s, 5.0))) for address in addresses]
+    if addresses and all(why is not None for _, why in unreachable):
+        causes = "; ".join(f"{address.strip()}: {why}" for address, why in unreachable)
+        message = (
+            f"cannot reach the Kafka broker at {bootstrap} ({causes}): check KAFKA_BOOTSTRAP (or WEIR_KAFKA_PORT) and that the broker runs"
+        )
+        raise BrokerUnavailable(message)
+    options = client_options_or_env(client_options)
+    failures = _Failures()
+    quiet = logging.getLogger("aiokafka")  # its per-host errors are the cause below, not lines of their own on stderr
+    propagate = quiet.propagate
+    quiet.addHandler(failures)
+    quiet.propagate = False
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **options)
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+    except Exception as error:  # aiokafka says "Unable to bootstrap"; the reason is what it logged per host
+        cause = next((found for found in reversed(failures.errors) if isinstance(found, AUTHENTICATION_ERRORS)), None)
+        raise BrokerUnavailable(_refused(bootstrap, options, cause or (failures.errors or [error])[-1])) from error
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+        quiet.removeHandler(failures)
+        quiet.propagate = propagate
 
 
 def key_partition(key: bytes, partitions: int) -> int:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from app.kafka_io import BrokerUnavailable
+
 __all__ = ["WorkerProcess", "run_main", "terminate", "Terminated"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,10 +82,17 @@ def terminate(signum: int, frame: Any) -> None:
 
 
 def run_main(main: Coroutine[Any, Any, int]) -> NoReturn:
-    """Run a demo's coroutine and exit with its code; Ctrl-C (130) and SIGTERM (143) exit once its ``finally`` stopped the workers."""
+    """Run a demo's coroutine and exit with its code; Ctrl-C (130) and SIGTERM (143) exit once its ``finally`` stopped the workers.
+
+    A broker that cannot be reached or refuses the client (:class:`app.kafka_io.BrokerUnavailable`) is one line on
+    stderr and exit code 2, not a traceback.
+    """
     signal.signal(signal.SIGTERM, terminate)
     try:
         sys.exit(asyncio.run(main))
+    except BrokerUnavailable as error:
+        print(f"weir: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except Terminated:
         print("\nterminated: workers stopped", flush=True)
         sys.exit(143)

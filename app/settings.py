@@ -122,6 +122,8 @@ class Settings:
     #: WEIR_WEB_HOST / WEIR_WEB_PORT: the worker's web server (read-only views), local by default.
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    #: WEIR_DEMO_WEB_PORT: the web port of the demos' first worker; worker N takes this port + N (the shop: 6066-6071).
+    demo_web_port: int = 6066
     #: WEIR_GUARANTEE: "exactly_once" (default) or "at_least_once".
     processing_guarantee: str = "exactly_once"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
@@ -318,6 +320,14 @@ def kafka_client_options() -> dict[str, Any]:
     return Settings(**_security_from_env()).kafka_client_options()
 
 
+def _demo_web_port(default: int) -> int:
+    port = _env_int("WEIR_DEMO_WEB_PORT", default)
+    if not 1 <= port <= 65_000:  # room above it for every worker of a demo
+        message = f"setting WEIR_DEMO_WEB_PORT={port}: expected a port from 1 to 65000 (the demos' workers take it and the next ones)"
+        raise ValueError(message)
+    return port
+
+
 def load_settings() -> Settings:
     """Read the settings from the environment (see each field of :class:`Settings`)."""
     defaults = Settings()
@@ -338,6 +348,7 @@ def load_settings() -> Settings:
         data_dir=Path(_env_str("WEIR_DATA_DIR", str(defaults.data_dir))),
         web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
         web_port=_env_int("WEIR_WEB_PORT", defaults.web_port),
+        demo_web_port=_demo_web_port(defaults.demo_web_port),
         processing_guarantee=guarantee,
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from app.jsonlines import read_lines
-from app.kafka_io import delete_topics, read_topic
+from app.kafka_io import check_broker, delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
@@ -36,7 +36,8 @@ STAGES = ("shop_orders,shop_reports", "shop_payments", "shop_payments", "shop_ki
 DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
 
 
-def start_workers(env: dict[str, str], log_dir: Path, first_port: int = 6066) -> list[WorkerProcess]:
+def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
+    """One worker per stage; worker N's web views on ``first_port`` + N (``WEIR_DEMO_WEB_PORT``)."""
     workers = []
     for number, agents in enumerate(STAGES):
         worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
@@ -65,7 +66,7 @@ def print_report(name: str, report: dict[str, Any]) -> None:
     reasons = ", ".join(f"{count} {reason}" for reason, count in report["aborted_by_reason"].items()) or "none"
     print(
         f"  {name:<10} lines {report['lines']:>4}  served {report['served']:>4}  aborted {report['aborted']:>3} ({reasons})"
-        f"  invalid {report['invalid']:>2}  revenue {_euros(report['revenue_cents']):>10}"
+        f"  invalid {report['invalid']:>2}  duplicate {report.get('duplicate', 0):>2}  revenue {_euros(report['revenue_cents']):>10}"
     )
 
 
@@ -176,12 +177,13 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
         print(f"weir ice-cream shop: {error}", file=sys.stderr)
         return 2
     settings = load_settings()
+    await check_broker(settings.bootstrap)  # before any worker starts: one line if it cannot be used (see run_main)
     run_id = uuid.uuid4().hex[:6]
     prefix = f"shop-{run_id}."
     env = {**DEMO_ENV, **os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
-    workers = start_workers(env, log_dir)
+    workers = start_workers(env, log_dir, settings.demo_web_port)
     ok = False
     try:
         for worker in workers:

@@ -389,9 +389,7 @@ def on_part(state: GroupState | DoneState | None, config: AggregatorConfig, key:
             return GroupTransition(state=None, done=state)  # a redelivery of a part of the completed group
         if config.groups == ONE_SHOT:
             return GroupTransition(state=None, done=replace(state, late_parts=state.late_parts + 1, position=part.position))
-        state = GroupState(
-            correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=state.sequence + 1
-        )
+        state = GroupState(correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=state.sequence + 1)
     elif state is None:
         state = GroupState(correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=0)
     elif state.position is not None and part.position <= state.position:

@@ -3,9 +3,10 @@
 The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
 two-phase commit) rebuilt as streams. Every message is keyed so that one partition owns each piece of
 state: an order's payment and dispatch by order id, a flavour's stock by flavour (the token that gave one
-robot a container), a screen's report by screen. Every function here takes the state and ``now_ms`` and
-returns the new state and the messages to send; none touches Kafka or a clock, and each is idempotent
-under redelivery: a message seen before changes nothing and sends nothing it did not send the first time.
+robot a container), a screen's report by screen, an order id taken on a screen's day by both. Every
+function here takes the state and ``now_ms`` and returns the new state and the messages to send; none
+touches Kafka or a clock, and each is idempotent under redelivery: a message seen before changes nothing
+and sends nothing it did not send the first time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ __all__ = [
     "parse_shop_order",
     "card_accepted",
     "Send",
+    "OrderClaim",
+    "claim_key",
+    "order_sends",
+    "line_outcome",
+    "on_order",
     "Payment",
     "on_capture",
     "on_settle",
@@ -51,6 +57,7 @@ SIZES: dict[str, int] = {"small": 1, "medium": 2, "large": 3}
 READY = "ready"
 ABORTED = "aborted"
 INVALID = "invalid"
+DUPLICATE = "duplicate"
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,9 @@ class ShopOrder:
     amount_cents: int
 
 
+#: The longest order id: ids are short names, and one bounded here keeps every message and state that holds it small.
+MAX_ORDER_ID_CHARS = 200
+
 #: The fields of an order's item (a field the shop does not know, say ``quantity``, is refused, never ignored).
 ITEM_FIELDS = frozenset({"flavour", "size"})
 
@@ -90,6 +100,8 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
     order_id, card, items = raw.get("order_id"), raw.get("card"), raw.get("items")
     if not isinstance(order_id, str) or not order_id:
         return None, f"'order_id' must be a non-empty string, got {order_id!r:.60}"
+    if len(order_id) > MAX_ORDER_ID_CHARS:
+        return None, f"order id {order_id!r:.60} is {len(order_id)} characters long, at most {MAX_ORDER_ID_CHARS} are allowed"
     if not isinstance(card, str) or not card:
         return None, f"order {order_id!r}: 'card' must be a non-empty string"
     if not isinstance(items, list) or not items:
@@ -117,6 +129,84 @@ def card_accepted(seed: int, order_id: str, reject_rate: float) -> bool:
     """The gateway's decision for an order's card: random-looking, but a function of the seed and the order."""
     digest = hashlib.sha256(f"{seed}:{order_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 >= reject_rate
+
+
+def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, status: str, reason: str) -> list[Send]:
+    """A line that sets no order going (invalid, duplicate): its outcome, to the screen and to the screen's report."""
+    outcome = {
+        "ticket": ticket,
+        "screen": screen,
+        "line": line,
+        "order_id": order_id,
+        "status": status,
+        "reason": reason,
+        "amount_cents": 0,
+    }
+    return [Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})]
+
+
+def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, accepted: bool, deadline_ms: int) -> list[Send]:
+    """What a line's order sets going, all keyed by its ticket (the kitchen's by flavour): the open at the dispatch
+    barrier, the payment's capture and one reservation per flavour."""
+    opened = {
+        "kind": "open",
+        "order_id": ticket,
+        "ticket": ticket,
+        "screen": screen,
+        "line": line,
+        "order": {"order_id": order.order_id, "card": order.card, "scoops": order.scoops, "amount_cents": order.amount_cents},
+        "deadline_ms": deadline_ms,
+    }
+    capture = {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted}
+    sends = [Send("dispatch", ticket, opened), Send("payments", ticket, capture)]
+    sends += [
+        Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
+        for flavour, scoops in sorted(order.scoops.items())
+    ]
+    return sends
+
+
+# ------------------------------------------------------------------------------------ order ids
+
+
+@dataclass(frozen=True)
+class OrderClaim:
+    """An order id taken on a screen's day (table ``shop_order_ids``, keyed by :func:`claim_key`): the line that took it."""
+
+    screen: str
+    order_id: str
+    ticket: str
+    line: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"screen": self.screen, "order_id": self.order_id, "ticket": self.ticket, "line": self.line}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OrderClaim:
+        return cls(str(raw["screen"]), str(raw["order_id"]), str(raw["ticket"]), int(raw["line"]))
+
+
+def claim_key(screen: str, order_id: str) -> str:
+    """The key of an order id on a screen's day: both, as a JSON pair (no separator a name could hold)."""
+    return json.dumps([screen, order_id], ensure_ascii=False, separators=(",", ":"))
+
+
+def on_order(
+    previous: OrderClaim | None, screen: str, ticket: str, line: int, order_id: str, forward: list[Send]
+) -> tuple[OrderClaim, list[Send], str | None]:
+    """A line's order asks for its id on the screen's day; returns the claim, what to send and why it is refused.
+
+    The first line to ask takes the id, and its order goes on (``forward``: the capture, the reservations, the
+    open). Another line with that id is a duplicate: it is answered (status ``duplicate``, nothing charged,
+    nothing reserved) and refused. The same line asking again (its orders stage ran twice under at_least_once)
+    gets ``forward`` again: each of those messages is idempotent where it lands.
+    """
+    if previous is None:
+        return OrderClaim(screen, order_id, ticket, line), list(forward), None
+    if previous.ticket == ticket:
+        return previous, list(forward), None
+    reason = f"duplicate order: order id {order_id!r} was taken by line {previous.line} of this screen"
+    return previous, line_outcome(ticket, screen, line, order_id, DUPLICATE, reason), f"screen {screen} line {line}: {reason}"
 
 
 # ----------------------------------------------------------------------------------------- payments
@@ -465,6 +555,8 @@ class ScreenReport:
     invalid: int = 0
     expected_lines: int | None = None
     flushed: bool = False
+    #: lines refused because their order id was taken by an earlier line of the screen's day
+    duplicate: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -474,6 +566,7 @@ class ScreenReport:
             "revenue_cents": self.revenue_cents,
             "aborted": dict(self.aborted),
             "invalid": self.invalid,
+            "duplicate": self.duplicate,
             "expected_lines": self.expected_lines,
             "flushed": self.flushed,
         }
@@ -489,6 +582,7 @@ class ScreenReport:
             invalid=int(raw.get("invalid") or 0),
             expected_lines=raw.get("expected_lines"),
             flushed=bool(raw.get("flushed")),
+            duplicate=int(raw.get("duplicate") or 0),
         )
 
 
@@ -546,6 +640,7 @@ def _maybe_report(state: ScreenReport) -> tuple[ScreenReport, list[Send]]:
         "aborted": sum(state.aborted.values()),
         "aborted_by_reason": dict(sorted(state.aborted.items())),
         "invalid": state.invalid,
+        "duplicate": state.duplicate,
         "revenue_cents": state.revenue_cents,
     }
     return replace(state, flushed=True), [Send("reports", state.screen, report)]
@@ -563,6 +658,8 @@ def on_outcome(
         state = replace(state, served=state.served + 1, revenue_cents=state.revenue_cents + amount_cents)
     elif status == INVALID:
         state = replace(state, invalid=state.invalid + 1)
+    elif status == DUPLICATE:
+        state = replace(state, duplicate=state.duplicate + 1)
     else:
         kind = _reason_class(reason)
         state = replace(state, aborted={**state.aborted, kind: state.aborted.get(kind, 0) + 1})

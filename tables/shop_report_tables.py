@@ -10,7 +10,7 @@ __all__ = ["reports"]
 
 reports = json_table(
     "shop_reports",
-    "Each screen's day: outcomes counted once per line, served, aborted by reason, revenue, and the "
+    "Each screen's day: outcomes counted once per line, served, aborted by reason, invalid, duplicate, revenue, and the "
     "number of lines its end announced (value: tables.shop.ScreenReport).",
 )
 
@@ -23,6 +23,7 @@ register_view(
         "served": value["served"],
         "aborted": sum(value["aborted"].values()),
         "invalid": value["invalid"],
+        "duplicate": value.get("duplicate", 0),
         "revenue_cents": value["revenue_cents"],
         "flushed": value["flushed"],
     },

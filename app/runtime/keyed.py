@@ -44,6 +44,7 @@ from app.errors import OutputFailed, dead_letter_record, describe_error
 __all__ = [
     "Output",
     "Change",
+    "Refusal",
     "Undeliverable",
     "KeyedState",
     "Store",
@@ -78,13 +79,21 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """An input refused with a reason of the pattern's own (``duplicate-order``, say) instead of 'rejected'."""
+
+    reason: str
+    error: str
+
+
+@dataclass(frozen=True)
 class Change(Generic[S]):
     """What one input or one deadline does to one key: its new state (None deletes it), outputs, rejects, deadlines."""
 
     state: S | None
     outputs: tuple[Output, ...] = ()
-    #: why inputs were refused (each one a dead letter with reason 'rejected')
-    rejected: tuple[str, ...] = ()
+    #: why inputs were refused: each one a dead letter, with reason 'rejected' (a string) or the refusal's own
+    rejected: tuple[str | Refusal, ...] = ()
     #: absolute times (ms) at which the key's ``on_deadline`` must run; ``(kind, ms)`` for a pattern with several kinds
     deadlines: tuple[int | tuple[str, int], ...] = ()
 
@@ -303,8 +312,9 @@ class KeyedState(Generic[S]):
             await dead_letter_outputs(event, again.undeliverable, agent=self.agent, step=self.step)
             self.undeliverable_count += len(prepared.undeliverable) + len(again.undeliverable)
             prepared = again
-        for reason in change.rejected:
-            await send_dead_letter(event, reason="rejected", error=reason, agent=self.agent, step=self.step)
+        for refused in change.rejected:
+            reason, error = (refused.reason, refused.error) if isinstance(refused, Refusal) else ("rejected", refused)
+            await send_dead_letter(event, reason=reason, error=error, agent=self.agent, step=self.step)
         self.store.save(key, previous, change.state)
         if self.deadlines is not None:
             now = wall_clock_ms()

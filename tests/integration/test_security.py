@@ -9,6 +9,7 @@ import os
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -25,6 +26,7 @@ from aiokafka.errors import KafkaConnectionError
 from app.kafka_io import produce, produce_json, read_topic
 from app.processes import WorkerProcess
 from app.settings import Settings
+from tests.conftest import ROOT
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
 
@@ -158,6 +160,30 @@ def test_wrong_or_missing_credentials_are_refused(sasl_broker: BrokerInstance) -
             asyncio.run(asyncio.wait_for(produce(sasl_broker.bootstrap, topic, [(b"k", b"v")], client_options=options), 30))
     assert "Failed authentication" in sasl_broker.server_log(), "the broker saw (and refused) the wrong password"
     assert SECRET not in sasl_broker.server_log()
+
+
+@pytest.mark.parametrize("command", ["app.shop_demo", "app.demo"])
+def test_a_demo_with_a_wrong_sasl_password_says_so_in_one_line(sasl_broker: BrokerInstance, tmp_path: Path, command: str) -> None:
+    """Once 82 lines of stderr with three tracebacks; now one line naming the broker and the settings, and exit code 2."""
+    (tmp_path / "screen.jsonl").write_text('{"order_id": "o-1"}\n')
+    orders = tmp_path / "screen.jsonl" if command == "app.demo" else tmp_path
+    env = {
+        **os.environ,
+        **SASL_ENV,
+        "WEIR_KAFKA_SASL_PASSWORD": "wrong-password",
+        "KAFKA_BOOTSTRAP": sasl_broker.bootstrap,
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", command, "--orders", str(orders)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, f"rc={done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"the Kafka broker at {sasl_broker.bootstrap} refused user '{USER}' (SASL PLAIN)" in lines[0]
+    assert "WEIR_KAFKA_SASL_PASSWORD" in lines[0]
+    assert "wrong-password" not in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
 
 
 def test_the_sasl_broker_listens_on_127_0_0_1_only(sasl_broker: BrokerInstance) -> None:

@@ -44,13 +44,18 @@ def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]
     reports = {}
     pistachio = SCARCE
     for name, lines in screens.items():
-        served = invalid = revenue = 0
+        served = invalid = duplicate = revenue = 0
         aborted: Counter[str] = Counter()
+        taken: set[str] = set()
         for number, text in enumerate(lines, start=1):
             order, _ = parse_shop_order(text, CATALOGUE_CENTS)
             if order is None:
                 invalid += 1
                 continue
+            if order.order_id in taken:
+                duplicate += 1
+                continue
+            taken.add(order.order_id)
             accepted = card_accepted(SEED, f"{name}/{number}/{order.order_id}", REJECT_RATE)
             wanted = order.scoops.get("pistachio", 0)
             in_stock = wanted <= pistachio
@@ -66,6 +71,7 @@ def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]
             "aborted": sum(aborted.values()),
             "aborted_by_reason": dict(sorted(aborted.items())),
             "invalid": invalid,
+            "duplicate": duplicate,
             "revenue_cents": revenue,
         }
     return reports

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import default_bootstrap
+from app.settings import default_bootstrap, load_settings
 from app.shop_demo import read_screens
 from tests.conftest import ROOT
 
@@ -61,3 +62,32 @@ def test_sigterm_stops_a_demo_the_way_ctrl_c_does(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 143
     assert marker.read_text() == "workers stopped"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["app.shop_demo", "app.demo"])
+def test_a_broker_that_cannot_be_reached_is_one_line_naming_the_address_and_the_setting(command: str) -> None:
+    bootstrap = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"cannot reach the Kafka broker at {bootstrap}" in lines[0]
+    assert "connection refused" in lines[0]
+    assert "KAFKA_BOOTSTRAP" in lines[0]
+
+
+def test_the_demos_first_web_port_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WEIR_DEMO_WEB_PORT", raising=False)
+    assert load_settings().demo_web_port == 6066
+    monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "7100")
+    assert load_settings().demo_web_port == 7100
+    monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "70000")
+    with pytest.raises(ValueError, match="WEIR_DEMO_WEB_PORT=70000"):
+        load_settings()

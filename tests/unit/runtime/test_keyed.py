@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from app.errors import dead_letter_record, fitted_dead_letter
 from app.runtime import keyed
-from app.runtime.keyed import Change, KeyedState, Output, TableStore, Undeliverable, prepare_outputs
+from app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore, Undeliverable, prepare_outputs
 
 
 class Topic:
@@ -114,6 +114,17 @@ def test_the_other_outputs_and_keys_go_on_and_a_replacement_that_still_fails_is_
     assert table == {"a": {"n": 1}, "b": {"n": 2}}
     assert [value for _, value in topic.sent] == [b'"ok"', b'"ok"']
     assert sorted(letter["reason"] for letter in dead_letters) == ["rejected", "undeliverable"]
+
+
+def test_a_refusal_is_dead_lettered_with_the_patterns_own_reason(dead_letters: list[dict[str, Any]]) -> None:
+    table: dict[str, Any] = {}
+    shell: KeyedState[Any] = KeyedState(agent="t", store=TableStore(table, dict, dict), step="claim")  # type: ignore[arg-type]
+    change: Change[Any] = Change(state={"n": 1}, rejected=(Refusal("duplicate-order", "line 2 repeats line 1"), "plain"))
+    asyncio.run(shell.apply(_event(), "a", None, change))
+    assert [(letter["reason"], letter["error"], letter["step"]) for letter in dead_letters] == [
+        ("duplicate-order", "line 2 repeats line 1", "claim"),
+        ("rejected", "plain", "claim"),
+    ]
 
 
 def test_a_send_that_keeps_failing_raises_output_failed_after_the_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
