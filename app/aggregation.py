@@ -61,6 +61,7 @@ from tables.aggregates import (
     GroupState,
     GroupTransition,
     ItemOutcome,
+    Part,
     complete_at_once,
     complete_now,
     force_message,
@@ -69,6 +70,7 @@ from tables.aggregates import (
     on_item,
     on_late_item,
     on_open,
+    on_part,
 )
 
 __all__ = [
@@ -533,6 +535,8 @@ class Aggregation:
         self.late_items = 0
         #: groups an operator forced to complete or discard (:meth:`_on_force`)
         self.forced = 0
+        #: the position in its record of the bundled message being handled (:meth:`_on_bundled`)
+        self._in_record = 0
         #: the event being handled, and the result and context of the completion being applied (:meth:`_change`):
         #: an undeliverable result's outline is made from them (a flow's output is its resume message, not the result)
         self._event: EventT[bytes] | None = None
@@ -562,12 +566,14 @@ class Aggregation:
 
     async def _on_bundle(self, event: EventT[bytes], bundle: dict[str, Any], now: int) -> None:
         """A bundle of messages for this partition (:func:`send_bundled`): each handled alone, a bad one dead-lettered alone."""
+        self._in_record = 0
         await each_bundled(event, bundle, agent=self.agent, handle=functools.partial(self._on_bundled, now=now))
 
     async def _on_bundled(self, event: EventT[bytes], message: Any, *, now: int) -> None:
+        self._in_record += 1  # a part's position in its record: in order, bundles are handled one message after the other
         if not isinstance(message, dict) or message.get("kind") in ("tick", "bundle", "force"):
-            raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item' and 'items' messages, got {message!r:.200}")
-        await self._on_message(event, message, now)
+            raise InvalidMessage(f"{self.agent}: a bundle holds 'open', 'item', 'items' and 'part' messages, got {message!r:.200}")
+        await self._on_message(event, message, now, in_record=self._in_record)
 
     def _change(
         self,
@@ -643,12 +649,15 @@ class Aggregation:
         finally:
             self._event, self._completing = None, None
 
-    async def _on_message(self, event: EventT[bytes], message: dict[str, Any], now: int) -> None:
+    async def _on_message(self, event: EventT[bytes], message: dict[str, Any], now: int, *, in_record: int = 0) -> None:
         agent = self.agent
         correlation_id = message.get("correlation_id")
         if not isinstance(correlation_id, str) or not correlation_id:
             raise InvalidMessage(f"{agent}: field 'correlation_id' must be a non-empty string, got {correlation_id!r}")
         kind = message.get("kind")
+        if kind == "part":
+            await self._on_part(event, correlation_id, message, now, in_record)
+            return
         if kind == "open":
             await self._open(event, correlation_id, message, message.get("total"), now)
             return
@@ -660,7 +669,7 @@ class Aggregation:
             if not isinstance(outcomes, list) or not outcomes or not all(isinstance(outcome, dict) for outcome in outcomes):
                 raise InvalidMessage(f"{agent}: 'items' of {correlation_id!r} needs a non-empty list of objects, got {outcomes!r:.200}")
         else:
-            raise InvalidMessage(f"{agent}: field 'kind' must be 'open', 'item', 'items' or 'tick', got {kind!r}")
+            raise InvalidMessage(f"{agent}: field 'kind' must be 'open', 'item', 'items', 'part', 'tick' or 'force', got {kind!r}")
         folded = message.get("open")  # the group's open, come with its outcomes (a split of one chunk)
         if folded is not None and not isinstance(folded, dict):
             raise InvalidMessage(f"{agent}: field 'open' of {correlation_id!r} must be an object, got {type(folded).__name__}")
@@ -678,7 +687,7 @@ class Aggregation:
 
     async def _open(self, event: EventT[bytes], correlation_id: str, opened: dict[str, Any], total: Any, now: int) -> None:
         deadline_ms = self._open_fields(correlation_id, opened, total)
-        previous = self.keyed.load(correlation_id)
+        previous = self._indexed(correlation_id)
         if isinstance(previous, DoneState):
             return  # a redelivered open of a completed group
         transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"))
@@ -706,7 +715,7 @@ class Aggregation:
         """
         outcomes = self._outcomes(correlation_id, items, total)
         deadline_ms = None if opened is None else self._open_fields(correlation_id, opened, total)
-        previous = self.keyed.load(correlation_id)
+        previous = self._indexed(correlation_id)
         if isinstance(previous, DoneState):
             late = self._count_late(previous, outcomes)
             if late != previous:
@@ -730,6 +739,32 @@ class Aggregation:
             transition = GroupTransition(state=state)
         change = self._change(event, correlation_id, previous, transition, tuple(rejected))
         await self._apply(event, correlation_id, change, previous)
+
+    def _indexed(self, correlation_id: str) -> AggregateState | None:
+        """The key's state, for a split's open or outcomes: refused when the key holds a correlation group of parts."""
+        state = self.keyed.load(correlation_id)
+        if state is not None and state.position is not None:
+            raise InvalidMessage(f"{self.agent}: {correlation_id!r} is a correlation group of parts, not a split's group (indexed items)")
+        return state
+
+    async def _on_part(self, event: EventT[bytes], correlation_id: str, message: dict[str, Any], now: int, in_record: int) -> None:
+        """A part of a correlation group (:func:`tables.aggregates.on_part`): no index, placed by arrival.
+
+        Its read position (partition, offset, place in its record) tells a redelivery from a new part. A key
+        holds either correlation groups or a split's indexed groups, never both.
+        """
+        flag = message.get("flag", False)
+        if not isinstance(flag, bool):
+            raise InvalidMessage(f"{self.agent}: a part's 'flag' must be true or false, got {flag!r:.100}")
+        previous = self.keyed.load(correlation_id)
+        if isinstance(previous, GroupState | DoneState) and previous.position is None:
+            raise InvalidMessage(f"{self.agent}: {correlation_id!r} is a split's group (indexed items), not a correlation group of parts")
+        position = (event.message.partition, event.message.offset, in_record)
+        part = Part(payload=message.get("payload"), position=position, flag=flag, context=message.get("context"))
+        transition = on_part(previous, self.config, correlation_id, part, now)
+        if isinstance(previous, DoneState) and transition.done is not None and transition.done.late_parts > previous.late_parts:
+            self.late_items += 1
+        await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
 
     def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
         updated = done
@@ -775,8 +810,8 @@ class Aggregation:
         """Walks the deadline index from the last walked second to now: work per due entry, not per open group."""
 
         def due_ms(kind: str, state: AggregateState) -> int | None:
-            if isinstance(state, GroupState):
-                return state.due_ms(self.config)
+            if isinstance(state, GroupState):  # (a done mark's entry met by a reopened key's group: its own entry stands)
+                return state.due_ms(self.config) if kind == "group" else None
             # A group's own deadline entry met after it completed is dropped; the done mark has its own entry.
             return state.expires_ms if kind == "done" else None
 
