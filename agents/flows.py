@@ -47,18 +47,7 @@ from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, va
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
 from tables.aggregates import AggregatorConfig
-from tables.barrier import (
-    COMPLETED,
-    FAILED,
-    RELEASE_ALL,
-    BarrierState,
-    BarrierTransition,
-    Failure,
-    Waiting,
-    on_arrival,
-    on_completion,
-    on_tick,
-)
+from tables.barrier import COMPLETED, FAILED, BarrierState, BarrierTransition, Failure, Waiting, on_arrival, on_completion, on_tick
 
 __all__ = ["load_flows", "FLOWS"]
 
@@ -585,7 +574,7 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
                 resume_step=int(message["resume_step"]),
                 meta=dict(message.get("meta") or {}),
             )
-            transition = on_arrival(previous, key, waiting, name, now, on_duplicate=RELEASE_ALL)
+            transition = on_arrival(previous, key, waiting, name, now, on_duplicate=compiled.barrier.on_duplicate)
         elif kind == "completion":
             flow = str(message["flow"])
             remember = compiled.remember_ms.get(flow)
