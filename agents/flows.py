@@ -568,7 +568,7 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
                 resume_step=int(message["resume_step"]),
                 meta=dict(message.get("meta") or {}),
             )
-            transition = on_arrival(previous, key, waiting, name, now)
+            transition = on_arrival(previous, key, waiting, name, now, on_duplicate=compiled.barrier.on_duplicate)
         elif kind == "completion":
             flow = str(message["flow"])
             remember = compiled.remember_ms.get(flow)

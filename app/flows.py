@@ -6,7 +6,8 @@
         Flow("dispatch", source="dispatch-in")
         .process("validate", validate)
         .barrier("await-kitchen-and-payment", correlate_by=header("order-id"),
-                 awaits=["kitchen", Await("payment", key=payload("order.id"))], timeout_ms=30 * 60_000)
+                 awaits=["kitchen", Await("payment", key=payload("order.id"))], timeout_ms=30 * 60_000,
+                 on_duplicate="reject")     # a second exchange for the order while one waits: dead-lettered
         .process("dispatch-order", dispatch_order)
         .to("dispatched")
     )
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tables.aggregates import AggregatorConfig
+from tables.barrier import DUPLICATE_RULES, REJECT, OnDuplicate
 
 __all__ = [
     "Exchange",
@@ -131,6 +133,8 @@ class Barrier:
     awaits: tuple[Await, ...]
     timeout_ms: int
     correlate_by: KeyExpr | None
+    #: what an exchange arriving on a key where another one waits does (see :meth:`Flow.barrier`)
+    on_duplicate: OnDuplicate = REJECT
 
     def key_for(self, awaited: Await) -> KeyExpr:
         key = awaited.key or self.correlate_by
@@ -315,9 +319,19 @@ class Flow:
         awaits: Sequence[str | Await],
         timeout_ms: int | None,
         correlate_by: KeyExpr | None = None,
+        on_duplicate: OnDuplicate = REJECT,
     ) -> Flow:
-        """Wait until every awaited flow completed for the exchange's key, then go on unchanged."""
+        """Wait until every awaited flow completed for the exchange's key, then go on unchanged.
+
+        One exchange waits per key: another arriving while it waits is dead-lettered ``duplicate-waiter``
+        (``on_duplicate="reject"``). ``"release-all"`` lets both wait, each released when its flows completed;
+        ``"replace"`` lets the newcomer wait in place of the one waiting, which is dead-lettered ``superseded``.
+        A redelivered copy of the same exchange is never a second waiter.
+        """
         where = f"flow {self.name!r}, barrier {name!r}"
+        if on_duplicate not in DUPLICATE_RULES:
+            message = f"{where}: on_duplicate must be one of {list(DUPLICATE_RULES)}, got {on_duplicate!r}"
+            raise FlowDeclarationError(message)
         if not awaits:
             message = f"{where}: a barrier needs at least one await"
             raise FlowDeclarationError(message)
@@ -334,7 +348,7 @@ class Flow:
         if keyless:
             message = f"{where}: await(s) of {keyless} have no key: give the barrier correlate_by= or each await a key"
             raise FlowDeclarationError(message)
-        return self._add(Step("barrier", name, barrier=Barrier(name, normalized, timeout_ms, correlate_by)))
+        return self._add(Step("barrier", name, barrier=Barrier(name, normalized, timeout_ms, correlate_by, on_duplicate)))
 
     def barriers(self) -> list[Barrier]:
         return [step.barrier for step in self.steps if step.barrier is not None]

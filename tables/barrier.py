@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "FlowCompletion",
@@ -17,10 +17,25 @@ __all__ = [
     "on_tick",
     "COMPLETED",
     "FAILED",
+    "OnDuplicate",
+    "REJECT",
+    "RELEASE_ALL",
+    "REPLACE",
+    "DUPLICATE_RULES",
 ]
 
 COMPLETED = "completed"
 FAILED = "failed"
+
+#: What a barrier does with an exchange that arrives on a key where another one already waits.
+OnDuplicate = Literal["reject", "release-all", "replace"]
+#: The newcomer is dead-lettered 'duplicate-waiter'; the one waiting keeps waiting, unchanged (Spring Integration's barrier).
+REJECT: OnDuplicate = "reject"
+#: Both wait, each released (or failed) on its own: one completion can release them together.
+RELEASE_ALL: OnDuplicate = "release-all"
+#: The newcomer waits in place of the one waiting, which is dead-lettered 'superseded'.
+REPLACE: OnDuplicate = "replace"
+DUPLICATE_RULES: tuple[OnDuplicate, ...] = (REJECT, RELEASE_ALL, REPLACE)
 
 
 @dataclass(frozen=True)
@@ -135,7 +150,10 @@ class Release:
 
 @dataclass(frozen=True)
 class Failure:
-    """An exchange given up: an awaited flow failed definitively, or the timeout passed."""
+    """An exchange given up: an awaited flow failed definitively, the timeout passed, or the duplicate rule refused it.
+
+    ``missing``: the awaited flows it still waited for (none for an exchange refused as a duplicate waiter).
+    """
 
     waiting: Waiting
     reason: str
@@ -167,11 +185,43 @@ def _finish(state: BarrierState) -> BarrierState | None:
     return None if state.is_empty() else state
 
 
-def on_arrival(state: BarrierState | None, key: str, waiting: Waiting, barrier_name: str, now_ms: int) -> BarrierTransition:
-    """An exchange reached the barrier: it goes on at once if every awaited flow already completed."""
+def on_arrival(
+    state: BarrierState | None, key: str, waiting: Waiting, barrier_name: str, now_ms: int, *, on_duplicate: OnDuplicate
+) -> BarrierTransition:
+    """An exchange reached the barrier: it goes on at once if every awaited flow already completed.
+
+    One that arrives while another exchange waits on the key is handled by ``on_duplicate``. A redelivered
+    arrival (an exchange id waiting or settled here) is no second waiter: it changes nothing.
+    """
+    if on_duplicate not in DUPLICATE_RULES:
+        message = f"barrier {barrier_name!r}: on_duplicate must be one of {list(DUPLICATE_RULES)}, got {on_duplicate!r}"
+        raise ValueError(message)
     current = state or BarrierState(key=key)
     if waiting.exchange_id in current.settled or any(item.exchange_id == waiting.exchange_id for item in current.waiting):
         return BarrierTransition(state=state)  # redelivered arrival: counted once
+    superseded: list[Failure] = []
+    if current.waiting and on_duplicate == REJECT:
+        first = current.waiting[0]
+        error = (
+            f"barrier {barrier_name!r}: exchange {waiting.exchange_id!r} of flow {waiting.flow!r} arrived for key {key!r} "
+            f"while exchange {first.exchange_id!r} waits there; the barrier takes one waiter per key (on_duplicate='reject')"
+        )
+        # Settled like any exchange given up: a redelivered copy of the refused arrival is ignored, not refused twice.
+        return BarrierTransition(state=_settle(current, waiting), failures=(Failure(waiting, "duplicate-waiter", error, ()),))
+    if current.waiting and on_duplicate == REPLACE:
+        for older in current.waiting:  # one under this rule; more if the barrier ran under 'release-all' before
+            error = (
+                f"barrier {barrier_name!r}: exchange {older.exchange_id!r} of flow {older.flow!r} waiting for key {key!r} "
+                f"was replaced by exchange {waiting.exchange_id!r} (on_duplicate='replace')"
+            )
+            superseded.append(Failure(older, "superseded", error, older.missing))
+            current = _settle(current, older)
+    transition = _admit(current, key, waiting, barrier_name, now_ms)
+    return replace(transition, failures=(*superseded, *transition.failures))
+
+
+def _admit(current: BarrierState, key: str, waiting: Waiting, barrier_name: str, now_ms: int) -> BarrierTransition:
+    """The arrival once the duplicate rule let it in: failed, released, or waiting for what has not completed yet."""
     satisfied: list[str] = []
     for flow in waiting.awaited:
         completion = _current(current, flow, now_ms)

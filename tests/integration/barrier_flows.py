@@ -10,6 +10,8 @@ from typing import Any
 from app.flows import Await, Exchange, Flow, header, payload
 
 TIMEOUT_MS = int(os.environ.get("TEST_BARRIER_TIMEOUT_MS", "30000"))
+#: The dispatch barrier's rule for a second exchange of one order while one waits ("reject" is the default).
+ON_DUPLICATE: Any = os.environ.get("TEST_BARRIER_ON_DUPLICATE", "reject")
 _failures_so_far: dict[str, int] = {}
 
 
@@ -63,6 +65,7 @@ FLOWS = [
             correlate_by=header("order-id"),
             awaits=["kitchen", Await("payment", key=payload("order.id"))],
             timeout_ms=TIMEOUT_MS,
+            on_duplicate=ON_DUPLICATE,
         )
         .process("dispatch-order", dispatch_order)
         .to("dispatched")

@@ -164,6 +164,43 @@ def test_timeout_dead_letters_names_what_was_awaited_tells_awaiting_flows_and_ig
     assert read_all(pipeline, "notified", expected=1, timeout_s=1) == []
 
 
+def copy_of_dispatch(order_id: str, copy: int) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """A dispatch of ``order_id`` told apart from its other copies by the payload field ``copy``."""
+    key, body, headers = dispatch(order_id)
+    return (key, {**body, "copy": copy}, headers)
+
+
+def test_a_second_waiter_on_a_key_is_dead_lettered_and_the_first_released_once(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline).wait_ready()  # the barrier's default rule: on_duplicate="reject"
+    send(pipeline, "dispatch-in", [copy_of_dispatch("twice", 1), copy_of_dispatch("twice", 2)])
+    [record] = read_all(pipeline, "dead-letters", expected=1, timeout_s=30)
+    letter = orjson.loads(record.value)
+    assert (letter["reason"], letter["agent"], letter["step"]) == ("duplicate-waiter", "flow:dispatch", BARRIER)
+    assert "arrived for key 'twice' while exchange" in letter["error"]
+    assert orjson.loads(letter["value"]["text"])["payload"]["copy"] == 2, "the dead letter carries the second exchange"
+    send(pipeline, "kitchen", [kitchen("twice")])
+    send(pipeline, "payment", [payment("twice")])
+    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
+    assert orjson.loads(message.value)["copy"] == 1, "the first goes on, as it arrived"
+    outcomes = [orjson.loads(row.value) for row in read_all(pipeline, "flow.dispatch.outcomes", expected=2, timeout_s=10)]
+    assert sorted(outcome["outcome"] for outcome in outcomes) == ["completed", "failed"], "the refused execution ends failed"
+    time.sleep(2)
+    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1, "released once"
+    assert len(read_all(pipeline, "dead-letters", expected=2, timeout_s=1)) == 1
+
+
+def test_release_all_releases_every_waiter_on_a_key_together(pipeline: Pipeline) -> None:
+    prepare(pipeline)
+    start_flows(pipeline, TEST_BARRIER_ON_DUPLICATE="release-all").wait_ready()
+    send(pipeline, "dispatch-in", [copy_of_dispatch("both", 1), copy_of_dispatch("both", 2)])
+    send(pipeline, "kitchen", [kitchen("both")])
+    send(pipeline, "payment", [payment("both")])
+    messages = read_all(pipeline, "dispatched", expected=2, timeout_s=30)
+    assert sorted(orjson.loads(message.value)["copy"] for message in messages) == [1, 2]
+    assert read_all(pipeline, "dead-letters", expected=1, timeout_s=1) == []
+
+
 def test_worker_refuses_a_graph_that_cannot_run(pipeline: Pipeline, tmp_path: Path) -> None:
     module = tmp_path / "cyclic_flows.py"
     module.write_text(

@@ -36,6 +36,21 @@ def test_the_same_flow_cannot_be_awaited_twice() -> None:
         )
 
 
+def test_a_barrier_rejects_a_second_waiter_unless_told_otherwise() -> None:
+    [default] = Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1000, correlate_by=header("k")).barriers()
+    assert default.on_duplicate == "reject"
+    for rule in ("release-all", "replace"):
+        flow = Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1000, correlate_by=header("k"), on_duplicate=rule)
+        assert flow.barriers()[0].on_duplicate == rule
+
+
+def test_an_unknown_duplicate_rule_is_refused_where_declared() -> None:
+    with pytest.raises(
+        FlowDeclarationError, match=r"flow 'd', barrier 'b': on_duplicate must be one of \['reject', 'release-all', 'replace'\], got 'last'"
+    ):
+        Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1000, correlate_by=header("k"), on_duplicate="last")  # type: ignore[arg-type]
+
+
 def test_every_await_may_have_its_own_key_without_correlate_by() -> None:
     flow = Flow("d", source="in").barrier(
         "b", awaits=[Await("kitchen", key=header("k")), Await("payment", key=payload("order.id"))], timeout_ms=1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -16,11 +16,16 @@ from hypothesis import strategies as st
 
 from tables.barrier import (
     COMPLETED,
+    DUPLICATE_RULES,
     FAILED,
+    REJECT,
+    RELEASE_ALL,
+    REPLACE,
     BarrierState,
     BarrierTransition,
     Failure,
     FlowCompletion,
+    OnDuplicate,
     Release,
     Waiting,
     on_arrival,
@@ -74,6 +79,7 @@ class Barrier:
     name: str = BARRIER
     now: int = 1_000
     remember_ms: int = REMEMBER_MS
+    on_duplicate: OnDuplicate = REJECT
     state: BarrierState | None = None
     releases: list[Release] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -85,7 +91,7 @@ class Barrier:
         return transition
 
     def arrive(self, waiting: Waiting) -> BarrierTransition:
-        return self._apply(on_arrival(self.state, self.key, waiting, self.name, self.now))
+        return self._apply(on_arrival(self.state, self.key, waiting, self.name, self.now, on_duplicate=self.on_duplicate))
 
     def complete(self, flow: str, outcome: str = COMPLETED, error: str | None = None) -> BarrierTransition:
         return self._apply(on_completion(self.state, self.key, flow, outcome, error, self.remember_ms, self.name, self.now))
@@ -443,8 +449,8 @@ def test_timeout_reports_exactly_the_flows_not_yet_completed(awaited: list[str],
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_several_exchanges_on_one_key_are_released_independently() -> None:
-    barrier = Barrier()
+def test_several_exchanges_on_one_key_are_released_independently_under_release_all() -> None:
+    barrier = Barrier(on_duplicate=RELEASE_ALL)
     barrier.arrive(waiting_for(("queue://kitchen", "queue://payment"), barrier.now, exchange_id="a", resume_step=1))
     barrier.now += 1
     barrier.arrive(waiting_for(("queue://payment", "queue://stock"), barrier.now, exchange_id="b", resume_step=2))
@@ -484,14 +490,186 @@ def test_several_exchanges_on_one_key_are_released_independently() -> None:
     assert len(barrier.failures) == 1
 
 
-def test_one_completion_releases_every_exchange_it_completes_at_once() -> None:
-    barrier = Barrier()
+def test_one_completion_releases_every_exchange_it_completes_at_once_under_release_all() -> None:
+    barrier = Barrier(on_duplicate=RELEASE_ALL)
     for exchange_id in ("x", "y", "z"):
         barrier.arrive(waiting_for(("queue://kitchen",), barrier.now, exchange_id=exchange_id))
     transition = barrier.complete("queue://kitchen")
     assert [release.waiting.exchange_id for release in transition.releases] == ["x", "y", "z"]
     assert transition.state is not None
     assert transition.state.waiting == ()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A second waiter on a key where one already waits: the barrier's on_duplicate rule.
+# --------------------------------------------------------------------------------------------------------------
+
+BOTH = ("queue://kitchen", "queue://payment")
+
+
+def test_reject_dead_letters_the_second_waiter_and_leaves_the_first_as_it_was() -> None:
+    barrier = Barrier()  # on_duplicate defaults to 'reject'
+    barrier.arrive(waiting_for(BOTH, barrier.now, exchange_id="first"))
+    barrier.complete("queue://kitchen")
+    before = barrier.state
+    assert before is not None
+    barrier.now += 10
+    second = waiting_for(BOTH, barrier.now, exchange_id="second")
+    transition = barrier.arrive(second)
+    assert transition.releases == ()
+    [failure] = transition.failures
+    assert (failure.reason, failure.waiting, failure.missing) == ("duplicate-waiter", second, ())
+    for expected in (repr(BARRIER), repr("second"), repr("first"), repr(KEY), "on_duplicate='reject'"):
+        assert expected in failure.error
+    assert transition.state is not None
+    assert transition.state.waiting == before.waiting, "the first waits on, unchanged"
+    assert set(transition.state.settled) == {"second"}
+
+    barrier.now += 10
+    transition = barrier.complete("queue://payment")
+    assert [release.waiting.exchange_id for release in transition.releases] == ["first"]
+    assert transition.releases[0].waiting.exchange == exchange_snapshot("first")
+    assert len(barrier.failures) == 1
+
+
+def test_a_redelivered_arrival_is_never_a_second_waiter() -> None:
+    barrier = Barrier()
+    first = waiting_for(BOTH, barrier.now, exchange_id="first")
+    barrier.arrive(first)
+    barrier.now += 10
+    # The same exchange, redelivered (same exchange id, a later arrival time): not a duplicate waiter.
+    transition = barrier.arrive(replace(first, arrived_ms=barrier.now))
+    assert transition == BarrierTransition(state=barrier.state)
+    second = waiting_for(BOTH, barrier.now, exchange_id="second")
+    assert [failure.reason for failure in barrier.arrive(second).failures] == ["duplicate-waiter"]
+    # The refused one, redelivered: refused once only.
+    before = barrier.state
+    assert barrier.arrive(second) == BarrierTransition(state=before)
+    assert len(barrier.failures) == 1
+
+
+def test_release_all_lets_both_wait_and_releases_them_together() -> None:
+    barrier = Barrier(on_duplicate=RELEASE_ALL)
+    barrier.arrive(waiting_for(BOTH, barrier.now, exchange_id="first"))
+    barrier.now += 10
+    assert barrier.arrive(waiting_for(BOTH, barrier.now, exchange_id="second")).failures == ()
+    barrier.complete("queue://kitchen")
+    transition = barrier.complete("queue://payment")
+    assert [release.waiting.exchange_id for release in transition.releases] == ["first", "second"]
+    assert barrier.failures == []
+
+
+def test_replace_supersedes_the_one_waiting_and_the_newcomer_waits_in_its_place() -> None:
+    barrier = Barrier(on_duplicate=REPLACE)
+    older = waiting_for(BOTH, barrier.now, exchange_id="older")
+    barrier.arrive(older)
+    barrier.complete("queue://kitchen")
+    barrier.now += 10
+    transition = barrier.arrive(waiting_for(BOTH, barrier.now, exchange_id="newer"))
+    assert transition.releases == ()
+    [failure] = transition.failures
+    assert (failure.reason, failure.waiting.exchange_id, failure.missing) == ("superseded", "older", ("queue://payment",))
+    for expected in (repr(BARRIER), repr("older"), repr("newer"), repr(KEY), "on_duplicate='replace'"):
+        assert expected in failure.error
+    assert transition.state is not None
+    [newer] = transition.state.waiting
+    assert (newer.exchange_id, newer.satisfied) == ("newer", ("queue://kitchen",)), "remembered completions count for it"
+    assert barrier.arrive(older) == BarrierTransition(state=barrier.state), "the superseded one, redelivered, is ignored"
+    barrier.now += 10
+    assert [release.waiting.exchange_id for release in barrier.complete("queue://payment").releases] == ["newer"]
+    assert len(barrier.failures) == 1
+
+
+@pytest.mark.parametrize("rule", DUPLICATE_RULES)
+def test_once_the_waiter_went_on_the_next_exchange_on_the_key_is_no_duplicate(rule: OnDuplicate) -> None:
+    barrier = Barrier(on_duplicate=rule)
+    barrier.arrive(waiting_for(("queue://kitchen",), barrier.now, exchange_id="first"))
+    barrier.complete("queue://kitchen")
+    barrier.now += 10
+    transition = barrier.arrive(waiting_for(("queue://kitchen",), barrier.now, exchange_id="next"))
+    assert [release.waiting.exchange_id for release in transition.releases] == ["next"], "released by the remembered completion"
+    assert barrier.failures == []
+
+
+def test_an_unknown_rule_is_refused_naming_the_barrier_and_the_rules() -> None:
+    with pytest.raises(ValueError, match=r"barrier 'await-kitchen-and-payment': on_duplicate must be one of \['reject', 'release-all'"):
+        on_arrival(None, KEY, waiting_for(BOTH, 0), BARRIER, 0, on_duplicate="sometimes")  # type: ignore[arg-type]
+
+
+def expected_outputs(rule: OnDuplicate, awaited: tuple[str, ...], events: list[str]) -> list[tuple[list[str], list[tuple[str, str]]]]:
+    """What each event must do under ``rule``, by a plain model: (ids released, (reason, id) given up)."""
+    completed: set[str] = set()
+    waiting: list[str] = []
+    seen: set[str] = set()
+    outputs: list[tuple[list[str], list[tuple[str, str]]]] = []
+    for event in events:
+        released: list[str] = []
+        given_up: list[tuple[str, str]] = []
+        if event.startswith("ex-") and event not in seen:
+            seen.add(event)
+            if waiting and rule == REJECT:
+                given_up.append(("duplicate-waiter", event))
+            else:
+                if waiting and rule == REPLACE:
+                    given_up += [("superseded", older) for older in waiting]
+                    waiting = []
+                waiting.append(event)
+        elif event in awaited:
+            completed.add(event)
+        if set(awaited) <= completed:
+            released, waiting = waiting, []
+        outputs.append((released, given_up))
+    return outputs
+
+
+@st.composite
+def duplicate_scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    awaited = tuple(draw(st.lists(st.sampled_from(FLOWS), min_size=1, max_size=3, unique=True)))
+    exchanges = [f"ex-{number}" for number in range(draw(st.integers(min_value=1, max_value=4)))]
+    events: list[str] = []
+    for exchange_id in exchanges:
+        events += [exchange_id] * draw(st.integers(min_value=1, max_value=3))  # copies after the first are redeliveries
+    for flow in awaited:
+        events += [flow] * draw(st.integers(min_value=0, max_value=2))
+    events += draw(st.lists(st.sampled_from(NOISE), max_size=2))
+    events += [TICK] * draw(st.integers(min_value=0, max_value=2))
+    events = list(draw(st.permutations(events)))
+    gaps = draw(st.lists(st.integers(min_value=0, max_value=10_000), min_size=len(events), max_size=len(events)))
+    return {"rule": draw(st.sampled_from(DUPLICATE_RULES)), "awaited": awaited, "events": events, "gaps": gaps}
+
+
+@PROPERTY
+@given(duplicate_scenarios())
+def test_any_interleaving_of_waiters_redeliveries_and_completions_follows_the_rule(scenario: dict[str, Any]) -> None:
+    rule: OnDuplicate = scenario["rule"]
+    awaited: tuple[str, ...] = scenario["awaited"]
+    events: list[str] = scenario["events"]
+    barrier = Barrier(on_duplicate=rule)
+    first_arrival: dict[str, Waiting] = {}
+    for event, gap, (released, given_up) in zip(events, scenario["gaps"], expected_outputs(rule, awaited, events), strict=True):
+        barrier.now += gap
+        before = barrier.state
+        if event == TICK:
+            transition = barrier.tick()
+        elif event.startswith("ex-"):
+            waiting = waiting_for(awaited, barrier.now, exchange_id=event)
+            transition = barrier.arrive(waiting)
+            if event in first_arrival:
+                assert transition == BarrierTransition(state=before), "a redelivered arrival changes nothing"
+            first_arrival.setdefault(event, waiting)
+        else:
+            transition = barrier.complete(event)
+        assert [release.waiting.exchange_id for release in transition.releases] == released
+        assert [(failure.reason, failure.waiting.exchange_id) for failure in transition.failures] == given_up
+        for outcome in (*transition.releases, *transition.failures):
+            assert outcome.waiting.exchange == first_arrival[outcome.waiting.exchange_id].exchange, "as it arrived the first time"
+        if rule != RELEASE_ALL and barrier.state is not None:
+            assert len(barrier.state.waiting) <= 1, "one waiter per key"
+
+    # Every exchange ends up in exactly one place: released, given up, or still waiting.
+    settled = [outcome.waiting.exchange_id for outcome in (*barrier.releases, *barrier.failures)]
+    still_waiting = [item.exchange_id for item in barrier.state.waiting] if barrier.state is not None else []
+    assert sorted(settled + still_waiting) == sorted(first_arrival)
 
 
 # --------------------------------------------------------------------------------------------------------------
