@@ -197,6 +197,41 @@ def _segment_steps(compiled: CompiledFlow, segment: Segment) -> Any:
     return run
 
 
+@dataclass
+class CompiledAggregate:
+    """An aggregate that groups exchanges by key (no split before it): where the exchanges go, and the stage."""
+
+    flow: CompiledFlow
+    index: int
+    results: faust.TopicT
+    aggregation: Aggregation
+
+
+_correlating: dict[tuple[str, int], CompiledAggregate] = {}
+
+
+def _aggregation(compiled: CompiledFlow, step: Step, results: faust.TopicT) -> Aggregation:
+    """The aggregate stage of ``step`` (a split's or a correlation aggregate): its tables, and the resume of the flow."""
+    assert step.aggregate is not None
+    flow_name, name = compiled.flow.name, step.name
+    agent = f"flow:{flow_name}:{name}"
+    return Aggregation(
+        agent=agent,
+        config=step.aggregate.config(done_retention_ms=settings.done_retention_ms),
+        open_groups=json_table(
+            f"flow-{flow_name}-{name}",
+            f"Open groups of aggregate {name!r} of flow {flow_name!r} by correlation id: the items' outcomes (or the "
+            "exchanges' payloads) so far, the deadline, the exchange to resume (value: tables.aggregates.GroupState).",
+        ),
+        done_groups=json_table(
+            f"flow-{flow_name}-{name}-done",
+            f"Completed groups of aggregate {name!r}, kept to count late items (value: tables.aggregates.DoneState).",
+        ),
+        deadlines=json_table(f"flow-{flow_name}-{name}-deadlines", f"Deadline index of aggregate {name!r} (app.deadlines.DeadlineIndex)."),
+        outputs=_resume_after_aggregate(compiled, agent),
+    )
+
+
 def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
     def outputs(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
         if not isinstance(context, dict) or not isinstance(context.get("exchange"), dict):
@@ -216,7 +251,12 @@ def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
             return [Output(topics.dead_letters, correlation_id, record, what="a dead letter")]
         exchange = Exchange.from_dict(context["exchange"])
         exchange.payload = result
-        resume = {"exchange": exchange.to_dict(), "meta": context.get("meta") or {}, "resume_step": context.get("resume_step")}
+        meta = dict(context.get("meta") or {})
+        if "sequence" in result:  # a correlation group's result starts an execution of its own, keyed by the group's key
+            exchange.key = correlation_id
+            meta["exchange_id"] = f"{compiled.flow.name}:{result.get('aggregator')}:{correlation_id}#{result['sequence']}"
+            meta["keys"] = {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by}
+        resume = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": context.get("resume_step")}
         key = exchange.key if exchange.key is not None else correlation_id
         return [Output(compiled.resume, key, resume, what="the resume after the aggregate")]
 
@@ -232,7 +272,6 @@ for _compiled_flow in _running:
         assert _aggregate_step.aggregate is not None
         _flow_name, _aggregate_name = _compiled_flow.flow.name, _aggregate_step.name
         _results = _topic(f"flow.{_flow_name}.{_aggregate_name}.results")
-        _agent_name = f"flow:{_flow_name}:{_aggregate_name}"
         _segments[(_flow_name, _segment.split_index)] = CompiledSegment(
             flow=_compiled_flow,
             segment=_segment,
@@ -246,24 +285,14 @@ for _compiled_flow in _running:
                 concurrency=1,
                 bundle=settings.bundle,
             ),
-            aggregation=Aggregation(
-                agent=_agent_name,
-                config=_aggregate_step.aggregate.config(done_retention_ms=settings.done_retention_ms),
-                open_groups=json_table(
-                    f"flow-{_flow_name}-{_aggregate_name}",
-                    f"Open groups of aggregate {_aggregate_name!r} of flow {_flow_name!r} by correlation id: the items' outcomes "
-                    "so far, the deadline, the exchange before the split (value: tables.aggregates.GroupState).",
-                ),
-                done_groups=json_table(
-                    f"flow-{_flow_name}-{_aggregate_name}-done",
-                    f"Completed groups of aggregate {_aggregate_name!r}, kept to count late items (value: tables.aggregates.DoneState).",
-                ),
-                deadlines=json_table(
-                    f"flow-{_flow_name}-{_aggregate_name}-deadlines",
-                    f"Deadline index of aggregate {_aggregate_name!r} (app.deadlines.DeadlineIndex).",
-                ),
-                outputs=_resume_after_aggregate(_compiled_flow, _agent_name),
-            ),
+            aggregation=_aggregation(_compiled_flow, _aggregate_step, _results),
+        )
+
+    for _index in _compiled_flow.flow.correlation_aggregates():
+        _step = _compiled_flow.flow.steps[_index]
+        _results = _topic(f"flow.{_compiled_flow.flow.name}.{_step.name}.results")
+        _correlating[(_compiled_flow.flow.name, _index)] = CompiledAggregate(
+            _compiled_flow, _index, _results, _aggregation(_compiled_flow, _step, _results)
         )
 
 
@@ -271,6 +300,7 @@ def all_topics() -> list[faust.TopicT]:
     """Every topic the flows read or write (created at worker start)."""
     topics = [topic for compiled in _flows.values() for topic in (compiled.source, compiled.resume, compiled.outcomes)]
     topics += [topic for segment in _segments.values() for topic in (segment.items, segment.results)]
+    topics += [aggregate.results for aggregate in _correlating.values()]
     topics += list(_barrier_topics.values())
     topics += [_topic(step.topic) for flow in FLOWS for step in flow.steps if step.kind == "to" and step.topic]
     return topics
@@ -373,7 +403,8 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             await _split(compiled, step, index, exchange, meta, event)
             return  # the execution goes on after the aggregate, on this flow's resume topic
         elif step.kind == "aggregate":
-            raise RuntimeError(f"flow {compiled.flow.name!r}: aggregate {step.name!r} reached without its split")
+            await _to_correlation_group(compiled, step, index, exchange, meta, event)
+            return  # this execution ends here; the group's result starts one of its own
         elif step.kind == "barrier":
             barrier = step.barrier
             assert barrier is not None
@@ -427,6 +458,40 @@ async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Excha
         headers=exchange.headers,
     )
     await send_split(correlation_id, opened, chunks, results=segment.results, items=segment.items)
+
+
+async def _to_correlation_group(
+    compiled: CompiledFlow, step: Step, index: int, exchange: Exchange, meta: dict[str, Any], event: EventT[bytes]
+) -> None:
+    """Send the exchange as a part of its key's group (a correlation aggregate), and end its execution, completed.
+
+    The part and the outcome go in the transaction that commits the exchange's offset: the part is merged
+    once (the aggregate knows a redelivery by its read position), and the execution is accounted for.
+    """
+    aggregate = step.aggregate
+    assert aggregate is not None
+    assert aggregate.correlate_by is not None
+    key = aggregate.correlate_by(exchange)
+    if key is None:
+        unreadable = f"flow {compiled.flow.name!r}, aggregate {step.name!r}: the key ({aggregate.correlate_by.description}) cannot be read"
+        await _fail(compiled, exchange, meta, step, "invalid", unreadable, 1, event)
+        return
+    try:
+        flag = bool(aggregate.complete_on(exchange)) if aggregate.complete_on is not None else False
+    except Exception as raised:
+        problem = f"flow {compiled.flow.name!r}, aggregate {step.name!r}: complete_on failed: {describe_error(raised)}"
+        await _fail(compiled, exchange, meta, step, "invalid", problem, 1, event)
+        return
+    target = _correlating[(compiled.flow.name, index)]
+    # The group's result replaces the payload on resume: the context keeps the rest of the exchange only.
+    context = {"exchange": {**exchange.to_dict(), "payload": None}, "meta": {}, "resume_step": index + 1}
+    part = {"kind": "part", "correlation_id": key, "payload": exchange.payload, "flag": flag, "context": context}
+    outputs = [Output(target.results, key, part, what=f"a part for aggregate {step.name!r}")]
+    failed = await send_checked(event, outputs, agent=f"flow:{compiled.flow.name}", step=step.name)
+    if failed:
+        await publish_outcome(compiled, meta, FAILED, f"aggregate {step.name!r}: {failed[0].problem}", event)
+        return
+    await publish_outcome(compiled, meta, COMPLETED, None, event)
 
 
 def _exchange_from_event(event: EventT[bytes], body: Any) -> Exchange:
@@ -492,6 +557,15 @@ for _compiled_segment in _segments.values():
     app.agent(_compiled_segment.items, name=_names[0])(_items_agent)
     app.agent(_compiled_segment.results, name=_names[1])(_aggregate_agent)
     tick_every(_compiled_segment.results)
+
+for _compiled_aggregate in _correlating.values():
+
+    async def _correlation_agent(stream: StreamT[bytes], compiled: CompiledAggregate = _compiled_aggregate) -> None:
+        agent = compiled.aggregation.agent
+        await handle_events(stream, agent=agent, what=f"{agent}: message", handler=compiled.aggregation.handle, batched=True)
+
+    app.agent(_compiled_aggregate.results, name=_compiled_aggregate.aggregation.agent.replace(":", "-"))(_correlation_agent)
+    tick_every(_compiled_aggregate.results)
 
 
 # ---------------------------------------------------------------------------------------------------

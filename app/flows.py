@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tables.aggregates import AggregatorConfig
+from tables.aggregates import ONE_SHOT, AggregatorConfig
 from tables.barrier import DUPLICATE_RULES, REJECT, OnDuplicate
 
 __all__ = [
@@ -100,6 +100,18 @@ class KeyExpr:
         return str(value)
 
 
+def _flag_of(expr: KeyExpr) -> Callable[[Exchange], Any]:
+    """A flag read by a key expression: its value, or None where the exchange does not have it (a header or field absent)."""
+
+    def flag(exchange: Exchange) -> Any:
+        try:
+            return expr.read(exchange)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+
+    return flag
+
+
 def header(name: str) -> KeyExpr:
     """The key is the value of header ``name``."""
     return KeyExpr(f"header {name!r}", lambda exchange: exchange.headers[name])
@@ -160,6 +172,18 @@ class Aggregate:
     timeout_ms: int | None
     complete_by: tuple[str, ...]
     inactivity_ms: int | None = None
+    #: a correlation aggregate (no split before it): the key its exchanges are grouped by
+    correlate_by: KeyExpr | None = None
+    groups: str = ONE_SHOT
+    complete_size: int | None = None
+    complete_when: Callable[[list[Any]], bool] | None = None
+    #: a correlation aggregate: an exchange for which this is true completes its group now, with it
+    complete_on: Callable[[Exchange], Any] | None = None
+
+    @property
+    def correlates(self) -> bool:
+        """A correlation aggregate: groups exchanges by ``correlate_by`` (not a split's items by index)."""
+        return self.correlate_by is not None
 
     def config(self, *, done_retention_ms: int) -> AggregatorConfig:
         """The aggregate's :class:`~tables.aggregates.AggregatorConfig` (it checks the knobs)."""
@@ -169,6 +193,9 @@ class Aggregate:
             inactivity_ms=self.inactivity_ms,
             complete_by=frozenset(self.complete_by),
             done_retention_ms=done_retention_ms,
+            groups=self.groups,
+            complete_size=self.complete_size,
+            complete_when=self.complete_when,
         )
 
 
@@ -245,6 +272,10 @@ class Flow:
                 start = None
         return found
 
+    def correlation_aggregates(self) -> list[int]:
+        """The indexes of the aggregate steps that group exchanges by key (no split before them)."""
+        return [index for index, step in enumerate(self.steps) if step.aggregate is not None and step.aggregate.correlates]
+
     def split(
         self,
         name: str,
@@ -276,24 +307,49 @@ class Flow:
         timeout_ms: int | None,
         inactivity_ms: int | None = None,
         complete_by: Sequence[str] = ("count", "flag"),
+        correlate_by: KeyExpr | None = None,
+        groups: str = ONE_SHOT,
+        complete_size: int | None = None,
+        complete_when: Callable[[list[Any]], bool] | None = None,
+        complete_on: KeyExpr | Callable[[Exchange], Any] | None = None,
     ) -> Flow:
-        """Merge the outcomes of the split's items; the exchange goes on with the merged result as its payload.
+        """Merge the outcomes of the split's items, or (no split before it) group exchanges by ``correlate_by``;
+        the exchange goes on with the merged result as its payload.
 
-        The group completes when every item has an outcome (``count``; or up to the item flagged last,
-        ``flag``), or partial at ``timeout_ms`` after the split or after ``inactivity_ms`` without an outcome,
-        whichever comes first, naming the missing items; or when an operator forces it
-        (:func:`tables.aggregates.force_message`). ``timeout_ms`` must be said: None for no absolute deadline.
-        The headers and properties are the exchange's before the split.
+        After a split, the group completes when every item has an outcome (``count``; or up to the item
+        flagged last, ``flag``). Without a split it is Camel's and Spring Integration's aggregator: exchanges
+        with one ``correlate_by`` key are merged in arrival order, and the group completes after
+        ``complete_size`` exchanges, when ``complete_when(payloads so far)`` is true, or with an exchange for
+        which ``complete_on`` is true; ``groups="reopening"`` opens the key's next group with the next
+        exchange ("batch every 3 per customer"), ``"one-shot"`` counts later ones as late. The exchange that
+        reaches such an aggregate ends its execution there (completed); the group's result starts a new one,
+        with the first exchange's headers and properties, its id ``<flow>:<aggregate>:<key>#<group number>``.
+
+        Either kind also completes partial at ``timeout_ms`` after its start or after ``inactivity_ms`` without
+        a new part, whichever comes first; or when an operator forces it (:func:`tables.aggregates.force_message`).
+        ``timeout_ms`` must be said: None for no absolute deadline.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
-        if self._open_split() is None:
-            message = f"{where}: an aggregate needs a split before it"
+        correlates = correlate_by is not None
+        after_split = self._open_split() is not None
+        if not after_split and not correlates:
+            message = f"{where}: an aggregate needs a split before it, or correlate_by= to group exchanges by a key"
+            raise FlowDeclarationError(message)
+        if after_split and (correlates or groups != ONE_SHOT or complete_size or complete_when or complete_on):
+            message = (
+                f"{where}: correlate_by, groups, complete_size, complete_when and complete_on belong to an aggregate "
+                "without a split before it (a split's items complete by count and flag)"
+            )
+            raise FlowDeclarationError(message)
+        if correlates and not (complete_size or complete_when or complete_on or timeout_ms or inactivity_ms):
+            message = f"{where}: a group by key needs a way to complete: complete_size, complete_when, complete_on or a timeout"
             raise FlowDeclarationError(message)
         unknown = sorted(set(complete_by) - {"count", "flag"})
         if unknown or not complete_by:
             message = f"{where}: complete_by must be a non-empty subset of ['count', 'flag'], got {list(complete_by)}"
             raise FlowDeclarationError(message)
-        aggregate = Aggregate(name, timeout_ms, tuple(complete_by), inactivity_ms)
+        flag = _flag_of(complete_on) if isinstance(complete_on, KeyExpr) else complete_on
+        aggregate = Aggregate(name, timeout_ms, tuple(complete_by), inactivity_ms, correlate_by, groups, complete_size, complete_when, flag)
         try:
             aggregate.config(done_retention_ms=1)
         except ValueError as error:

@@ -168,3 +168,34 @@ def test_a_flow_selection_is_its_own_stage_and_consumer_group(monkeypatch: pytes
     settings = load_settings()
     assert settings.flows_run == ("dispatch out", "kitchen", "payment")
     assert settings.group_id == "shop-flows.dispatch_out.kitchen.payment", "letters, digits, '.', '_', '-' only: it names topics"
+
+
+def test_an_aggregate_without_a_split_groups_by_a_key_and_needs_a_way_to_complete() -> None:
+    flow = Flow("c", source="in").aggregate("by-customer", correlate_by=payload("customer"), complete_size=3, timeout_ms=None)
+    [step] = flow.steps
+    assert step.aggregate is not None
+    assert step.aggregate.correlates
+    assert flow.correlation_aggregates() == [0]
+    assert flow.segments() == []
+    config = step.aggregate.config(done_retention_ms=5)
+    assert (config.complete_size, config.groups, config.timeout_ms) == (3, "one-shot", None)
+    with pytest.raises(FlowDeclarationError, match="needs a way to complete"):
+        Flow("c", source="in").aggregate("a", correlate_by=payload("customer"), timeout_ms=None)
+    with pytest.raises(FlowDeclarationError, match="needs a split before it, or correlate_by"):
+        Flow("c", source="in").aggregate("a", timeout_ms=1_000)
+    with pytest.raises(FlowDeclarationError, match="groups must be 'one-shot' or 'reopening'"):
+        Flow("c", source="in").aggregate("a", correlate_by=payload("k"), complete_size=2, groups="sometimes", timeout_ms=None)
+
+
+def test_a_split_aggregate_refuses_the_knobs_of_a_group_by_key() -> None:
+    with pytest.raises(FlowDeclarationError, match="belong to an aggregate without a split before it"):
+        Flow("c", source="in").split("s", payload("items")).aggregate("a", timeout_ms=1_000, complete_size=3)
+
+
+def test_complete_on_reads_a_flag_and_an_absent_one_is_false() -> None:
+    flow = Flow("c", source="in").aggregate("a", correlate_by=payload("k"), complete_on=payload("end"), timeout_ms=1_000)
+    aggregate = flow.steps[0].aggregate
+    assert aggregate is not None
+    assert aggregate.complete_on is not None
+    assert aggregate.complete_on(Exchange(payload={"k": "x", "end": True}))
+    assert not aggregate.complete_on(Exchange(payload={"k": "x"}))
