@@ -146,14 +146,15 @@ def commit_observed(seconds: float, outcome: str) -> None:
 def lag_by_partition(highwaters: Mapping[Any, int | None], committed: Mapping[Any, int]) -> dict[Any, int]:
     """Records between each partition's committed offset and its end (the last stable offset under exactly_once).
 
-    Partitions whose end is not known yet (nothing fetched) are left out rather than shown as 0. On a topic written
-    in transactions the commit marker after the last record counts as one: its committed offset stops before it.
+    ``highwaters`` names the partitions; one without a committed offset counts from offset 0 (the group reads from
+    the earliest). Partitions whose end is not known yet (nothing fetched) are left out rather than shown as 0. On a
+    topic written in transactions the commit marker after the last record counts as one, as in Kafka's own tools:
+    the committed offset stops before it.
     """
     lag = {}
-    for tp, offset in committed.items():
-        end = highwaters.get(tp)
+    for tp, end in highwaters.items():
         if end is not None and end >= 0:
-            lag[tp] = max(0, end - offset)
+            lag[tp] = max(0, end - committed.get(tp, 0))
     return lag
 
 
@@ -165,6 +166,15 @@ class WorkerState:
 
     def committed_offsets(self) -> Mapping[Any, int]:
         return engine.committed_offsets(self.app)
+
+    def source_partitions(self) -> set[Any]:
+        """The partitions assigned to this worker of the topics its agents read (no changelog, no Faust-internal topic)."""
+        try:
+            assigned = self.app.consumer.assignment()
+        except Exception:  # the consumer is not started yet (or stopping)
+            return set()
+        read = {name for agent in self.app.agents.values() for name in getattr(agent.channel, "topics", ())}
+        return {tp for tp in assigned if tp.topic in read}
 
     def highwater(self, tp: Any) -> int | None:
         try:
@@ -214,7 +224,7 @@ class WorkerCollector(Collector):
         )
         if with_values and self.state is not None:
             committed = self.state.committed_offsets()
-            highwaters = {tp: self.state.highwater(tp) for tp in committed}
+            highwaters = {tp: self.state.highwater(tp) for tp in self.state.source_partitions()}
             for tp, records in sorted(lag_by_partition(highwaters, committed).items()):
                 lag.add_metric([tp.topic, str(tp.partition)], records)
             for table, partition, count in self.state.table_keys():

@@ -149,10 +149,11 @@ def test_send_checked_counts_what_it_sent(monkeypatch: pytest.MonkeyPatch, dead_
 
 
 def test_the_lag_is_the_end_less_the_committed_offset_where_both_are_known() -> None:
-    a, b, c, d = (TP("orders", partition) for partition in range(4))
-    lag = metrics.lag_by_partition({a: 10, b: 5, c: None, d: -1}, {a: 4, b: 5, c: 3, d: 0})
-    assert lag == {a: 6, b: 0}, "an end not fetched yet (None, -1) is no lag of 0"
+    a, b, c, d, e = (TP("orders", partition) for partition in range(5))
+    lag = metrics.lag_by_partition({a: 10, b: 5, c: None, d: -1, e: 4}, {a: 4, b: 5, c: 3, d: 0})
+    assert lag == {a: 6, b: 0, e: 4}, "an end not fetched yet (None, -1) is no lag of 0; nothing committed counts from 0"
     assert metrics.lag_by_partition({a: 3}, {a: 5}) == {a: 0}, "a stale end never makes the lag negative"
+    assert metrics.lag_by_partition({}, {a: 5}) == {}, "only the partitions named (a revoked one is not)"
 
 
 class _State:
@@ -166,6 +167,9 @@ class _State:
 
     def highwater(self, tp: TP) -> int | None:
         return self.ends.get(tp)
+
+    def source_partitions(self) -> set[TP]:
+        return set(self.committed) | set(self.ends)
 
     def table_keys(self) -> Iterator[tuple[str, int, int]]:
         return iter(self.keys)
@@ -188,8 +192,9 @@ def test_the_scrape_reads_lag_and_table_keys_and_parses(worker_state: _State) ->
     assert lag == {("t.orders", "0"): 2, ("t.orders", "1"): 0}
     keys = {(sample.labels["table"], sample.labels["partition"]): sample.value for sample in families["weir_table_keys"].samples}
     assert keys == {("aggregates", "0"): 3, ("aggregates", "2"): 0}
-    worker_state.committed = {TP("t.orders", 0): 9}
-    assert [sample.value for sample in scraped()["weir_consumer_lag_records"].samples] == [0]
+    worker_state.committed = {TP("t.orders", 0): 9}  # partition 1's commit unknown: counted from offset 0
+    lag = {sample.labels["partition"]: sample.value for sample in scraped()["weir_consumer_lag_records"].samples}
+    assert lag == {"0": 0, "1": 2}
 
 
 def test_without_a_worker_the_gauges_are_empty_and_the_rest_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
