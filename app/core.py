@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 from faust.types import EventT, StreamT, TableT
 from faust.types.auth import CredentialsT
 
-from app import engine
+from app import engine, metrics
 from app.codec import DecodeError, dumps, loads
 from app.errors import OutputFailed, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
 from app.kafka_io import ensure_topics
@@ -311,6 +311,7 @@ async def handle_events(
             if not engine.to_process(event):
                 continue
             await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+            metrics.events_handled(agent)
             # Acked inside the scope: the commit that covers this offset also covers all it produced.
             engine.ack_handled(event)
 
@@ -327,9 +328,10 @@ async def handle_part_events(
     """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once."""
     if concurrent:
         await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler, owed=owed) for event in part)
-        return
-    for event in part:
-        await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+    else:
+        for event in part:
+            await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+    metrics.events_handled(agent, len(part))
 
 
 async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:
@@ -494,6 +496,7 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
         else:
             for part in parts.values():
                 await run(part)
+    metrics.batch_handled(parts)
     if events and engine.tracing():  # the batch's size, its wait at the gate and its time inside
         took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
         engine.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
@@ -519,6 +522,7 @@ def dead_letter_key(key: bytes | None) -> bytes | None:
 async def send_dead_letter_record(record: dict[str, Any]) -> None:
     """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`, cut to fit a record (never dropped)."""
     log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
+    metrics.dead_lettered(record["agent"], record["reason"])
     key = record["key"]["text"]
     raw_key = key.encode() if key is not None else None
     await topics.dead_letters.send(key=dead_letter_key(raw_key), value=fitted_dead_letter(record, record_limit()))
@@ -564,6 +568,7 @@ async def send_dead_letter(
     )
     # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])
+    metrics.dead_lettered(agent, reason)
     await topics.dead_letters.send(key=dead_letter_key(message.key), value=fitted_dead_letter(record, record_limit()))
 
 

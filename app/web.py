@@ -18,7 +18,7 @@ from faust import web
 from faust.types import TableT
 from yarl import URL
 
-from app import engine
+from app import engine, metrics
 from app.core import app, settings, topics
 from app.kafka_io import key_partition
 from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
@@ -61,7 +61,9 @@ __all__ = [
 # - ``/weir/tables/<name>/<key>/``      one key's decoded value and summary, fetched from the worker that owns it
 # - ``/weir/dead-letters/``             the last ``?limit=`` records of the dead-letter topic (read_committed)
 #
-# Every URL answers JSON with ``?format=json`` or ``Accept: application/json`` (and HTML otherwise). Errors are
+# - ``/metrics``                        this worker's Prometheus metrics, in the text format (:mod:`app.metrics`)
+#
+# Every URL under ``/weir/`` answers JSON with ``?format=json`` or ``Accept: application/json`` (and HTML otherwise). Errors are
 # ``{"error": ..., "table": ..., "key": ...}`` with a proper status. Only GET and HEAD are served.
 #
 # Per-pattern summaries come from a small registry: ``register_view("table-name", summarize=fn)`` where
@@ -914,6 +916,17 @@ async def read_last_records(bootstrap: str, topic: str, limit: int, partitions: 
         return entries[:limit]
     finally:
         await consumer.stop()
+
+
+metrics.install(app)
+
+
+@app.page("/metrics", name="weir-metrics")
+class MetricsView(web.View):
+    """This worker's metrics in Prometheus' text format: counters of the shared layers, lag and table keys read now."""
+
+    async def get(self, request: web.Request) -> web.Response:
+        return self.bytes(metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 @app.page(PREFIX + "/{rest:.*}", name="weir-unknown")

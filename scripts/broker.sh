@@ -39,16 +39,54 @@ tls_days=825
 
 die() { echo "broker: $*" >&2; exit 1; }
 
-need_java() {
-  command -v java >/dev/null 2>&1 || die "Java 17 or newer is required to run Kafka: install it (Debian: apt-get install openjdk-17-jre-headless) or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
+# Whether a missing prerequisite may be installed here: as root on a Debian-like system (as scripts/chromium.sh
+# does for Chromium). Elsewhere the script stops with one line naming what to install.
+can_install() { [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; }
+
+# Installs the distribution's packages with apt-get, saying so in one line; apt's own output goes to a log,
+# shown only when it fails.
+apt_install() {
+  local what="$1"; shift
+  local log="$state_dir/apt.log"
+  mkdir -p "$state_dir"
+  echo "broker: $what is missing: installing $* from the distribution's packages (apt-get, as root)"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"; } >"$log" 2>&1 \
+    || { tail -20 "$log" >&2; die "apt-get could not install $* (log: $log)"; }
+}
+
+# The first Java 17+ runtime the distribution offers (Debian 12 and Ubuntu 22.04+ have 17; Debian 13 has 21).
+java_package() {
+  local package
+  for package in openjdk-17-jre-headless openjdk-21-jre-headless; do
+    if apt-cache show "$package" >/dev/null 2>&1; then echo "$package"; return 0; fi
+  done
+  echo openjdk-17-jre-headless  # not in the lists yet: apt-get update may bring it
+}
+
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+
+has_java() {
   local major
-  major="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)"
-  [ -n "$major" ] && [ "$major" -ge 17 ] || die "Java 17 or newer is required to run Kafka 4.x, found: $(java -version 2>&1 | head -1)"
+  command -v java >/dev/null 2>&1 || return 1
+  major="$(java_major)"
+  [ -n "$major" ] && [ "$major" -ge 17 ]
+}
+
+need_java() {
+  if ! has_java && can_install; then apt_install "Java 17 or newer" "$(java_package)"; hash -r; fi
+  command -v java >/dev/null 2>&1 || die "Java 17 or newer is required to run Kafka: install it (Debian: apt-get install openjdk-17-jre-headless) or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
+  has_java || die "Java 17 or newer is required to run Kafka 4.x, found: $(java -version 2>&1 | head -1)"
+}
+
+need_maven() {
+  if ! command -v mvn >/dev/null 2>&1 && can_install; then apt_install "Maven (mvn)" maven; hash -r; fi
+  command -v mvn >/dev/null 2>&1 || die "Maven (mvn) is required to fetch Kafka's jars: install it (Debian: apt-get install maven) or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
 }
 
 fetch_jars() {
   if [ -f "$libs/.complete" ] && [ "$libs/.complete" -nt "$root/broker/pom.xml" ]; then return 0; fi
-  command -v mvn >/dev/null 2>&1 || die "Maven (mvn) is required to fetch Kafka's jars: install it (Debian: apt-get install maven) or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
+  need_maven
   echo "broker: resolving Kafka jars with mvn (first run only)..."
   rm -rf "$libs"; mkdir -p "$libs"
   mvn -q -B -f "$root/broker/pom.xml" dependency:copy-dependencies \

@@ -69,7 +69,8 @@ are replaced by :func:`install`; ``App(Table=..., Topic=...)`` names the table a
     worker owns), which the table's API does not give.
 11. ``describe_consumer`` (:mod:`~app.engine.diagnostics`) reads ``Consumer._thread._consumer``,
     ``_active_partitions``, ``_paused_partitions``, ``_read_offset``, ``_committed_offset``, ``_acked``,
-    ``_gap``. Why: a diagnostic (``kill -USR1``) only.
+    ``_gap``. Why: a diagnostic (``kill -USR1``) only. ``committed_offsets`` (the same module) reads
+    ``_committed_offset``. Why: the lag gauge of /metrics (:mod:`app.metrics`), without a request to the broker.
 
 aiokafka:
 
@@ -103,9 +104,10 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from app.engine import config as _config
 from app.engine import fetcher, kip447, restore
+from app.engine.commit import observe_commits
 from app.engine.config import EngineConfig, worker_slot
 from app.engine.delivery import WeirConsumer, ack_handled, first_delivery, to_process
-from app.engine.diagnostics import describe_consumer, trace, tracing
+from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
 from app.engine.overlay import WeirTable, WeirTopic
 from app.engine.restore import wipe_local_tables
 from app.engine.scopes import batch_scope, event_scope, gate, part_scope
@@ -130,6 +132,8 @@ __all__ = [
     "trace",
     "tracing",
     "describe_consumer",
+    "committed_offsets",
+    "observe_commits",
     "take_ready",
     "by_partition",
     "partition_items",

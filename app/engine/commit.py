@@ -36,9 +36,20 @@ from faust.types import TP
 from app.engine.diagnostics import trace, tracing
 from app.engine.scopes import await_deliveries, gate, take_deferred
 
-__all__ = ["force_commit", "commit_transactions", "commit_one", "CommitBudget"]
+__all__ = ["force_commit", "commit_transactions", "commit_one", "CommitBudget", "CommitObserver", "observe_commits"]
 
 log = logging.getLogger(__name__)
+
+#: Told of every commit of :func:`commit_transactions`: (seconds it took, outcome), the outcome "committed",
+#: "failed" (a delivery it covers failed, or it raised: nothing committed) or "fenced". For metrics: must not raise.
+CommitObserver = Callable[[float, str], None]
+_commit_observers: list[CommitObserver] = []
+
+
+def observe_commits(observer: CommitObserver) -> None:
+    """Tell ``observer`` of every exactly-once commit from now on (once, however often it is passed)."""
+    if observer not in _commit_observers:
+        _commit_observers.append(observer)
 
 
 async def force_commit(
@@ -61,6 +72,7 @@ async def force_commit(
 async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
     """Steps 3 to 6, inside the commit gate (step 1): ``offsets`` are what Faust chose (step 2)."""
     began = time.monotonic()
+    outcome = "failed"
     try:
         # 3. Events delivered their own changelog writes (event_scope); a write made outside an event
         # would still wait in Faust's buffer, and belongs to this transaction.
@@ -78,13 +90,17 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
             await asyncio.gather(
                 *(commit_one(manager, txn_id, txn_offsets, start_new_transaction) for txn_id, txn_offsets in by_transaction.items())
             )
+            outcome = "committed"
         except (ProducerFenced, CommitFailedError) as fenced:
             # 6. Another worker owns these partitions now (per partition: a producer with the same transactional
             # id; per worker: the group refused this member's generation): this one must not go on with stale state.
+            outcome = "fenced"
             log.warning("producer fenced: %s", fenced)
             await manager.app.crash(fenced)
         return True
     finally:
+        for observer in _commit_observers:
+            observer(time.monotonic() - began, outcome)
         if tracing():
             took = f"{1000 * (began - gate.commit_asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
             trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))

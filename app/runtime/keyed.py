@@ -35,6 +35,7 @@ import faust
 from aiokafka.errors import IllegalOperation, ProducerFenced
 from faust.types import EventT, TableT
 
+from app import metrics
 from app.codec import dumps
 from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
 from app.core import now_ms as wall_clock_ms
@@ -206,6 +207,7 @@ async def send_checked(event: EventT[bytes], outputs: Iterable[Output], *, agent
     prepared = prepare_outputs(outputs, record_limit())
     await dead_letter_outputs(event, prepared.undeliverable, agent=agent, step=step)
     await send_prepared(prepared.ready)
+    metrics.OUTPUTS_SENT.labels(agent).inc(len(prepared.ready))
     return list(prepared.undeliverable)
 
 
@@ -214,6 +216,8 @@ async def dead_letter_outputs(event: EventT[bytes], failures: Sequence[Undeliver
     for failure in failures:
         log.warning("%s: an output of key %r cannot be written: %s", agent, failure.output.key, failure.problem)
         await dead_letter_output(event, failure, agent=agent, step=step)
+    if failures:
+        metrics.OUTPUTS_UNDELIVERABLE.labels(agent).inc(len(failures))
 
 
 class Store(Protocol[S]):
@@ -315,6 +319,7 @@ class KeyedState(Generic[S]):
         for refused in change.rejected:
             reason, error = (refused.reason, refused.error) if isinstance(refused, Refusal) else ("rejected", refused)
             await send_dead_letter(event, reason=reason, error=error, agent=self.agent, step=self.step)
+            metrics.INPUTS_REJECTED.labels(self.agent, reason).inc()
         self.store.save(key, previous, change.state)
         if self.deadlines is not None:
             now = wall_clock_ms()
@@ -322,6 +327,7 @@ class KeyedState(Generic[S]):
                 kind, due_ms = deadline if isinstance(deadline, tuple) else (self.deadline_kind, deadline)
                 self.deadlines.add(event.message.partition, kind, key, due_ms, now_ms=now)
         await send_prepared(prepared.ready)
+        metrics.OUTPUTS_SENT.labels(self.agent).inc(len(prepared.ready))
 
     def _fit_state(self, key: str, previous: S | None, change: Change[S], limit: int) -> Change[S]:
         """A new state too large for its changelog record goes to the pattern's ``oversized`` hook (checked once more)."""

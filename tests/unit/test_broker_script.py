@@ -1,5 +1,6 @@
-"""scripts/broker.sh says what to install when Java or Maven is missing, before doing anything else, and writes
-the broker's config (and with WEIR_KAFKA_TLS=1 its TLS material) as it should (checked with a stand-in for java)."""
+"""scripts/broker.sh says what to install when Java or Maven is missing, before doing anything else (and as root on a
+Debian-like system installs them with apt-get), and writes the broker's config (and with WEIR_KAFKA_TLS=1 its TLS
+material) as it should (checked with stand-ins for java, mvn, apt-get and id)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "broker.sh"
-TOOLS = ("bash", "mkdir", "dirname", "cat", "sed", "head", "kill", "sleep", "rm", "touch", "tail", "seq", "grep")
+TOOLS = ("bash", "mkdir", "dirname", "cat", "sed", "head", "kill", "sleep", "rm", "touch", "tail", "seq", "grep", "id")
 
 
 def _free_port() -> int:
@@ -244,3 +245,108 @@ def test_start_of_a_running_broker_says_where_ca_pem_is_or_that_it_runs_without_
     else:
         assert "started without TLS" in result.stderr
         assert "ca.pem" not in result.stdout
+
+
+# ----- missing prerequisites installed with apt-get as root on a Debian-like system -----
+
+#: Records its arguments; ``install`` puts a stand-in for what it installs into the script's PATH (unless told to fail).
+FAKE_APT_GET = """#!/bin/sh
+echo "$*" >>"$APT_RECORD"
+[ "$APT_FAIL" = "1" ] && { echo "E: Unable to locate package" >&2; exit 100; }
+case "$*" in
+  *install*jre-headless*) cp "$APT_STANDINS/java" "$APT_BIN/java" ;;
+  *install*maven*) cp "$APT_STANDINS/mvn" "$APT_BIN/mvn" ;;
+esac
+"""
+#: Knows the packages listed in $APT_KNOWN only.
+FAKE_APT_CACHE = """#!/bin/sh
+for known in $APT_KNOWN; do [ "$2" = "$known" ] && { echo "Package: $known"; exit 0; }; done
+exit 100
+"""
+#: Copies nothing: the script only needs mvn to succeed before it marks the jars complete.
+FAKE_MVN = "#!/bin/sh\nexit 0\n"
+
+
+def _install_env(
+    tmp_path: Path, uid: int, with_apt: bool = True, known: str = "openjdk-17-jre-headless openjdk-21-jre-headless"
+) -> dict[str, str]:
+    """A bin dir with a stand-in ``id`` answering ``uid`` and, with ``with_apt``, stand-ins for apt-get and apt-cache."""
+    bin_dir = tmp_path / "bin"
+    standins = tmp_path / "standins"
+    bin_dir.mkdir(exist_ok=True)
+    standins.mkdir(exist_ok=True)
+    scripts = {bin_dir / "id": f"#!/bin/sh\necho {uid}\n", standins / "java": FAKE_JAVA, standins / "mvn": FAKE_MVN}
+    if with_apt:
+        scripts |= {bin_dir / "apt-get": FAKE_APT_GET, bin_dir / "apt-cache": FAKE_APT_CACHE}
+    for path, text in scripts.items():
+        path.write_text(text)
+        path.chmod(0o755)
+    return {"APT_RECORD": str(tmp_path / "apt.calls"), "APT_BIN": str(bin_dir), "APT_STANDINS": str(standins), "APT_KNOWN": known}
+
+
+def _apt_calls(tmp_path: Path) -> list[str]:
+    record = tmp_path / "apt.calls"
+    return record.read_text().splitlines() if record.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("known", "package"), [("openjdk-17-jre-headless", "openjdk-17-jre-headless"), ("openjdk-21-jre-headless", "openjdk-21-jre-headless")]
+)
+def test_as_root_with_apt_get_missing_java_is_installed_and_the_start_goes_on(tmp_path: Path, known: str, package: str) -> None:
+    env = _install_env(tmp_path, uid=0, known=known)
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / ".complete").touch()
+    result = _run(tmp_path, "start", ("cp", *START_TOOLS), {**env, "WEIR_KAFKA_LIBS": str(libs), "WEIR_KAFKA_READY_TIMEOUT": "5"})
+    assert _apt_calls(tmp_path) == ["update -qq", f"install -y -qq --no-install-recommends {package}"]
+    said = [line for line in result.stdout.splitlines() if "apt-get" in line]
+    assert said == [f"broker: Java 17 or newer is missing: installing {package} from the distribution's packages (apt-get, as root)"]
+    assert "Java 17 or newer is required" not in result.stderr
+    assert (tmp_path / "state" / "kafka" / "server.properties").exists(), "the start went on with the installed java"
+
+
+def test_as_root_with_apt_get_missing_maven_is_installed_and_the_jars_fetched(tmp_path: Path) -> None:
+    env = _install_env(tmp_path, uid=0)
+    (tmp_path / "bin" / "java").write_text(FAKE_JAVA)
+    (tmp_path / "bin" / "java").chmod(0o755)
+    result = _run(tmp_path, "jars", ("cp",), env)
+    assert result.returncode == 0, result.stderr
+    assert _apt_calls(tmp_path) == ["update -qq", "install -y -qq --no-install-recommends maven"]
+    assert "broker: Maven (mvn) is missing: installing maven from the distribution's packages (apt-get, as root)" in result.stdout
+    assert (tmp_path / "state" / "kafka" / "libs" / ".complete").exists()
+
+
+@pytest.mark.parametrize(("uid", "with_apt"), [(1000, True), (0, False)], ids=["not-root", "no-apt-get"])
+def test_without_root_or_apt_get_missing_java_stops_with_the_line_of_today(tmp_path: Path, uid: int, with_apt: bool) -> None:
+    result = _run(tmp_path, "start", ("cp", "mvn"), _install_env(tmp_path, uid=uid, with_apt=with_apt))
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "broker: Java 17 or newer is required to run Kafka: install it (Debian: apt-get install openjdk-17-jre-headless)"
+        " or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
+    ]
+    assert _apt_calls(tmp_path) == []
+    assert "installing" not in result.stdout
+
+
+@pytest.mark.parametrize(("uid", "with_apt"), [(1000, True), (0, False)], ids=["not-root", "no-apt-get"])
+def test_without_root_or_apt_get_missing_maven_stops_with_the_line_of_today(tmp_path: Path, uid: int, with_apt: bool) -> None:
+    env = _install_env(tmp_path, uid=uid, with_apt=with_apt)
+    (tmp_path / "bin" / "java").write_text(FAKE_JAVA)
+    (tmp_path / "bin" / "java").chmod(0o755)
+    result = _run(tmp_path, "jars", ("cp",), env)
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "broker: Maven (mvn) is required to fetch Kafka's jars: install it (Debian: apt-get install maven)"
+        " or set KAFKA_BOOTSTRAP=host:port to use an existing broker."
+    ]
+    assert _apt_calls(tmp_path) == []
+    assert "installing" not in result.stdout
+
+
+def test_a_failing_apt_get_stops_with_its_log(tmp_path: Path) -> None:
+    env = _install_env(tmp_path, uid=0)
+    result = _run(tmp_path, "start", ("cp", "mvn"), {**env, "APT_FAIL": "1"})
+    assert result.returncode != 0
+    assert "E: Unable to locate package" in result.stderr
+    assert "apt-get could not install openjdk-17-jre-headless" in result.stderr
+    assert _apt_calls(tmp_path) == ["update -qq"]
