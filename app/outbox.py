@@ -1,4 +1,4 @@
-"""The transactional outbox: rows written with business data in one local transaction, relayed to Kafka in order."""
+"""The transactional outbox: rows written with business data in one database transaction, relayed to Kafka in order."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import orjson
-from aiokafka import AIOKafkaProducer
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from app.settings import kafka_client_options
 
@@ -32,6 +35,8 @@ __all__ = [
     "OutboxRow",
     "OutboxBatch",
     "OutboxTransaction",
+    "RelayRound",
+    "RelayDoorbell",
     "Outbox",
     "SQLiteOutbox",
     "PostgresOutbox",
@@ -92,6 +97,31 @@ class OutboxBatch:
     drained: bool
 
 
+@dataclass(frozen=True)
+class RelayRound:
+    """A relay round whose Kafka transaction may have committed: rows ``first_id..last_id``, and where the
+    broker put the round's first message (the witness: visible to a read_committed reader iff it committed)."""
+
+    first_id: int
+    last_id: int
+    topic: str
+    partition: int
+    offset: int
+
+
+class RelayDoorbell(abc.ABC):
+    """What a relay holds while it runs: the outbox's one-relay lock and the writers' doorbell."""
+
+    @abc.abstractmethod
+    async def open(self, ring: Callable[[], None], lost: Callable[[BaseException], None]) -> None:
+        """Take the lock (RuntimeError if another relay holds it), then call ``ring`` on every ring;
+        ``lost`` if the doorbell (and with it the lock) is lost."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop listening and release the lock."""
+
+
 class OutboxTransaction(Protocol):
     """The writer's side of one open transaction: business rows through ``connection``, outbox rows through ``add``."""
 
@@ -136,7 +166,19 @@ class Outbox(abc.ABC):
 
     @abc.abstractmethod
     def mark_sent(self, ids: Sequence[int], *, now_ms: int) -> None:
-        """Record that the broker acknowledged these rows."""
+        """Record that the broker committed these rows, and forget the recorded round (one transaction)."""
+
+    @abc.abstractmethod
+    def record_round(self, relay_round: RelayRound) -> None:
+        """Remember a round before its Kafka transaction commits (replacing the one remembered before)."""
+
+    @abc.abstractmethod
+    def recorded_round(self) -> RelayRound | None:
+        """The round remembered by :meth:`record_round` and not yet settled by :meth:`mark_sent`."""
+
+    @abc.abstractmethod
+    def forget_round(self) -> None:
+        """Drop the remembered round (its Kafka transaction proved aborted)."""
 
     @abc.abstractmethod
     def newest_id(self) -> int:
@@ -153,7 +195,11 @@ class Outbox(abc.ABC):
     @property
     @abc.abstractmethod
     def doorbell_path(self) -> str | None:
-        """Where a relay of this outbox listens for cross-process signals (None: it does not)."""
+        """Where :func:`write` rings a relay of this outbox after the commit (None: the commit rings it itself)."""
+
+    @abc.abstractmethod
+    def relay_doorbell(self) -> RelayDoorbell:
+        """The lock and the doorbell of a relay of this outbox."""
 
     def close(self) -> None:  # noqa: B027 - optional for stores without resources
         """Release connections."""
@@ -170,6 +216,14 @@ CREATE TABLE IF NOT EXISTS weir_outbox (
     sent_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS weir_outbox_pending ON weir_outbox (id) WHERE sent_ms IS NULL;
+CREATE TABLE IF NOT EXISTS weir_outbox_round (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    first_id INTEGER NOT NULL,
+    last_id INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL
+);
 """
 
 
@@ -244,7 +298,8 @@ class SQLiteOutbox(Outbox):
 
     Write transactions start with BEGIN IMMEDIATE, so SQLite runs them one at a time and AUTOINCREMENT ids
     become visible in id order; AUTOINCREMENT also never reuses an id after a purge. Each thread gets its
-    own connection. The relay's doorbell is a Unix datagram socket next to the database file.
+    own connection. The relay's doorbell is a Unix datagram socket next to the database file, its lock an
+    flock beside it: the relay and the writers share a host.
     """
 
     def __init__(
@@ -276,6 +331,9 @@ class SQLiteOutbox(Outbox):
     @property
     def doorbell_path(self) -> str:
         return self._doorbell_path
+
+    def relay_doorbell(self) -> RelayDoorbell:
+        return _SocketDoorbell(self._doorbell_path, self.source)
 
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
@@ -337,10 +395,24 @@ class SQLiteOutbox(Outbox):
             connection.executemany(
                 "UPDATE weir_outbox SET sent_ms = ? WHERE id = ? AND sent_ms IS NULL", [(now_ms, row_id) for row_id in ids]
             )
+            connection.execute("DELETE FROM weir_outbox_round")
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
             raise
+
+    def record_round(self, relay_round: RelayRound) -> None:
+        self._connection().execute(
+            "INSERT OR REPLACE INTO weir_outbox_round (singleton, first_id, last_id, topic, partition, offset) VALUES (1, ?, ?, ?, ?, ?)",
+            (relay_round.first_id, relay_round.last_id, relay_round.topic, relay_round.partition, relay_round.offset),
+        )
+
+    def recorded_round(self) -> RelayRound | None:
+        found = self._connection().execute("SELECT first_id, last_id, topic, partition, offset FROM weir_outbox_round").fetchone()
+        return None if found is None else RelayRound(*found)
+
+    def forget_round(self) -> None:
+        self._connection().execute("DELETE FROM weir_outbox_round")
 
     @staticmethod
     def _newest_id(connection: sqlite3.Connection) -> int:
@@ -367,48 +439,326 @@ class SQLiteOutbox(Outbox):
         self._local = threading.local()
 
 
-class PostgresOutbox(Outbox):
-    """PostgreSQL behind the same interface: NOT IMPLEMENTED (no PostgreSQL driver is a weir dependency yet).
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS weir_outbox (
+    id BIGINT PRIMARY KEY,
+    topic TEXT,
+    key BYTEA,
+    value BYTEA,
+    headers BYTEA NOT NULL,
+    created_ms BIGINT NOT NULL,
+    sent_ms BIGINT
+);
+CREATE INDEX IF NOT EXISTS weir_outbox_pending ON weir_outbox (id) WHERE sent_ms IS NULL;
+CREATE TABLE IF NOT EXISTS weir_outbox_head (
+    singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    newest_id BIGINT NOT NULL
+);
+INSERT INTO weir_outbox_head (singleton, newest_id) VALUES (TRUE, 0) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS weir_outbox_round (
+    singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    first_id BIGINT NOT NULL,
+    last_id BIGINT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    "offset" BIGINT NOT NULL
+)
+"""
 
-    What it needs beyond SQLite: sequence values are taken at INSERT, not at COMMIT, so a lower id can
-    become visible after a higher one. The relay must then order by commit (for instance take a
-    transaction-level advisory lock in ``transaction()`` so writers commit one at a time, or publish
-    only ids below the oldest running transaction's ``pg_snapshot_xmin``); the doorbell would be
-    LISTEN/NOTIFY issued inside the writer's transaction, which PostgreSQL delivers only on commit.
-    """
+#: Advisory lock keys of weir's outbox (``'weir'`` in ASCII, then what the lock guards), high 32 bits of a bigint.
+_PG_LOCK_TAG = 0x77656972
+_PG_SCHEMA_LOCK = _PG_LOCK_TAG << 32
 
-    def __init__(self, url: str) -> None:
-        message = f"outbox {url!r}: the PostgreSQL outbox is an interface stub; use a SQLite path for WEIR_OUTBOX_DB"
-        raise NotImplementedError(message)
 
-    # Never reached (the constructor refuses); listed so the stub shows the whole interface it must fill.
-    def transaction(self) -> contextlib.AbstractContextManager[OutboxTransaction]:
-        raise NotImplementedError
-
-    def fetch_batch(self, limit: int) -> OutboxBatch:
-        raise NotImplementedError
-
-    def mark_sent(self, ids: Sequence[int], *, now_ms: int) -> None:
-        raise NotImplementedError
-
-    def newest_id(self) -> int:
-        raise NotImplementedError
-
-    def pending_count(self) -> int:
-        raise NotImplementedError
-
-    def purge_sent(self, *, sent_before_ms: int) -> int:
-        raise NotImplementedError
+class _PostgresTransaction:
+    def __init__(self, connection: Any, now_ms: int) -> None:
+        self._connection = connection
+        self._now_ms = now_ms
+        self._newest_id: int | None = None
 
     @property
-    def doorbell_path(self) -> str | None:
-        raise NotImplementedError
+    def connection(self) -> Any:
+        return self._connection
+
+    @property
+    def newest_id(self) -> int | None:
+        return self._newest_id
+
+    def _next_id(self) -> int:
+        # The head row's lock is held until COMMIT: writers take ids one transaction at a time, so ids become
+        # visible in id order, and a rolled-back transaction gives its ids back (no gap).
+        found = self._connection.execute("UPDATE weir_outbox_head SET newest_id = newest_id + 1 RETURNING newest_id").fetchone()
+        self._newest_id = int(found[0])
+        return self._newest_id
+
+    def add(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | str | None = None,
+        topic: str | None = None,
+        headers: Mapping[str, bytes | str] | None = None,
+    ) -> int:
+        row_id = self._next_id()
+        self._connection.execute(
+            "INSERT INTO weir_outbox (id, topic, key, value, headers, created_ms) VALUES (%s, %s, %s, %s, %s, %s)",
+            (row_id, topic, _to_bytes(key), value, _encode_headers(headers), self._now_ms),
+        )
+        return row_id
+
+    def add_json(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        key: bytes | str | None = None,
+        topic: str | None = None,
+        headers: Mapping[str, bytes | str] | None = None,
+    ) -> int:
+        """Add a JSON object that also carries its own row id under ``outbox_id``."""
+        if OUTBOX_ID_FIELD in payload:
+            message = f"outbox add_json: the payload already has a field {OUTBOX_ID_FIELD!r}, which the outbox sets itself"
+            raise ValueError(message)
+        row_id = self._next_id()
+        self._connection.execute(
+            "INSERT INTO weir_outbox (id, topic, key, value, headers, created_ms) VALUES (%s, %s, %s, %s, %s, %s)",
+            (row_id, topic, _to_bytes(key), orjson.dumps({**payload, OUTBOX_ID_FIELD: row_id}), _encode_headers(headers), self._now_ms),
+        )
+        return row_id
+
+
+class PostgresOutbox(Outbox):
+    """The outbox in PostgreSQL (psycopg 3): tables ``weir_outbox``, ``weir_outbox_head``, ``weir_outbox_round``
+    in the schema the URL's search_path names (``public`` by default).
+
+    Ids come from the one-row table ``weir_outbox_head``, incremented inside the writer's transaction: its
+    row lock serialises writers from their first outbox row to their COMMIT (business rows written before
+    the first ``add`` do not wait), so ids are dense, never reused, and visible in id order, which the relay
+    relies on. Writers use the default isolation, READ COMMITTED (under REPEATABLE READ a second writer
+    would fail to serialise). A transaction that added rows sends ``NOTIFY <channel>`` before its COMMIT;
+    PostgreSQL delivers it only once the commit is done, to a relay on any host (LISTEN). The relay's lock
+    is a session advisory lock on its listening connection: released by the server if the relay dies.
+    Each thread gets its own connection (autocommit; every transaction is explicit).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        source: str | None = None,
+        channel: str = "weir_outbox",
+        connect_timeout_s: int = 10,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.url = url
+        try:
+            dbname = conninfo_to_dict(url).get("dbname")
+        except psycopg.ProgrammingError as error:
+            message = f"PostgresOutbox: {url!r} is not a PostgreSQL URL ({error})"
+            raise ValueError(message) from None
+        self.source = source or f"postgresql-{dbname or 'default'}"
+        self.channel = channel
+        self._connect_timeout_s = connect_timeout_s
+        self._clock_ms = clock_ms
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._connections_lock = threading.Lock()
+        connection = self._connection()
+        with connection.transaction():
+            # Two processes creating the tables at once would collide in the catalogue: one at a time.
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
+            connection.execute(_PG_SCHEMA)
+        self.table_oid = int(connection.execute("SELECT 'weir_outbox'::regclass::oid").fetchone()[0])
+
+    @property
+    def doorbell_path(self) -> None:
+        return None
+
+    def relay_doorbell(self) -> RelayDoorbell:
+        return _NotifyDoorbell(self)
+
+    def _connect(self, *, autocommit: bool = True) -> Any:
+        return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=self._connect_timeout_s)
+
+    def _connection(self) -> Any:
+        connection = getattr(self._local, "connection", None)
+        if connection is None or connection.closed:
+            connection = self._connect()
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_PostgresTransaction]:
+        connection = self._connection()
+        with connection.transaction():
+            transaction = _PostgresTransaction(connection, self._clock_ms())
+            yield transaction
+            if transaction.newest_id is not None:
+                connection.execute("SELECT pg_notify(%s, %s)", (self.channel, str(transaction.newest_id)))
+
+    def fetch_batch(self, limit: int) -> OutboxBatch:
+        if limit < 1:
+            message = f"outbox {self.source}: fetch_batch(limit={limit}), expected at least 1"
+            raise ValueError(message)
+        connection = self._connection()
+        with connection.transaction():  # one snapshot for the rows and the high-water mark
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            found = connection.execute(
+                "SELECT id, topic, key, value, headers, created_ms FROM weir_outbox WHERE sent_ms IS NULL ORDER BY id LIMIT %s",
+                (limit,),
+            ).fetchall()
+            newest = int(connection.execute("SELECT newest_id FROM weir_outbox_head").fetchone()[0])
+        rows = tuple(
+            OutboxRow(int(row_id), topic, key, value, _decode_headers(headers), int(created))
+            for row_id, topic, key, value, headers, created in found
+        )
+        drained = len(rows) < limit
+        return OutboxBatch(rows, newest if drained else rows[-1].id, drained)
+
+    def mark_sent(self, ids: Sequence[int], *, now_ms: int) -> None:
+        if not ids:
+            return
+        connection = self._connection()
+        with connection.transaction():
+            connection.execute("UPDATE weir_outbox SET sent_ms = %s WHERE id = ANY(%s) AND sent_ms IS NULL", (now_ms, list(ids)))
+            connection.execute("DELETE FROM weir_outbox_round")
+
+    def record_round(self, relay_round: RelayRound) -> None:
+        self._connection().execute(
+            'INSERT INTO weir_outbox_round (first_id, last_id, topic, partition, "offset") VALUES (%s, %s, %s, %s, %s) '
+            "ON CONFLICT (singleton) DO UPDATE SET first_id = EXCLUDED.first_id, last_id = EXCLUDED.last_id, "
+            'topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset"',
+            (relay_round.first_id, relay_round.last_id, relay_round.topic, relay_round.partition, relay_round.offset),
+        )
+
+    def recorded_round(self) -> RelayRound | None:
+        found = self._connection().execute('SELECT first_id, last_id, topic, partition, "offset" FROM weir_outbox_round').fetchone()
+        return None if found is None else RelayRound(*(int(found[0]), int(found[1]), found[2], int(found[3]), int(found[4])))
+
+    def forget_round(self) -> None:
+        self._connection().execute("DELETE FROM weir_outbox_round")
+
+    def newest_id(self) -> int:
+        return int(self._connection().execute("SELECT newest_id FROM weir_outbox_head").fetchone()[0])
+
+    def pending_count(self) -> int:
+        return int(self._connection().execute("SELECT count(*) FROM weir_outbox WHERE sent_ms IS NULL").fetchone()[0])
+
+    def purge_sent(self, *, sent_before_ms: int) -> int:
+        cursor = self._connection().execute("DELETE FROM weir_outbox WHERE sent_ms IS NOT NULL AND sent_ms < %s", (sent_before_ms,))
+        return int(cursor.rowcount)
+
+    def close(self) -> None:
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
+        self._local = threading.local()
+
+
+class _SocketDoorbell(RelayDoorbell):
+    """A SQLite outbox's relay side: an flock next to the database, and the :class:`Doorbell` socket."""
+
+    def __init__(self, path: str, source: str) -> None:
+        self.path = path
+        self.source = source
+        self._lock: Any = None
+        self._socket: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _take_lock(self) -> Any:
+        handle = open(f"{self.path}.lock", "a+b")  # noqa: SIM115 - held until close(); the kernel drops it if the relay dies
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            message = f"outbox relay for {self.source}: another relay holds {self.path}.lock; one relay per outbox keeps the order"
+            raise RuntimeError(message) from None
+        return handle
+
+    async def open(self, ring: Callable[[], None], lost: Callable[[BaseException], None]) -> None:
+        self._lock = self._take_lock()  # a local file, never waited for (LOCK_NB)
+        sock = Doorbell(self.path).listen()
+        self._socket = sock
+        self._loop = asyncio.get_running_loop()
+
+        def readable() -> None:
+            rang = False
+            while True:
+                try:
+                    sock.recv(64)
+                except (BlockingIOError, InterruptedError):
+                    break
+                rang = True
+            if rang:
+                ring()
+
+        self._loop.add_reader(sock.fileno(), readable)
+
+    async def close(self) -> None:
+        if self._socket is not None and self._loop is not None:
+            self._loop.remove_reader(self._socket.fileno())
+            self._socket.close()
+            self._socket = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+class _NotifyDoorbell(RelayDoorbell):
+    """A PostgreSQL outbox's relay side: one connection that holds the relay's advisory lock and LISTENs."""
+
+    def __init__(self, outbox: PostgresOutbox) -> None:
+        self.outbox = outbox
+        self._connection: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self, ring: Callable[[], None], lost: Callable[[BaseException], None]) -> None:
+        outbox = self.outbox
+        connection = await psycopg.AsyncConnection.connect(outbox.url, autocommit=True, connect_timeout=outbox._connect_timeout_s)
+        try:
+            lock_key = (_PG_LOCK_TAG << 32) | outbox.table_oid
+            cursor = await connection.execute("SELECT pg_try_advisory_lock(%s)", (lock_key,))
+            found = await cursor.fetchone()
+            if not found or not found[0]:
+                message = (
+                    f"outbox relay for {outbox.source}: another relay holds the advisory lock {lock_key} of this outbox's "
+                    "database; one relay per outbox keeps the order"
+                )
+                raise RuntimeError(message)
+            await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(outbox.channel)))
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection = connection
+
+        async def listen() -> None:
+            try:
+                async for _notify in connection.notifies():
+                    ring()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the connection, and with it the relay's lock, is gone
+                lost(error)
+
+        self._task = asyncio.get_running_loop().create_task(listen())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._connection is not None:
+            await self._connection.close()  # ends the session: the advisory lock is released
+            self._connection = None
 
 
 def open_outbox(location: str, **options: Any) -> Outbox:
     """The outbox at ``location`` (``settings.outbox_db``): a ``postgresql://`` URL or a SQLite file path."""
     if location.startswith(("postgresql://", "postgres://")):
-        return PostgresOutbox(location)
+        return PostgresOutbox(location, **options)
     return SQLiteOutbox(location, **options)
 
 
@@ -545,18 +895,27 @@ class RelayStats:
 class OutboxRelay:
     """Publishes an outbox to Kafka in id order; sleeps when drained; woken by the stream trigger.
 
-    Design. One relay per outbox (an flock next to the database refuses a second one: two relays would
-    interleave). A round reads up to ``batch_size`` pending rows, sends them in id order through one
-    idempotent producer (acks=all), waits for every acknowledgement and only then marks them sent. The
-    Kafka key is the row's key (its aggregate), so order holds per aggregate, i.e. per partition; there
-    is no order across partitions. A crash between the acks and the mark republishes at most that round:
-    each message carries ``weir-outbox-id`` and ``weir-outbox-source`` headers for :class:`OutboxDedup`.
-    A failed send restarts the producer and republishes the round from its first row (same bound).
+    Design. One relay per outbox (the outbox's relay lock refuses a second one: two relays would
+    interleave). A round reads up to ``batch_size`` pending rows and sends them in id order in one Kafka
+    transaction (transactional id ``weir-outbox-relay.<source>``). Before committing it, the relay records
+    the round in the database: its rows and the offset of its first message (the witness). After the
+    commit, one database transaction marks the rows sent and forgets the round. The Kafka key is the row's
+    key (its aggregate), so order holds per aggregate, i.e. per partition; there is no order across
+    partitions.
 
-    Waking. Same-process writers call :meth:`signal` (thread-safe). Other processes ring the doorbell,
-    a Unix datagram socket: the relay then reads the newest id from the database and signals that. The
-    relay waits on an asyncio event, not a poll; ``safety_timeout_s`` (default 30 s) re-checks the outbox
-    only as a safety net, and is counted in ``stats.safety_wakes``.
+    Exactly once for a read_committed consumer, across a SIGKILL anywhere: a restarted relay's producer
+    ends the dead one's transaction (it aborts, unless its commit had begun, which it completes); a round
+    still recorded then either committed (its witness is visible to a read_committed reader: the rows are
+    marked sent and not published again) or aborted (the round is forgotten and its rows published again).
+    A failed send or commit is settled the same way before the round is retried. A read_uncommitted
+    consumer can also see the aborted copies: each message carries ``weir-outbox-id`` and
+    ``weir-outbox-source`` headers, and :class:`OutboxDedup` drops them.
+
+    Waking. Same-process writers call :meth:`signal` (thread-safe). Other processes ring the outbox's
+    doorbell (SQLite: a Unix datagram socket; PostgreSQL: NOTIFY at commit, from any host): the relay then
+    reads the newest id from the database and signals that. The relay waits on an asyncio event, not a
+    poll; ``safety_timeout_s`` (default 30 s) re-checks the outbox only as a safety net, and is counted in
+    ``stats.safety_wakes``.
     """
 
     def __init__(
@@ -569,6 +928,7 @@ class OutboxRelay:
         safety_timeout_s: float = 30.0,
         retry_backoff_s: float = 1.0,
         linger_ms: int = 5,
+        settle_timeout_s: float = 60.0,
         on_published: Callable[[Sequence[OutboxRow]], object] | None = None,
         on_sleep: Callable[[int], object] | None = None,
         producer_options: Mapping[str, Any] | None = None,
@@ -583,18 +943,21 @@ class OutboxRelay:
         self.safety_timeout_s = safety_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self.linger_ms = linger_ms
+        self.settle_timeout_s = settle_timeout_s
+        self.transactional_id = f"weir-outbox-relay.{outbox.source}"
         self.stats = RelayStats()
         self._on_published = on_published
         self._on_sleep = on_sleep
         # the environment's Kafka security options (WEIR_KAFKA_*), unless the caller's options say otherwise
-        self._producer_options = {**kafka_client_options(), **(producer_options or {})}
+        self._client_options = kafka_client_options()
+        self._producer_options = {**self._client_options, **(producer_options or {})}
         self._trigger = StreamTrigger()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._stop_requested = False
+        self._failure: BaseException | None = None
         self._producer: Any = None
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weir-outbox-db")
-        self._doorbell_socket: socket.socket | None = None
         self._doorbell_dirty = False
         self._doorbell_task: asyncio.Task[None] | None = None
 
@@ -634,21 +997,16 @@ class OutboxRelay:
             self.stats.signal_wakes += 1
             self._wake.set()
 
-    def _on_doorbell_readable(self) -> None:
-        sock = self._doorbell_socket
-        if sock is None:
-            return
-        rang = False
-        while True:
-            try:
-                sock.recv(64)
-            except (BlockingIOError, InterruptedError):
-                break
-            rang = True
-        if rang:
-            self._doorbell_dirty = True
-            if self._doorbell_task is None:
-                self._doorbell_task = asyncio.get_running_loop().create_task(self._answer_doorbell())
+    def _on_doorbell(self) -> None:
+        self._doorbell_dirty = True
+        if self._doorbell_task is None:
+            self._doorbell_task = asyncio.get_running_loop().create_task(self._answer_doorbell())
+
+    def _on_doorbell_lost(self, error: BaseException) -> None:
+        # Without its doorbell the relay has also lost its lock: another relay may start. It stops; run() raises.
+        log.error("outbox %s: the relay's doorbell and lock were lost (%r); stopping", self.outbox.source, error)
+        self._failure = error
+        self.stop()
 
     async def _answer_doorbell(self) -> None:
         # A ring during the read may be for a row committed after it: read again (the dirty flag).
@@ -668,44 +1026,34 @@ class OutboxRelay:
     async def run(self) -> None:
         """Relay until :meth:`stop`. Drains at once (rows committed while no relay ran), then sleeps and wakes."""
         loop = asyncio.get_running_loop()
-        unlock = self._lock()
+        doorbell = self.outbox.relay_doorbell()
+        # The doorbell listens before the first read: a ring that found no listener was rung before it.
+        await doorbell.open(self._on_doorbell, self._on_doorbell_lost)
         try:
-            # The doorbell is bound before the first read: a ring that found no socket was rung before it.
             self._loop = loop
-            path = self.outbox.doorbell_path
-            if path is not None:
-                self._doorbell_socket = Doorbell(path).listen()
-                loop.add_reader(self._doorbell_socket.fileno(), self._on_doorbell_readable)
-            log.info("outbox relay ready: outbox=%s topic=%s doorbell=%s batch=%d", self.outbox.source, self.topic, path, self.batch_size)
-            await self._relay()
+            log.info(
+                "outbox relay ready: outbox=%s topic=%s doorbell=%s batch=%d",
+                self.outbox.source,
+                self.topic,
+                type(doorbell).__name__,
+                self.batch_size,
+            )
+            recorded = await self._in_db(self.outbox.recorded_round)
+            if recorded is None or await self._settle(recorded):
+                await self._relay()
         finally:
             self._loop = None
-            if self._doorbell_socket is not None:
-                loop.remove_reader(self._doorbell_socket.fileno())
-                self._doorbell_socket.close()
-                self._doorbell_socket = None
+            await doorbell.close()
             if self._doorbell_task is not None:
                 self._doorbell_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._doorbell_task
             await self._close_producer()
             self._db.shutdown(wait=True)
-            unlock()
             log.info("outbox relay stopped: %s", self.stats)
-
-    def _lock(self) -> Callable[[], None]:
-        """Take the outbox's relay lock (released by the kernel if this process dies); returns its release."""
-        path = self.outbox.doorbell_path
-        if path is None:
-            return lambda: None
-        handle = open(f"{path}.lock", "a+b")  # noqa: SIM115 - held for the whole run, closed by the release
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            message = f"outbox relay for {self.outbox.source}: another relay holds {path}.lock; one relay per outbox keeps the order"
-            raise RuntimeError(message) from None
-        return handle.close
+        if self._failure is not None:
+            message = f"outbox relay for {self.outbox.source}: stopped because its doorbell and lock were lost"
+            raise RuntimeError(message) from self._failure
 
     async def _relay(self) -> None:
         while not self._stop_requested:
@@ -755,20 +1103,32 @@ class OutboxRelay:
                 return processed
 
     async def _publish(self, rows: Sequence[OutboxRow]) -> bool:
-        """Send ``rows`` in order and wait for every ack; retry the whole round on failure. False: stopped."""
+        """Send ``rows`` in order in one Kafka transaction and commit it; retry on failure. True: the rows
+        are committed on the broker (by this attempt or an earlier one). False: stopped first."""
+        in_doubt: RelayRound | None = None  # a recorded attempt whose commit may have happened
         while True:
             try:
+                if in_doubt is not None:
+                    if await self._settle_attempt(in_doubt):
+                        return True
+                    in_doubt = None
                 producer = await self._ensure_producer()
+                await producer.begin_transaction()
                 acks = []
                 for row in rows:
                     headers = [*row.headers, (OUTBOX_ID_HEADER, str(row.id).encode()), (OUTBOX_SOURCE_HEADER, self.outbox.source.encode())]
                     acks.append(await producer.send(row.topic or self.topic, value=row.value, key=row.key, headers=headers))
-                await asyncio.gather(*acks)
+                sent = await asyncio.gather(*acks)
+                witness = RelayRound(rows[0].id, rows[-1].id, sent[0].topic, sent[0].partition, sent[0].offset)
+                # Recorded before the commit: whatever happens from here on, a restart can tell whether it committed.
+                await self._in_db(self.outbox.record_round, witness)
+                in_doubt = witness
+                await producer.commit_transaction()
                 return True
             except Exception:
                 self.stats.publish_failures += 1
                 log.exception("outbox %s: publishing rows %d..%d failed; retrying the round", self.outbox.source, rows[0].id, rows[-1].id)
-                await self._close_producer()
+                await self._abort_and_close_producer()
                 if self._stop_requested:
                     return False
                 self._wake.clear()
@@ -777,17 +1137,80 @@ class OutboxRelay:
                 if self._stop_requested:
                     return False
 
+    async def _settle(self, recorded: RelayRound) -> bool:
+        """At start: settle the round a previous relay recorded. False: stopped first."""
+        while not self._stop_requested:
+            try:
+                if await self._settle_attempt(recorded):
+                    log.info(
+                        "outbox %s: rows %d..%d were committed before the restart", self.outbox.source, recorded.first_id, recorded.last_id
+                    )
+                    ids = list(range(recorded.first_id, recorded.last_id + 1))
+                    await self._in_db(self.outbox.mark_sent, ids, now_ms=_now_ms())
+                else:
+                    log.info(
+                        "outbox %s: rows %d..%d were not committed; publishing them again",
+                        self.outbox.source,
+                        recorded.first_id,
+                        recorded.last_id,
+                    )
+                    await self._in_db(self.outbox.forget_round)
+                return True
+            except Exception:
+                log.exception("outbox %s: settling the recorded round %s failed; retrying", self.outbox.source, recorded)
+                await self._abort_and_close_producer()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.retry_backoff_s)
+        return False
+
+    async def _settle_attempt(self, recorded: RelayRound) -> bool:
+        """Whether ``recorded``'s transaction committed. A new producer first ends it (the broker completes a
+        commit that had begun and aborts anything else); then its witness is visible iff it committed."""
+        await self._ensure_producer()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            group_id=None,
+            **self._client_options,
+        )
+        await consumer.start()
+        try:
+            place = TopicPartition(recorded.topic, recorded.partition)
+            consumer.assign([place])
+            consumer.seek(place, recorded.offset)
+            deadline = asyncio.get_running_loop().time() + self.settle_timeout_s
+            while asyncio.get_running_loop().time() < deadline:
+                for message in (await consumer.getmany(place, timeout_ms=500)).get(place, []):
+                    # The first visible message at or after the witness's offset: the witness itself iff committed.
+                    return message.offset == recorded.offset and outbox_id_of(message.headers) == (self.outbox.source, recorded.first_id)
+                if await consumer.position(place) > recorded.offset:
+                    return False  # read past the witness's offset without seeing it: aborted
+            message = f"outbox relay for {self.outbox.source}: no outcome for the recorded round {recorded} after {self.settle_timeout_s}s"
+            raise RuntimeError(message)
+        finally:
+            await consumer.stop()
+
     async def _ensure_producer(self) -> Any:
         if self._producer is None:
             options: dict[str, Any] = {"linger_ms": self.linger_ms, **self._producer_options}
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=True, acks="all", **options)
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, transactional_id=self.transactional_id, acks="all", **options)
             try:
-                await producer.start()
+                await producer.start()  # fences an earlier producer of this outbox and ends its transaction
             except BaseException:
                 await producer.stop()
                 raise
             self._producer = producer
         return self._producer
+
+    async def _abort_and_close_producer(self) -> None:
+        # Aborting now frees read_committed consumers at once; a restarted producer would abort it too.
+        producer = self._producer
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.abort_transaction(), timeout=10)
+        await self._close_producer()
 
     async def _close_producer(self) -> None:
         producer, self._producer = self._producer, None

@@ -21,7 +21,9 @@ log = logging.getLogger("weir.outbox")
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     settings = load_settings()
     parser = argparse.ArgumentParser(prog="python -m app.outbox_relay", description=__doc__)
-    parser.add_argument("--db", default=settings.outbox_db, help="outbox database (default: WEIR_OUTBOX_DB = %(default)s)")
+    parser.add_argument(
+        "--db", default=settings.outbox_db, help="outbox: a SQLite path or a postgresql:// URL (default: WEIR_OUTBOX_DB = %(default)s)"
+    )
     parser.add_argument("--topic", default=settings.topic("outbox"), help="topic of rows without one (default: %(default)s)")
     parser.add_argument(
         "--batch", type=int, default=settings.outbox_batch, help="rows per publish round (default: WEIR_OUTBOX_BATCH = %(default)s)"
@@ -29,7 +31,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--source",
         default=None,
-        help="name in the weir-outbox-source header; set it when several outboxes publish to one topic (default: the database file name)",
+        help="the weir-outbox-source header and transactional id; set it when outboxes share a topic (default: the database name)",
     )
     parser.add_argument("--bootstrap", default=settings.bootstrap, help="Kafka host:port (default: KAFKA_BOOTSTRAP = %(default)s)")
     parser.add_argument(

@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-__all__ = ["Settings", "load_settings", "default_bootstrap", "kafka_client_options", "AGENT_NAMES", "SECURITY_PROTOCOLS", "SASL_MECHANISMS"]
+__all__ = [
+    "Settings",
+    "load_settings",
+    "default_bootstrap",
+    "default_postgres_url",
+    "kafka_client_options",
+    "AGENT_NAMES",
+    "SECURITY_PROTOCOLS",
+    "SASL_MECHANISMS",
+]
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
@@ -75,6 +84,11 @@ def _env_bool(name: str, default: bool) -> bool:
 def default_bootstrap() -> str:
     """The broker: ``KAFKA_BOOTSTRAP`` if set, else the local one on ``WEIR_KAFKA_PORT`` (19092), as scripts/broker.sh starts it."""
     return _env_str("KAFKA_BOOTSTRAP", f"127.0.0.1:{_env_str('WEIR_KAFKA_PORT', '19092')}")
+
+
+def default_postgres_url() -> str:
+    """The PostgreSQL server: ``DATABASE_URL`` if set, else the local one on ``WEIR_PG_PORT`` (15432), as scripts/postgres.sh starts it."""
+    return _env_str("DATABASE_URL", f"postgresql://weir@127.0.0.1:{_env_str('WEIR_PG_PORT', '15432')}/weir")
 
 
 def _env_str(name: str, default: str) -> str:

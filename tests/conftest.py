@@ -1,16 +1,19 @@
-"""Shared fixtures: the session's real Kafka broker (the project's own, or KAFKA_BOOTSTRAP)."""
+"""Shared fixtures: the session's real Kafka broker and PostgreSQL server (the project's own, or KAFKA_BOOTSTRAP / DATABASE_URL)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
-from app.settings import default_bootstrap
+from app.settings import default_bootstrap, default_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,3 +48,48 @@ def kafka_bootstrap() -> Iterator[str]:
     yield bootstrap
     if not already_running:
         subprocess.run([str(ROOT / "scripts" / "broker.sh"), "stop"], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a real PostgreSQL: DATABASE_URL if set, else the local one (scripts/postgres.sh) started here.
+
+    A server this fixture starts is stopped at the end of the session; one already running is left alone.
+    Skipped where PostgreSQL is not installed and installing it needs root (the script's exit status 2).
+    """
+    external = os.environ.get("DATABASE_URL")
+    if external:
+        yield external
+        return
+    url = default_postgres_url()
+    port = url.rsplit(":", 1)[1].split("/", 1)[0]
+    already_running = _reachable(f"127.0.0.1:{port}")
+    if not already_running:
+        started = subprocess.run([str(ROOT / "scripts" / "postgres.sh"), "start"], capture_output=True, text=True, check=False)
+        if started.returncode == 2:
+            pytest.skip(f"no PostgreSQL here: {started.stderr.strip()}")
+        if started.returncode != 0:
+            pytest.fail(f"could not start the local PostgreSQL:\n{started.stdout}\n{started.stderr}")
+    yield url
+    if not already_running:
+        subprocess.run([str(ROOT / "scripts" / "postgres.sh"), "stop"], capture_output=True, check=False)
+
+
+@pytest.fixture
+def postgres_schema(request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
+    """Makes a fresh schema per call and returns a URL whose search_path is that schema; drops them after."""
+    made: list[str] = []
+
+    def new_schema() -> str:
+        base = request.getfixturevalue("postgres_url")
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(base, autocommit=True) as connection:
+            connection.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        made.append(name)
+        return f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{name}"
+
+    yield new_schema
+    if made:
+        with psycopg.connect(request.getfixturevalue("postgres_url"), autocommit=True) as connection:
+            for name in made:
+                connection.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))

@@ -1,4 +1,5 @@
-"""The outbox relay end to end on the real broker: concurrent writers, prompt wake-ups, a SIGKILLed relay process."""
+"""The outbox relay end to end on the real broker, over SQLite and the real PostgreSQL: concurrent writers, prompt
+wake-ups (the Unix doorbell, LISTEN/NOTIFY), a SIGKILLed relay process, a crash between the Kafka commit and the mark."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.kafka_io import ensure_topics
-from app.outbox import OUTBOX_ID_FIELD, OutboxDedup, OutboxRelay, OutboxRow, SQLiteOutbox, outbox_id_of, write
+from app.outbox import OUTBOX_ID_FIELD, Outbox, OutboxDedup, OutboxRelay, OutboxRow, open_outbox, outbox_id_of, write
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -45,9 +46,9 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_
         time.sleep(poll_s)
 
 
-async def _read_all(bootstrap: str, topic: str) -> list[Any]:
+async def _read_all(bootstrap: str, topic: str, isolation_level: str) -> list[Any]:
     """Every message of ``topic``, up to the end offsets at the time of the call."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, isolation_level=isolation_level)
     await consumer.start()
     try:
         partitions = [TopicPartition(topic, number) for number in range(PARTITIONS)]
@@ -65,8 +66,8 @@ async def _read_all(bootstrap: str, topic: str) -> list[Any]:
         await consumer.stop()
 
 
-def read_all(bootstrap: str, topic: str) -> list[Any]:
-    return asyncio.run(_read_all(bootstrap, topic))
+def read_all(bootstrap: str, topic: str, isolation_level: str = "read_committed") -> list[Any]:
+    return asyncio.run(_read_all(bootstrap, topic, isolation_level))
 
 
 async def _end_offset_total(bootstrap: str, topic: str) -> int:
@@ -104,10 +105,36 @@ def check_arrivals(messages: Sequence[Any], expected_ids: Sequence[int]) -> Outb
     return dedup
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def outbox_location(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where this test's outbox lives: a SQLite file, or a fresh schema on the session's PostgreSQL."""
+    if store_kind == "sqlite":
+        return str(tmp_path / "outbox.sqlite")
+    return str(request.getfixturevalue("postgres_schema")())
+
+
+def store_name(location: str) -> str:
+    return "postgresql" if location.startswith("postgresql://") else "sqlite"
+
+
+def placeholder(location: str) -> str:
+    """The business SQL's parameter marker: sqlite3 takes ``?``, psycopg ``%s``."""
+    return "%s" if location.startswith("postgresql://") else "?"
+
+
+def unique_source(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
 class RelayThread:
     """An OutboxRelay running in its own thread and event loop, recording when each row was acknowledged."""
 
-    def __init__(self, outbox: SQLiteOutbox, bootstrap: str, topic: str, *, batch_size: int = 200) -> None:
+    def __init__(self, outbox: Outbox, bootstrap: str, topic: str, *, batch_size: int = 200) -> None:
         self.acked_at: dict[int, float] = {}  # row id -> time.time() of the broker's ack
         self.changed = threading.Condition()
         self.asleep = threading.Event()
@@ -163,8 +190,11 @@ def topic(kafka_bootstrap: str) -> str:
     return name
 
 
-def test_writer_threads_arrive_in_order_exactly_once_and_wake_the_sleeping_relay(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
-    outbox = SQLiteOutbox(tmp_path / "outbox.sqlite", source="threads")
+def test_writer_threads_arrive_in_order_exactly_once_and_wake_the_sleeping_relay(
+    kafka_bootstrap: str, topic: str, outbox_location: str
+) -> None:
+    outbox = open_outbox(outbox_location, source=unique_source("threads"))
+    mark = placeholder(outbox_location)
     with outbox.transaction() as transaction:
         transaction.connection.execute("CREATE TABLE orders (writer TEXT, seq INTEGER)")
     writers, transactions_each = 4, 100
@@ -175,7 +205,7 @@ def test_writer_threads_arrive_in_order_exactly_once_and_wake_the_sleeping_relay
             jitter = random.Random(name)
             for seq in range(transactions_each):
                 with write(outbox, notify=relay.relay.signal) as transaction:
-                    transaction.connection.execute("INSERT INTO orders VALUES (?, ?)", (name, seq))
+                    transaction.connection.execute(f"INSERT INTO orders VALUES ({mark}, {mark})", (name, seq))
                     transaction.add_json({"writer": name, "seq": seq}, key=name)
                 if jitter.random() < 0.1:
                     time.sleep(jitter.random() * 0.02)
@@ -219,31 +249,45 @@ def test_writer_threads_arrive_in_order_exactly_once_and_wake_the_sleeping_relay
 WRITER_PROCESS = textwrap.dedent(
     """
     import random, sys, time
-    from app.outbox import SQLiteOutbox, write
-    path, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    outbox = SQLiteOutbox(path, source="processes")
+    from app.outbox import open_outbox, write
+    location, source, name, count, mark = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    outbox = open_outbox(location, source=source)
     jitter = random.Random(name)
     for seq in range(count):
-        with write(outbox) as transaction:  # the default signal: the relay's doorbell
-            transaction.connection.execute("INSERT INTO orders VALUES (?, ?, ?)", (name, seq, time.time()))
-            transaction.add_json({"writer": name, "seq": seq}, key=name)
+        with write(outbox) as transaction:  # the default signal: the doorbell (SQLite) or NOTIFY at commit (PostgreSQL)
+            row_id = transaction.add_json({"writer": name, "seq": seq}, key=name)
+            values = (row_id, name, seq, time.time())
+            transaction.connection.execute(f"INSERT INTO orders VALUES ({mark}, {mark}, {mark}, {mark})", values)
         time.sleep(jitter.random() * 0.03)
     outbox.close()
     """
 )
 
 
-def test_writer_processes_wake_the_relay_through_the_doorbell(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
-    path = tmp_path / "outbox.sqlite"
-    outbox = SQLiteOutbox(path, source="processes")
+def test_writer_processes_wake_the_relay_through_the_doorbell(kafka_bootstrap: str, topic: str, outbox_location: str) -> None:
+    source = unique_source("processes")
+    outbox = open_outbox(outbox_location, source=source)
     with outbox.transaction() as transaction:
-        transaction.connection.execute("CREATE TABLE orders (writer TEXT, seq INTEGER, committed_at REAL)")
+        transaction.connection.execute("CREATE TABLE orders (outbox_id INTEGER, writer TEXT, seq INTEGER, committed_at DOUBLE PRECISION)")
     writers, rows_each = 3, 150
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     with RelayThread(outbox, kafka_bootstrap, topic) as relay:
         processes = [
-            subprocess.Popen([sys.executable, "-c", WRITER_PROCESS, str(path), f"proc-{number}", str(rows_each)], cwd=ROOT, env=env)
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    WRITER_PROCESS,
+                    outbox_location,
+                    source,
+                    f"proc-{number}",
+                    str(rows_each),
+                    placeholder(outbox_location),
+                ],
+                cwd=ROOT,
+                env=env,
+            )
             for number in range(writers)
         ]
         for process in processes:
@@ -251,8 +295,7 @@ def test_writer_processes_wake_the_relay_through_the_doorbell(kafka_bootstrap: s
         relay.wait_acked(writers * rows_each, timeout_s=60)
         stats = relay.relay.stats
         with outbox.transaction() as transaction:
-            committed = transaction.connection.execute("SELECT rowid, committed_at FROM orders ORDER BY rowid").fetchall()
-        # orders and weir_outbox rows are written one for one in the same transactions, so their rowids match.
+            committed = transaction.connection.execute("SELECT outbox_id, committed_at FROM orders ORDER BY outbox_id").fetchall()
         latencies = [relay.acked_at[row_id] - committed_at for row_id, committed_at in committed]
 
     print(
@@ -270,8 +313,8 @@ def test_writer_processes_wake_the_relay_through_the_doorbell(kafka_bootstrap: s
 class RelayProcess:
     """``python -m app.outbox_relay`` in its own session, so a SIGKILL takes the whole process group."""
 
-    def __init__(self, db: Path, topic: str, bootstrap: str, log_path: Path, batch: int) -> None:
-        self.command = [sys.executable, "-m", "app.outbox_relay", "--db", str(db), "--topic", topic, "--batch", str(batch)]
+    def __init__(self, db: str, source: str, topic: str, bootstrap: str, log_path: Path, batch: int) -> None:
+        self.command = [sys.executable, "-m", "app.outbox_relay", "--db", db, "--source", source, "--topic", topic, "--batch", str(batch)]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP": bootstrap}
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -301,7 +344,7 @@ def relay_processes() -> Iterator[list[RelayProcess]]:
             relay.send(signal.SIGKILL)
 
 
-def marked_sent(outbox: SQLiteOutbox) -> int:
+def marked_sent(outbox: Outbox) -> int:
     """Rows marked sent: the newest id less the pending rows, read with no row written in between.
 
     The writer thread keeps adding rows: a row added between the two reads counted as pending but not in the
@@ -314,11 +357,11 @@ def marked_sent(outbox: SQLiteOutbox) -> int:
             return newest - pending
 
 
-def test_a_relay_process_killed_mid_run_loses_nothing_and_only_repeats_seen_ids(
-    kafka_bootstrap: str, topic: str, tmp_path: Path, relay_processes: list[RelayProcess]
+def test_a_relay_process_killed_mid_run_publishes_each_row_once_for_read_committed(
+    kafka_bootstrap: str, topic: str, tmp_path: Path, outbox_location: str, relay_processes: list[RelayProcess]
 ) -> None:
-    path = tmp_path / "outbox.sqlite"
-    outbox = SQLiteOutbox(path, source="crash")
+    source = unique_source("crash")
+    outbox = open_outbox(outbox_location, source=source)
     batch, backlog_transactions, rows_per_transaction, keys = 1_000, 400, 100, 5
     sequence: dict[str, int] = defaultdict(int)
 
@@ -340,7 +383,7 @@ def test_a_relay_process_killed_mid_run_loses_nothing_and_only_repeats_seen_ids(
             write_rows(10)
             time.sleep(0.02)
 
-    first = RelayProcess(path, topic, kafka_bootstrap, tmp_path / "relay-1.log", batch).start()
+    first = RelayProcess(outbox_location, source, topic, kafka_bootstrap, tmp_path / "relay-1.log", batch).start()
     relay_processes.append(first)
     writer = threading.Thread(target=keep_writing)
     writer.start()
@@ -352,7 +395,7 @@ def test_a_relay_process_killed_mid_run_loses_nothing_and_only_repeats_seen_ids(
         assert outbox.pending_count() > 0, "the relay had drained everything before the kill: raise the backlog"
         assert marked_at_kill < backlog
 
-        second = RelayProcess(path, topic, kafka_bootstrap, tmp_path / "relay-2.log", batch).start()
+        second = RelayProcess(outbox_location, source, topic, kafka_bootstrap, tmp_path / "relay-2.log", batch).start()
         relay_processes.append(second)
         pending_at_restart, restarted = outbox.pending_count(), time.monotonic()
         wait_until(lambda: outbox.pending_count() == 0, 120, "the restarted relay to drain the backlog", poll_s=0.01)
@@ -368,13 +411,82 @@ def test_a_relay_process_killed_mid_run_loses_nothing_and_only_repeats_seen_ids(
     total = outbox.newest_id()
     messages = read_all(kafka_bootstrap, topic)
     dedup = check_arrivals(messages, range(1, total + 1))
+    uncommitted = read_all(kafka_bootstrap, topic, "read_uncommitted")
+    check_arrivals(uncommitted, range(1, total + 1))  # the killed round's aborted copies: OutboxDedup drops them
     print(
-        f"\n[outbox crash] {total} rows; at the SIGKILL {on_topic_at_kill} messages on the topic and {marked_at_kill} rows marked sent; "
-        f"{len(messages)} messages read, {dedup.duplicates} duplicates removed by OutboxDedup; restarted relay drained "
+        f"\n[outbox crash {store_name(outbox_location)}] {total} rows; at the SIGKILL {on_topic_at_kill} messages on the topic "
+        f"(committed or not) and {marked_at_kill} rows marked sent; read_committed: {len(messages)} messages, "
+        f"{dedup.duplicates} duplicates; read_uncommitted: {len(uncommitted)}; restarted relay drained "
         f"{pending_at_restart} pending rows in {drained_s:.2f}s (including its start-up) = {pending_at_restart / drained_s:.0f} rows/s"
     )
-    assert dedup.duplicates == len(messages) - total
-    assert dedup.duplicates <= batch, "a crash republishes at most the round it interrupted"
-    # Exactly the rows the broker had from the killed relay but that it had not marked sent came twice.
-    assert dedup.duplicates == on_topic_at_kill - marked_at_kill
+    assert dedup.duplicates == 0, "a read_committed consumer saw a row twice"
+    assert len(messages) == total
+    assert len(uncommitted) - total <= batch, "only the round the kill interrupted is there twice, aborted"
+    outbox.close()
+
+
+class FailOnce:
+    """Wraps an outbox so that the first call of ``method`` fails after doing its work (a crash just after it)."""
+
+    def __init__(self, outbox: Outbox, method: str) -> None:
+        self.outbox, self.method, self.failed = outbox, method, False
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.outbox, name)
+        if name != self.method or self.failed:
+            return found
+
+        def fail_after(*args: Any, **kwargs: Any) -> Any:
+            self.failed = True
+            found(*args, **kwargs)
+            message = f"simulated crash after {name}"
+            raise RuntimeError(message)
+
+        return fail_after
+
+
+def test_a_round_recorded_but_not_committed_is_published_again_in_a_new_transaction(
+    kafka_bootstrap: str, topic: str, outbox_location: str
+) -> None:
+    outbox = open_outbox(outbox_location, source=unique_source("doubt"))
+    with outbox.transaction() as transaction:
+        for seq in range(30):
+            transaction.add_json({"writer": "w", "seq": seq}, key="w")
+    flaky: Any = FailOnce(outbox, "record_round")  # fails before the Kafka commit: the attempt is aborted
+    with RelayThread(flaky, kafka_bootstrap, topic, batch_size=20) as relay_thread:
+        relay_thread.wait_acked(30, timeout_s=30)
+        stats = relay_thread.relay.stats
+    assert (outbox.pending_count(), outbox.recorded_round(), stats.publish_failures) == (0, None, 1)
+    assert check_arrivals(read_all(kafka_bootstrap, topic), range(1, 31)).duplicates == 0
+    assert len(read_all(kafka_bootstrap, topic, "read_uncommitted")) == 50  # plus the aborted attempt's 20
+    outbox.close()
+
+
+def test_a_round_committed_but_not_marked_is_settled_at_restart_not_published_again(
+    kafka_bootstrap: str, topic: str, outbox_location: str
+) -> None:
+    outbox = open_outbox(outbox_location, source=unique_source("doubt"))
+    with outbox.transaction() as transaction:
+        for seq in range(30):
+            transaction.add_json({"writer": "w", "seq": seq}, key="w")
+    real_mark_sent = outbox.mark_sent
+
+    def no_mark(ids: Any, *, now_ms: int) -> None:
+        message = "simulated crash after the Kafka commit, before the mark"
+        raise RuntimeError(message)
+
+    outbox.mark_sent = no_mark  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        asyncio.run(OutboxRelay(outbox, bootstrap=kafka_bootstrap, topic=topic, batch_size=20).run())
+    outbox.mark_sent = real_mark_sent  # type: ignore[method-assign]
+    recorded = outbox.recorded_round()
+    assert recorded is not None
+    assert (recorded.first_id, recorded.last_id, outbox.pending_count()) == (1, 20, 30)
+
+    with RelayThread(outbox, kafka_bootstrap, topic, batch_size=20) as relay_thread:
+        relay_thread.wait_acked(10, timeout_s=30)
+        stats = relay_thread.relay.stats
+    assert (outbox.pending_count(), outbox.recorded_round(), stats.rows_published) == (0, None, 10)  # 1..20 settled, not resent
+    assert check_arrivals(read_all(kafka_bootstrap, topic), range(1, 31)).duplicates == 0
+    assert len(read_all(kafka_bootstrap, topic, "read_uncommitted")) == 30
     outbox.close()

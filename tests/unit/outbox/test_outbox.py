@@ -1,14 +1,18 @@
-"""The outbox without Kafka: the stream trigger's protocol under any interleaving, the SQLite store, the dedup helper."""
+"""The outbox without Kafka: the stream trigger's protocol under any interleaving, the SQLite and PostgreSQL stores
+(one contract; PostgreSQL on the session's real server), the dedup helper."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
+import psycopg
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
@@ -19,7 +23,10 @@ from app.outbox import (
     OUTBOX_SOURCE_HEADER,
     Decision,
     Doorbell,
+    Outbox,
     OutboxDedup,
+    PostgresOutbox,
+    RelayRound,
     SQLiteOutbox,
     StreamTrigger,
     open_outbox,
@@ -179,19 +186,40 @@ def test_trigger_events_by_hand() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The SQLite store
+# The stores: one contract, SQLite and PostgreSQL
 # --------------------------------------------------------------------------------------------------
+
+OutboxFactory = Callable[..., Outbox]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_outbox(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OutboxFactory]:
+    """Makes empty outboxes of one kind: a SQLite file, or a fresh schema on the session's PostgreSQL."""
+    made: list[Outbox] = []
+
+    def make(source: str = "shop") -> Outbox:
+        store: Outbox
+        if request.param == "sqlite":
+            store = SQLiteOutbox(tmp_path_factory.mktemp("outbox") / "outbox.sqlite", source=source)
+        else:
+            store = PostgresOutbox(request.getfixturevalue("postgres_schema")(), source=source)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
 
 
 @pytest.fixture
-def outbox(tmp_path: Path) -> SQLiteOutbox:
-    store = SQLiteOutbox(tmp_path / "outbox.sqlite", source="shop")
+def outbox(new_outbox: OutboxFactory) -> Outbox:
+    store = new_outbox()
     with store.transaction() as transaction:
         transaction.connection.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)")
     return store
 
 
-def test_business_rows_and_outbox_rows_commit_together(outbox: SQLiteOutbox) -> None:
+def test_business_rows_and_outbox_rows_commit_together(outbox: Outbox) -> None:
     signalled: list[int] = []
     with write(outbox, notify=signalled.append) as transaction:
         transaction.connection.execute("INSERT INTO orders VALUES ('o-1', 10)")
@@ -207,7 +235,7 @@ def test_business_rows_and_outbox_rows_commit_together(outbox: SQLiteOutbox) -> 
     assert batch.rows[1].headers == (("trace", b"\x00\xff"),)
 
 
-def test_a_failed_transaction_leaves_neither_rows_nor_signal(outbox: SQLiteOutbox) -> None:
+def test_a_failed_transaction_leaves_neither_rows_nor_signal(outbox: Outbox) -> None:
     signalled: list[int] = []
 
     def place_order() -> None:
@@ -222,9 +250,10 @@ def test_a_failed_transaction_leaves_neither_rows_nor_signal(outbox: SQLiteOutbo
     assert outbox.pending_count() == 0
     with outbox.transaction() as transaction:
         assert transaction.connection.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+        assert transaction.add(b"next") == 1  # the rolled-back id is given back: ids stay dense
 
 
-def test_the_signal_comes_after_the_commit(outbox: SQLiteOutbox) -> None:
+def test_the_signal_comes_after_the_commit(outbox: Outbox) -> None:
     seen_by_another_thread: list[int] = []
 
     def notify(offset: int) -> None:
@@ -237,49 +266,46 @@ def test_the_signal_comes_after_the_commit(outbox: SQLiteOutbox) -> None:
     assert seen_by_another_thread == [1]
 
 
-def test_add_json_refuses_a_payload_that_names_the_id_field(outbox: SQLiteOutbox) -> None:
+def test_add_json_refuses_a_payload_that_names_the_id_field(outbox: Outbox) -> None:
     with pytest.raises(ValueError, match=OUTBOX_ID_FIELD), outbox.transaction() as transaction:
         transaction.add_json({OUTBOX_ID_FIELD: 7})
     assert outbox.pending_count() == 0
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=12), batch_size=st.integers(1, 7), data=st.data())
 def test_fetch_batch_walks_the_outbox_in_id_order(
-    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], batch_size: int, data: st.DataObject
+    new_outbox: OutboxFactory, sizes: list[int], batch_size: int, data: st.DataObject
 ) -> None:
-    store = SQLiteOutbox(tmp_path_factory.mktemp("fetch") / "outbox.sqlite")
-    try:
-        for size in sizes:
-            with store.transaction() as transaction:
-                for _ in range(size):
-                    transaction.add(b"v")
-        total = sum(sizes)
-        assert store.newest_id() == total
-        published: list[int] = []
-        crashed_last_round = False
-        while True:
-            batch = store.fetch_batch(batch_size)
-            assert [row.id for row in batch.rows] == list(range(len(published) + 1, len(published) + 1 + len(batch.rows)))
-            assert batch.drained == (len(batch.rows) < batch_size)
-            if batch.drained:
-                assert batch.drained_through == total
-            elif batch.rows:
-                assert batch.drained_through == batch.rows[-1].id
-            if not batch.rows:
-                break
-            # A relay crash between publish and mark (not twice in a row, so the walk ends): the rows come again.
-            crashed_last_round = not crashed_last_round and data.draw(st.booleans(), label="crash before mark")
-            if not crashed_last_round:
-                store.mark_sent([row.id for row in batch.rows], now_ms=1)
-                published.extend(row.id for row in batch.rows)
-        assert published == list(range(1, total + 1))
-        assert store.pending_count() == 0
-    finally:
-        store.close()
+    store = new_outbox()
+    for size in sizes:
+        with store.transaction() as transaction:
+            for _ in range(size):
+                transaction.add(b"v")
+    total = sum(sizes)
+    assert store.newest_id() == total
+    published: list[int] = []
+    crashed_last_round = False
+    while True:
+        batch = store.fetch_batch(batch_size)
+        assert [row.id for row in batch.rows] == list(range(len(published) + 1, len(published) + 1 + len(batch.rows)))
+        assert batch.drained == (len(batch.rows) < batch_size)
+        if batch.drained:
+            assert batch.drained_through == total
+        elif batch.rows:
+            assert batch.drained_through == batch.rows[-1].id
+        if not batch.rows:
+            break
+        # A relay crash between publish and mark (not twice in a row, so the walk ends): the rows come again.
+        crashed_last_round = not crashed_last_round and data.draw(st.booleans(), label="crash before mark")
+        if not crashed_last_round:
+            store.mark_sent([row.id for row in batch.rows], now_ms=1)
+            published.extend(row.id for row in batch.rows)
+    assert published == list(range(1, total + 1))
+    assert store.pending_count() == 0
 
 
-def test_ids_from_concurrent_writers_are_unique_and_dense(outbox: SQLiteOutbox) -> None:
+def test_ids_from_concurrent_writers_are_unique_and_dense(outbox: Outbox) -> None:
     per_writer = 60
 
     def writer(name: str) -> None:
@@ -298,7 +324,40 @@ def test_ids_from_concurrent_writers_are_unique_and_dense(outbox: SQLiteOutbox) 
         assert [row.value for row in rows if row.key == name.encode()] == [f"{name}:{index}".encode() for index in range(per_writer)]
 
 
-def test_purged_ids_are_never_reused(outbox: SQLiteOutbox) -> None:
+def test_a_lower_id_is_never_visible_after_a_higher_one(outbox: Outbox) -> None:
+    # The relay reads ids in order and reports the highest it read: a row committed later with a lower id
+    # would be skipped. A writer holding its first id in an open transaction makes the next writer wait.
+    holding = threading.Event()
+    release = threading.Event()
+
+    def slow_writer() -> None:
+        with outbox.transaction() as transaction:
+            transaction.add(b"slow")
+            holding.set()
+            release.wait(10)
+
+    slow = threading.Thread(target=slow_writer)
+    slow.start()
+    assert holding.wait(10)
+    fast_done = threading.Event()
+
+    def fast_writer() -> None:
+        with outbox.transaction() as transaction:
+            transaction.add(b"fast")
+        fast_done.set()
+
+    fast = threading.Thread(target=fast_writer)
+    fast.start()
+    time.sleep(0.3)
+    assert outbox.fetch_batch(10).rows == ()  # nothing visible while the first writer is open
+    assert not fast_done.is_set(), "the second writer committed while the first held a lower id"
+    release.set()
+    slow.join()
+    fast.join()
+    assert [(row.id, row.value) for row in outbox.fetch_batch(10).rows] == [(1, b"slow"), (2, b"fast")]
+
+
+def test_purged_ids_are_never_reused(outbox: Outbox) -> None:
     with outbox.transaction() as transaction:
         for _ in range(3):
             transaction.add(b"v")
@@ -308,6 +367,21 @@ def test_purged_ids_are_never_reused(outbox: SQLiteOutbox) -> None:
     with outbox.transaction() as transaction:
         assert transaction.add(b"w") == 4
     assert outbox.fetch_batch(10).drained_through == 4
+
+
+def test_a_recorded_round_is_kept_until_its_rows_are_marked(outbox: Outbox) -> None:
+    with outbox.transaction() as transaction:
+        for _ in range(4):
+            transaction.add(b"v")
+    assert outbox.recorded_round() is None
+    outbox.record_round(RelayRound(1, 2, "t", 0, 17))
+    outbox.record_round(RelayRound(1, 4, "t", 2, 40))  # a retried round replaces the earlier attempt
+    assert outbox.recorded_round() == RelayRound(1, 4, "t", 2, 40)
+    outbox.forget_round()
+    assert outbox.recorded_round() is None
+    outbox.record_round(RelayRound(1, 4, "t", 2, 41))
+    outbox.mark_sent([1, 2, 3, 4], now_ms=5)  # the same transaction forgets the round
+    assert (outbox.recorded_round(), outbox.pending_count()) == (None, 0)
 
 
 def test_the_store_reopens_with_its_rows(tmp_path: Path) -> None:
@@ -322,9 +396,74 @@ def test_the_store_reopens_with_its_rows(tmp_path: Path) -> None:
         again.close()
 
 
-def test_postgresql_is_an_explicit_stub() -> None:
-    with pytest.raises(NotImplementedError, match="interface stub"):
-        open_outbox("postgresql://127.0.0.1/weir")
+# --------------------------------------------------------------------------------------------------
+# PostgreSQL only: the URL, the NOTIFY doorbell, the relay lock
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_postgresql_url_opens_the_postgresql_outbox(postgres_schema: Callable[[], str]) -> None:
+    url = postgres_schema()
+    first = open_outbox(url, source="pg")
+    assert isinstance(first, PostgresOutbox)
+    with first.transaction() as transaction:
+        transaction.add(b"kept")
+    first.close()
+    again = open_outbox(url)  # the tables exist already: opening again changes nothing
+    try:
+        assert [row.value for row in again.fetch_batch(5).rows] == [b"kept"]
+        assert again.doorbell_path is None
+    finally:
+        again.close()
+    with pytest.raises(ValueError, match="not a PostgreSQL URL"):
+        PostgresOutbox("postgresql://[bad")
+
+
+def test_notify_reaches_a_listener_at_commit_only(postgres_schema: Callable[[], str]) -> None:
+    url = postgres_schema()
+    store = PostgresOutbox(url, source="pg", channel="weir_outbox_test_notify")
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN weir_outbox_test_notify")
+        with store.transaction() as transaction:
+            transaction.add(b"a")
+            transaction.add(b"b")
+            assert list(listener.notifies(timeout=0.3)) == []  # not before the COMMIT
+        heard = list(listener.notifies(timeout=5, stop_after=1))
+        assert [(note.channel, note.payload) for note in heard] == [("weir_outbox_test_notify", "2")]
+        with store.transaction() as transaction:
+            transaction.connection.execute("SELECT 1")  # no outbox row: no ring
+        assert list(listener.notifies(timeout=0.3)) == []
+    store.close()
+
+
+def test_one_relay_per_postgresql_outbox(postgres_schema: Callable[[], str]) -> None:
+    store = PostgresOutbox(postgres_schema(), source="pg")
+
+    async def scenario() -> None:
+        rings: list[int] = []
+        first = store.relay_doorbell()
+        await first.open(lambda: rings.append(1), lambda error: None)
+        try:
+            with pytest.raises(RuntimeError, match="another relay holds the advisory lock"):
+                await store.relay_doorbell().open(lambda: None, lambda error: None)
+            await asyncio.to_thread(_write_one, store)
+            for _ in range(100):
+                if rings:
+                    break
+                await asyncio.sleep(0.05)
+            assert rings == [1]
+        finally:
+            await first.close()
+        second = store.relay_doorbell()  # the first released the lock when it closed
+        await second.open(lambda: None, lambda error: None)
+        await second.close()
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def _write_one(store: Outbox) -> None:
+    with write(store) as transaction:
+        transaction.add(b"x")
 
 
 def test_doorbell_rings_a_listener_and_never_fails_a_writer(tmp_path: Path) -> None:
