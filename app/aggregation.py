@@ -27,6 +27,7 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
+from app import metrics
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -592,6 +593,10 @@ class Aggregation:
         elif isinstance(state, DoneState) and not isinstance(previous, DoneState):
             deadlines = (("done", state.expires_ms),)
         outputs = tuple(output for result in transition.emits for output in self.outputs(event, correlation_id, result, transition.context))
+        for result in transition.emits:
+            metrics.aggregate_completed(self.config.name, str(result.get("status")), str(result.get("reason")))
+        if isinstance(state, GroupState) and isinstance(previous, GroupState) and state.duplicates > previous.duplicates:
+            metrics.aggregate_parts(self.config.name, duplicates=state.duplicates - previous.duplicates)
         self._completing = (transition.emits[0], transition.context) if transition.emits else None
         if transition.rejected is not None:
             rejected = (*rejected, transition.rejected)
@@ -764,6 +769,7 @@ class Aggregation:
         transition = on_part(previous, self.config, correlation_id, part, now)
         if isinstance(previous, DoneState) and transition.done is not None and transition.done.late_parts > previous.late_parts:
             self.late_items += 1
+            metrics.aggregate_parts(self.config.name, late=1)
         await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
 
     def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
@@ -772,6 +778,7 @@ class Aggregation:
             counted = on_late_item(updated, outcome.index)
             if counted != updated:
                 self.late_items += 1
+                metrics.aggregate_parts(self.config.name, late=1)
                 updated = counted
         return updated
 

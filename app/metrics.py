@@ -32,6 +32,11 @@ __all__ = [
     "COMMIT_DURATION",
     "COMMITS",
     "REBALANCES",
+    "AGGREGATE_COMPLETIONS",
+    "AGGREGATE_DUPLICATES",
+    "AGGREGATE_LATE_PARTS",
+    "aggregate_completed",
+    "aggregate_parts",
     "WorkerState",
     "WorkerCollector",
     "COLLECTOR",
@@ -117,6 +122,38 @@ REBALANCES = Counter(
     "Partition assignments this worker received (one per rebalance of its consumer group).",
     registry=REGISTRY,
 )
+
+
+AGGREGATE_COMPLETIONS = Counter(
+    "weir_aggregate_completions_total",
+    "Groups an aggregator completed, by status (complete, partial, discarded) and reason (count, flag, size, predicate, "
+    "timeout, inactivity, forced, too-large).",
+    ["aggregator", "status", "reason"],
+    registry=REGISTRY,
+)
+AGGREGATE_DUPLICATES = Counter(
+    "weir_aggregate_duplicates_total",
+    "Parts an aggregator dropped because their index (or read position) was merged already.",
+    ["aggregator"],
+    registry=REGISTRY,
+)
+AGGREGATE_LATE_PARTS = Counter(
+    "weir_aggregate_late_parts_total",
+    "Parts that arrived for a completed group (counted, never merged); they outlive the group's done mark here.",
+    ["aggregator"],
+    registry=REGISTRY,
+)
+
+
+def aggregate_completed(aggregator: str, status: str, reason: str) -> None:
+    AGGREGATE_COMPLETIONS.labels(aggregator, status, reason).inc()
+
+
+def aggregate_parts(aggregator: str, *, duplicates: int = 0, late: int = 0) -> None:
+    if duplicates:
+        AGGREGATE_DUPLICATES.labels(aggregator).inc(duplicates)
+    if late:
+        AGGREGATE_LATE_PARTS.labels(aggregator).inc(late)
 
 
 def events_handled(agent: str, count: int = 1) -> None:

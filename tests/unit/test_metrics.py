@@ -17,7 +17,7 @@ from app.runtime import keyed
 from app.runtime.keyed import Change, KeyedState, Output, Refusal
 
 #: The only label names a weir metric may have: all bounded (never a key or a correlation id).
-BOUNDED_LABELS = {"agent", "topic", "partition", "reason", "table", "outcome"}
+BOUNDED_LABELS = {"agent", "topic", "partition", "reason", "table", "outcome", "aggregator", "status"}
 
 
 def value(name: str, **labels: str) -> float:
