@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import aggregation
+from app import aggregation, metrics
 from app.aggregation import Aggregation, split_messages
 from app.errors import fitted_dead_letter
 from app.runtime import keyed
@@ -256,8 +256,11 @@ def test_force_all_completes_the_open_groups_of_its_partition_only(monkeypatch: 
     for key in keys:
         _open_with_one_outcome(stage, key, key_partition(key.encode(), 4))
     assert emitted == []
+    forced = metrics.AGGREGATE_COMPLETIONS.labels("t", "partial", "forced")
+    before = forced._value.get()
     asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
     in_two = sorted(key for key in keys if key_partition(key.encode(), 4) == 2)
+    assert forced._value.get() - before == len(in_two), "each forced completion is counted in the metrics"
     assert in_two, "the keys should spread over the partitions"
     assert sorted(key for key, _, _ in emitted) == in_two
     assert {(result["status"], result["reason"]) for _, result, _ in emitted} == {("partial", "forced")}
