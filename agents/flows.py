@@ -15,9 +15,10 @@ with the merged result as its payload, on the flow's resume topic.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,6 +233,11 @@ def _aggregation(compiled: CompiledFlow, step: Step, results: faust.TopicT) -> A
     )
 
 
+def _any_async(steps: Iterable[Step]) -> bool:
+    """Whether any of these steps is a coroutine function (its items may then run at once)."""
+    return any(asyncio.iscoroutinefunction(step.function) for step in steps)
+
+
 def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
     def outputs(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
         if not isinstance(context, dict) or not isinstance(context.get("exchange"), dict):
@@ -281,8 +287,9 @@ for _compiled_flow in _running:
                 agent=f"flow:{_flow_name}:{_split_step.name}",
                 step=_segment_steps(_compiled_flow, _segment),
                 results=_results,
-                concurrent=False,
-                concurrency=1,
+                # An async step may wait on I/O: a message's items then run at once, as the pipeline's items stage does.
+                concurrent=_any_async(_compiled_flow.flow.steps[index] for index in _segment.item_steps),
+                concurrency=settings.item_concurrency,
                 bundle=settings.bundle,
             ),
             aggregation=_aggregation(_compiled_flow, _aggregate_step, _results),

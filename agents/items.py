@@ -8,7 +8,7 @@ from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, parse_items
 from app.core import app, handle_parts, settings, topics
-from app.pipeline import STEP_IS_ASYNC, load_processor, step
+from app.pipeline import STEP_RUNS_AT_ONCE, load_processor, step
 
 __all__ = ["parse_items", "load_processor"]
 
@@ -19,7 +19,7 @@ worker = ItemWorker(
     agent=AGENT,
     step=step,
     results=topics.item_results,
-    concurrent=STEP_IS_ASYNC,
+    concurrent=STEP_RUNS_AT_ONCE,
     concurrency=settings.item_concurrency,
     bundle=settings.bundle,
 )

@@ -13,7 +13,7 @@ from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, Keyed, aggregate_inline, encode_split, invalid_result, send_result, send_splits, split_messages
 from app.core import app, handle_part_events, handle_parts, now_ms, settings, topics
-from app.pipeline import AGGREGATOR, STEP_IS_ASYNC, step
+from app.pipeline import AGGREGATOR, STEP_RUNS_AT_ONCE, step
 from app.runtime.keyed import Output, send_checked
 from app.split import split_order
 
@@ -29,7 +29,7 @@ if settings.items_inline and settings.processing_guarantee != "exactly_once":
     )
 
 #: The item step, run here on an order's items with WEIR_ITEMS_INLINE (its outcomes are not sent on).
-_inline = ItemWorker(agent=AGENT, step=step, results=topics.aggregates, concurrent=STEP_IS_ASYNC, concurrency=settings.item_concurrency)
+_inline = ItemWorker(agent=AGENT, step=step, results=topics.aggregates, concurrent=STEP_RUNS_AT_ONCE, concurrency=settings.item_concurrency)
 
 
 @app.agent(topics.orders)
@@ -62,7 +62,7 @@ async def _inline_part(part: Sequence[EventT[bytes]]) -> None:
         result = await aggregate_inline(_inline, AGGREGATOR, event, order_id, items)
         await send_result(event, [Output(topics.aggregates, order_id, result, what="the result")], agent=AGENT)
 
-    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=aggregate, concurrent=STEP_IS_ASYNC, owed=_owed)
+    await handle_part_events(part, agent=AGENT, what="splitter: order", handler=aggregate, concurrent=STEP_RUNS_AT_ONCE, owed=_owed)
 
 
 async def _owed(event: EventT[bytes], reason: str, error: str) -> None:

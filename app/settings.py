@@ -182,7 +182,9 @@ class Settings:
     #: WEIR_DONE_RETENTION_MS: how long a completed group is remembered to count late items.
     done_retention_ms: int = 600_000
     #: WEIR_ITEM_CONCURRENCY: items an async item step runs on at once, per items worker (a batch's items run together).
-    item_concurrency: int = 8
+    item_concurrency: int = 100
+    #: WEIR_ITEM_THREADS: a sync item step runs in a pool of this many threads, a message's items at once (0: in the event loop, in turn).
+    item_threads: int = 0
     #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
     split_chunk: int = 10
     #: WEIR_BUNDLE: messages of one batch put in one record per destination partition (a ``bundle``): the
@@ -382,6 +384,7 @@ def load_settings() -> Settings:
         tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms),
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
+        item_threads=_env_int("WEIR_ITEM_THREADS", defaults.item_threads),
         split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk),
         bundle=_env_int("WEIR_BUNDLE", defaults.bundle),
         items_inline=_env_bool("WEIR_ITEMS_INLINE", defaults.items_inline),
