@@ -47,7 +47,20 @@ from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_d
 from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
-from tables.barrier import COMPLETED, FAILED, BarrierState, BarrierTransition, Failure, Waiting, on_arrival, on_completion, on_tick
+from tables.barrier import (
+    COMPLETED,
+    FAILED,
+    BarrierState,
+    BarrierTransition,
+    Failure,
+    Relay,
+    Waiting,
+    on_arrival,
+    on_completion,
+    on_forwarded,
+    on_relay,
+    on_tick,
+)
 
 __all__ = ["load_flows", "FLOWS"]
 
@@ -375,16 +388,23 @@ async def _fail(
     await publish_outcome(compiled, meta, FAILED, error, event)
 
 
-def _waiting_key(barrier: Barrier, exchange: Exchange) -> tuple[str | None, str | None]:
-    """The key of a waiting exchange (read when it reaches the barrier), or why it cannot be read."""
+def _waiting_keys(barrier: Barrier, exchange: Exchange) -> tuple[str | None, dict[str, str], str | None]:
+    """Where a waiting exchange waits (read when it reaches the barrier), the awaited flows it awaits under keys of
+    their own (flow name -> key), or why a key cannot be read.
+
+    It waits under the barrier's ``correlate_by`` key, or the first await's key without one. An await whose own
+    key differs (seed 004: each awaited flow correlates by its own expression) is relayed: a relay at that key
+    forwards the flow's completion to the waiter (``tables.barrier.on_relay``).
+    """
     values = {awaited.source: barrier.key_for(awaited)(exchange) for awaited in barrier.awaits}
-    distinct = set(values.values())
-    if None in distinct:
-        unreadable = sorted(source for source, value in values.items() if value is None)
-        return None, f"barrier {barrier.name!r}: the key for await(s) {unreadable} cannot be read from the exchange"
-    if len(distinct) > 1:
-        return None, f"barrier {barrier.name!r}: the awaits read different keys from the exchange: {values}"
-    return distinct.pop(), None
+    unreadable = sorted(source for source, value in values.items() if value is None)
+    waiting_by = barrier.correlate_by(exchange) if barrier.correlate_by is not None else values[barrier.awaits[0].source]
+    if unreadable:
+        return None, {}, f"barrier {barrier.name!r}: the key for await(s) {unreadable} cannot be read from the exchange"
+    if waiting_by is None:
+        return None, {}, f"barrier {barrier.name!r}: its correlation key cannot be read from the exchange"
+    relayed = {_by_source[source].name: value for source, value in values.items() if value is not None and value != waiting_by}
+    return waiting_by, relayed, None
 
 
 async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, Any], start: int, event: EventT[bytes]) -> None:
@@ -415,10 +435,11 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
         elif step.kind == "barrier":
             barrier = step.barrier
             assert barrier is not None
-            key, problem = _waiting_key(barrier, exchange)
+            key, relayed, problem = _waiting_keys(barrier, exchange)
             if key is None:
                 await _fail(compiled, exchange, meta, step, "invalid", str(problem), 1, event)
                 return
+            deadline_ms = now_ms() + barrier.timeout_ms
             arrival = {
                 "kind": "arrival",
                 "exchange_id": meta["exchange_id"],
@@ -426,9 +447,14 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 "exchange": exchange.to_dict(),
                 "meta": meta,
                 "resume_step": index + 1,
-                "deadline_ms": now_ms() + barrier.timeout_ms,
+                "deadline_ms": deadline_ms,
+                **({"relayed": relayed} if relayed else {}),
             }
-            await _barrier_topics[barrier.name].send(key=key.encode(), value=dumps(arrival))
+            topic = _barrier_topics[barrier.name]
+            await topic.send(key=key.encode(), value=dumps(arrival))
+            for flow, own_key in relayed.items():  # in the arrival's transaction: before any forward reaches it
+                relay = {"kind": "relay", "exchange_id": meta["exchange_id"], "flow": flow, "to": key, "deadline_ms": deadline_ms}
+                await topic.send(key=own_key.encode(), value=dumps(relay))
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
     await publish_outcome(compiled, meta, COMPLETED, None, event)
 
@@ -592,6 +618,10 @@ def _barrier_change(
         outputs.append(Output(owner.resume, key, resume, what="the resume after the barrier"))
     for failure in transition.failures:
         outputs += _give_up(compiled, owner, key, failure, event)
+    for forward in transition.forwards:
+        message: dict[str, Any] = {"kind": "forwarded", "exchange_id": forward.exchange_id, "flow": forward.flow}
+        message.update(outcome=forward.outcome, error=forward.error)
+        outputs.append(Output(compiled.topic, forward.to, message, what=f"a forwarded completion of {forward.flow!r}"))
     state = transition.state
     due = state.next_due_ms() if state is not None else None
     moved = due is not None and (tick or previous is None or previous.next_due_ms() != due)
@@ -613,7 +643,7 @@ def _give_up(compiled: CompiledBarrier, owner: CompiledFlow, key: str, failure: 
         key=key.encode(),
         value=dumps(waiting.exchange),
     )
-    record["awaiting"] = [{"flow": flow, "key": key} for flow in failure.missing]
+    record["awaiting"] = [{"flow": flow, "key": waiting.key_of(flow, key)} for flow in failure.missing]
     letter = Output(topics.dead_letters, key, fitted_dead_letter(record, record_limit()), what="a dead letter")
     return [letter, *outcome_outputs(owner, waiting.meta, FAILED, failure.error)]
 
@@ -648,6 +678,7 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
                 exchange=dict(message["exchange"]),
                 resume_step=int(message["resume_step"]),
                 meta=dict(message.get("meta") or {}),
+                relayed={str(flow): str(own) for flow, own in (message.get("relayed") or {}).items()},
             )
             transition = on_arrival(previous, key, waiting, name, now, on_duplicate=compiled.barrier.on_duplicate)
         elif kind == "completion":
@@ -656,8 +687,16 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
             if remember is None:
                 raise InvalidMessage(f"barrier {name!r}: a completion of flow {flow!r}, which it does not await")
             transition = on_completion(previous, key, flow, str(message["outcome"]), message.get("error"), remember, name, now)
+        elif kind == "relay":
+            relay = Relay(str(message["exchange_id"]), str(message["flow"]), str(message["to"]), int(message["deadline_ms"]))
+            transition = on_relay(previous, key, relay, now)
+        elif kind == "forwarded":
+            flow, outcome = str(message["flow"]), str(message["outcome"])
+            transition = on_forwarded(previous, key, str(message["exchange_id"]), flow, outcome, message.get("error"), name)
         else:
-            raise InvalidMessage(f"barrier {name!r}: field 'kind' must be 'arrival', 'completion' or 'tick', got {kind!r}")
+            raise InvalidMessage(
+                f"barrier {name!r}: field 'kind' must be 'arrival', 'completion', 'relay', 'forwarded' or 'tick', got {kind!r}"
+            )
         await keyed.apply(event, key, previous, _barrier_change(compiled, key, transition, previous, event, tick=False))
 
     return handle

@@ -15,6 +15,10 @@ __all__ = [
     "on_arrival",
     "on_completion",
     "on_tick",
+    "on_relay",
+    "on_forwarded",
+    "Relay",
+    "Forward",
     "COMPLETED",
     "FAILED",
     "OnDuplicate",
@@ -70,10 +74,17 @@ class Waiting:
     satisfied: tuple[str, ...] = ()
     #: what the waiting flow needs to finish the execution (its id, the keys read on entry)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: awaited flows that correlate by a key of their own (seed 004): flow -> that key. Their completions come
+    #: forwarded to this waiter by a :class:`Relay` at that key, never from a completion at this one.
+    relayed: dict[str, str] = field(default_factory=dict)
 
     @property
     def missing(self) -> tuple[str, ...]:
         return tuple(flow for flow in self.awaited if flow not in self.satisfied)
+
+    def key_of(self, flow: str, key: str) -> str:
+        """The key ``flow`` is awaited under: its own, or ``key`` (the waiter's)."""
+        return self.relayed.get(flow, key)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +97,7 @@ class Waiting:
             "exchange": self.exchange,
             "resume_step": self.resume_step,
             "meta": self.meta,
+            **({"relayed": dict(self.relayed)} if self.relayed else {}),
         }
 
     @classmethod
@@ -100,7 +112,37 @@ class Waiting:
             resume_step=int(raw["resume_step"]),
             satisfied=tuple(raw.get("satisfied", ())),
             meta=dict(raw.get("meta") or {}),
+            relayed={str(flow): str(key) for flow, key in (raw.get("relayed") or {}).items()},
         )
+
+
+@dataclass(frozen=True)
+class Relay:
+    """At an awaited flow's own key: an exchange waiting at key ``to`` awaits ``flow`` here. When ``flow`` completes
+    here (or already has), the completion is forwarded to the waiter (:class:`Forward`), once."""
+
+    exchange_id: str
+    flow: str
+    to: str
+    deadline_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exchange_id": self.exchange_id, "flow": self.flow, "to": self.to, "deadline_ms": self.deadline_ms}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Relay:
+        return cls(str(raw["exchange_id"]), str(raw["flow"]), str(raw["to"]), int(raw["deadline_ms"]))
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A completion of ``flow`` at a relay's key, sent to the waiting exchange ``exchange_id`` at key ``to``."""
+
+    to: str
+    exchange_id: str
+    flow: str
+    outcome: str
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -112,9 +154,11 @@ class BarrierState:
     completions: dict[str, FlowCompletion] = field(default_factory=dict)
     #: exchanges that went on or failed, kept until the barrier's timeout: a redelivered arrival is ignored
     settled: dict[str, int] = field(default_factory=dict)
+    #: waiters at other keys that await a flow under this key (:class:`Relay`)
+    relays: tuple[Relay, ...] = ()
 
     def is_empty(self) -> bool:
-        return not self.waiting and not self.completions and not self.settled
+        return not self.waiting and not self.completions and not self.settled and not self.relays
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +166,7 @@ class BarrierState:
             "waiting": [waiting.to_dict() for waiting in self.waiting],
             "completions": {flow: completion.to_dict() for flow, completion in sorted(self.completions.items())},
             "settled": dict(sorted(self.settled.items())),
+            **({"relays": [relay.to_dict() for relay in self.relays]} if self.relays else {}),
         }
 
     @classmethod
@@ -131,6 +176,7 @@ class BarrierState:
             waiting=tuple(Waiting.from_dict(item) for item in raw.get("waiting", [])),
             completions={flow: FlowCompletion.from_dict(item) for flow, item in raw.get("completions", {}).items()},
             settled={exchange_id: int(until) for exchange_id, until in raw.get("settled", {}).items()},
+            relays=tuple(Relay.from_dict(item) for item in raw.get("relays", [])),
         )
 
     def next_due_ms(self) -> int | None:
@@ -138,6 +184,7 @@ class BarrierState:
         instants = [waiting.deadline_ms for waiting in self.waiting]
         instants += [completion.expires_ms for completion in self.completions.values()]
         instants += list(self.settled.values())
+        instants += [relay.deadline_ms for relay in self.relays]
         return min(instants, default=None)
 
 
@@ -166,6 +213,7 @@ class BarrierTransition:
     state: BarrierState | None
     releases: tuple[Release, ...] = ()
     failures: tuple[Failure, ...] = ()
+    forwards: tuple[Forward, ...] = ()
 
 
 def _current(state: BarrierState, flow: str, now_ms: int) -> FlowCompletion | None:
@@ -224,6 +272,8 @@ def _admit(current: BarrierState, key: str, waiting: Waiting, barrier_name: str,
     """The arrival once the duplicate rule let it in: failed, released, or waiting for what has not completed yet."""
     satisfied: list[str] = []
     for flow in waiting.awaited:
+        if flow in waiting.relayed:
+            continue  # awaited under its own key: its completion comes forwarded
         completion = _current(current, flow, now_ms)
         if completion is None:
             continue
@@ -248,7 +298,7 @@ def on_completion(
     releases: list[Release] = []
     failures: list[Failure] = []
     for waiting in current.waiting:
-        if flow not in waiting.awaited or flow in waiting.satisfied:
+        if flow not in waiting.awaited or flow in waiting.satisfied or flow in waiting.relayed:
             continue
         if outcome == FAILED:
             message = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {key!r}: {error}"
@@ -263,7 +313,49 @@ def on_completion(
         else:
             releases.append(Release(advanced))
             updated = _settle(updated, advanced)
-    return BarrierTransition(state=_finish(updated), releases=tuple(releases), failures=tuple(failures))
+    forwards = tuple(Forward(relay.to, relay.exchange_id, flow, outcome, error) for relay in updated.relays if relay.flow == flow)
+    if forwards:
+        updated = replace(updated, relays=tuple(relay for relay in updated.relays if relay.flow != flow))
+        for relay in current.relays:
+            if relay.flow == flow:
+                updated = replace(updated, settled={**updated.settled, relay.exchange_id: relay.deadline_ms})
+    return BarrierTransition(state=_finish(updated), releases=tuple(releases), failures=tuple(failures), forwards=forwards)
+
+
+def on_relay(state: BarrierState | None, key: str, relay: Relay, now_ms: int) -> BarrierTransition:
+    """A waiter at key ``relay.to`` awaits ``relay.flow`` under this key: forward its completion now if it is
+    remembered here, else when it comes. A redelivered relay (its exchange id relayed or settled here) changes nothing.
+    """
+    current = state or BarrierState(key=key)
+    if relay.exchange_id in current.settled or any(item.exchange_id == relay.exchange_id for item in current.relays):
+        return BarrierTransition(state=state)
+    completion = _current(current, relay.flow, now_ms)
+    if completion is None:
+        return BarrierTransition(state=replace(current, relays=(*current.relays, relay)))
+    forward = Forward(relay.to, relay.exchange_id, relay.flow, completion.outcome, completion.error)
+    settled = replace(current, settled={**current.settled, relay.exchange_id: relay.deadline_ms})
+    return BarrierTransition(state=_finish(settled), forwards=(forward,))
+
+
+def on_forwarded(
+    state: BarrierState | None, key: str, exchange_id: str, flow: str, outcome: str, error: str | None, barrier_name: str
+) -> BarrierTransition:
+    """A relay forwarded ``flow``'s completion under its own key to the waiter ``exchange_id`` here: it counts for
+    that waiter alone (nothing is remembered for the key). A waiter that went on or failed already ignores it."""
+    if state is None:
+        return BarrierTransition(state=None)
+    waiting = next((item for item in state.waiting if item.exchange_id == exchange_id), None)
+    if waiting is None or flow not in waiting.relayed or flow in waiting.satisfied:
+        return BarrierTransition(state=state)
+    if outcome == FAILED:
+        message = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {waiting.relayed[flow]!r}: {error}"
+        failure = Failure(waiting, "awaited-failed", message, (flow,))
+        return BarrierTransition(state=_finish(_settle(state, waiting)), failures=(failure,))
+    advanced = replace(waiting, satisfied=(*waiting.satisfied, flow))
+    if not advanced.missing:
+        return BarrierTransition(state=_finish(_settle(state, advanced)), releases=(Release(advanced),))
+    waiting_now = tuple(advanced if item.exchange_id == exchange_id else item for item in state.waiting)
+    return BarrierTransition(state=replace(state, waiting=waiting_now))
 
 
 def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> BarrierTransition:
@@ -274,7 +366,7 @@ def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> Barri
     updated = state
     for waiting in state.waiting:
         if waiting.deadline_ms <= now_ms:
-            awaited = ", ".join(f"{flow!r} (key {state.key!r})" for flow in waiting.missing)
+            awaited = ", ".join(f"{flow!r} (key {waiting.key_of(flow, state.key)!r})" for flow in waiting.missing)
             message = (
                 f"barrier {barrier_name!r}: exchange {waiting.exchange_id!r} of flow {waiting.flow!r} timed out still awaiting {awaited}"
             )
@@ -282,5 +374,6 @@ def on_tick(state: BarrierState | None, barrier_name: str, now_ms: int) -> Barri
             updated = _settle(updated, waiting)
     completions = {flow: completion for flow, completion in updated.completions.items() if completion.expires_ms > now_ms}
     settled = {exchange_id: until for exchange_id, until in updated.settled.items() if until > now_ms}
-    updated = replace(updated, completions=completions, settled=settled)
+    relays = tuple(relay for relay in updated.relays if relay.deadline_ms > now_ms)  # the waiter timed out by now
+    updated = replace(updated, completions=completions, settled=settled, relays=relays)
     return BarrierTransition(state=_finish(updated), failures=tuple(failures))
