@@ -74,9 +74,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams (writes bench/results.md; QUICK=1 = 1-run smoke), then the barrier
+bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams (bench/results.md and .json, charts in bench/charts/; QUICK=1 = 1-run smoke), then the barrier
 	scripts/broker.sh start
 	$(BIN)/python -m bench.compare $(if $(QUICK),--quick,)
+	$(BIN)/python -m bench.charts bench/results.json --out bench/charts
 	$(BIN)/python -m bench.barrier
 
 chaos: $(STAMP) ## long shop run: kitchen/payment workers SIGKILLed and restarted, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=20)

@@ -3,7 +3,8 @@
 Same local Kafka broker, same messages (150-200 byte JSON; orders of 10 items), 4 partitions, new topic
 names and group ids per run. Prints one table with min / median / max over the runs (3, or 1 with
 --quick) for each figure, and the CPU each process used over the measured interval (median run, % of one
-core, from /proc/<pid>/stat), and writes it as markdown to bench/results.md:
+core, from /proc/<pid>/stat), and writes it as markdown to bench/results.md (and the same figures as JSON to
+bench/results.json, which bench.charts draws):
 
 - the ceiling: raw aiokafka produce, consume, consume + json.loads (msg/s);
 - plain Faust (bench/plain_faust.py, its own `faust worker` process, Faust's default at_least_once):
@@ -63,6 +64,7 @@ from app.processes import ROOT, WorkerProcess
 from app.settings import default_bootstrap
 from bench import barrier
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record
+from bench.charts import FIGURES_FORMAT
 from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
@@ -105,13 +107,25 @@ class Figure:
         self.values.append(value)
         self.cpu.append(cpu or {})
 
+    def median_cpu(self) -> dict[str, float]:
+        """The CPU of the run that gave the median (the lower middle run of an even number)."""
+        ordered = sorted(self.values)
+        return self.cpu[self.values.index(ordered[(len(ordered) - 1) // 2])]
+
     def cells(self) -> list[str]:
         if not self.values:
             return ["-", "-", "-", "-"]
         ordered = sorted(self.values)
-        median_run = self.values.index(ordered[(len(ordered) - 1) // 2])
-        cpu = cpu_text(self.cpu[median_run])
+        cpu = cpu_text(self.median_cpu())
         return [self.fmt.format(ordered[0]), self.fmt.format(statistics.median(ordered)), self.fmt.format(ordered[-1]), cpu]
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as numbers (bench/results.json): what the table shows, and every run's value and CPU."""
+        row: dict[str, Any] = {"system": self.system, "name": self.name, "unit": self.unit, "values": self.values, "cpu": self.cpu}
+        if self.values:
+            row |= {"min": min(self.values), "median": statistics.median(self.values), "max": max(self.values)}
+            row["median_cpu"] = self.median_cpu()
+        return row
 
 
 def cpu_text(cpu: dict[str, float]) -> str:
@@ -801,7 +815,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="record the weir workers with py-spy during the first backlog run, into DIR")
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker (deleted by default)")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md", help="markdown copy of the table")
+    parser.add_argument(
+        "--output", type=Path, default=ROOT / "bench" / "results.md", help="markdown copy of the table (its figures as JSON beside it)"
+    )
     args = parser.parse_args()
     quick = args.quick
     runs = args.runs or (1 if quick else 3)
@@ -899,7 +915,10 @@ def main() -> None:
     for line in lines + notes:
         print(line)
     args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *lines, *notes]) + "\n")
-    print(f"\nwritten to {args.output}")
+    figures_path = args.output.with_suffix(".json")
+    figures = {"format": FIGURES_FORMAT, "intro": intro, "runs": runs, "figures": [figure.as_json() for figure in ctx.figures]}
+    figures_path.write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2) + b"\n")
+    print(f"\nwritten to {args.output} and {figures_path}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 Checks what would otherwise only fail at ``docker compose up``: every service has an image or a build whose
 context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
 for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, a ``kafka``
-service, published ports bound to the loopback address only, named volumes declared. Prints
+service, published ports bound to the loopback address only, named volumes declared, relative bind mounts
+(``./prometheus.yml``) naming files or folders that exist. Prints
 ``compose ok: N services`` or one line per problem, and exits 1 on problems.
 """
 
@@ -101,7 +102,7 @@ def _check_service(
         errors += _check_build(service["build"], base_dir)
     errors += _check_depends_on(service.get("depends_on"), services)
     errors += _check_ports(service.get("ports"), _replicas(service))
-    errors += _check_volumes(service.get("volumes"), declared_volumes)
+    errors += _check_volumes(service.get("volumes"), declared_volumes, base_dir)
     if _replicas(service) > 1 and "container_name" in service:
         errors.append("sets container_name and deploy.replicas > 1 (container names must be unique)")
     return errors
@@ -210,7 +211,7 @@ def _check_ports(ports: Any, replicas: int) -> list[str]:
     return errors
 
 
-def _check_volumes(volumes: Any, declared: Mapping[str, Any]) -> list[str]:
+def _check_volumes(volumes: Any, declared: Mapping[str, Any], base_dir: Path) -> list[str]:
     if volumes is None:
         return []
     if not isinstance(volumes, list):
@@ -218,15 +219,24 @@ def _check_volumes(volumes: Any, declared: Mapping[str, Any]) -> list[str]:
     errors: list[str] = []
     for entry in volumes:
         if isinstance(entry, Mapping):
-            source = entry.get("source") if entry.get("type", "volume") == "volume" else None
+            kind = entry.get("type", "volume")
+            source = str(entry["source"]) if kind in ("volume", "bind") and entry.get("source") else None
+            bind = kind == "bind"
         elif isinstance(entry, str):
             parts = entry.split(":")
             source = parts[0] if len(parts) > 1 else None  # "/path" alone is an anonymous volume
+            bind = source is not None and source.startswith((".", "/", "~", "$"))
         else:
             errors.append(f"cannot parse volume {entry!r}")
             continue
-        if not source or source.startswith((".", "/", "~", "$")):
-            continue  # anonymous volume or bind mount
+        if bind and source and not source.startswith(("/", "~", "$")):
+            # A bind mount relative to the compose file (Compose resolves it there): a missing file would be
+            # created as an empty folder by the engine, and the service would start without its configuration.
+            if not (base_dir / source).exists():
+                errors.append(f"bind mount {entry!r}: {source!r} not found ({(base_dir / source).resolve()})")
+            continue
+        if not source or bind:
+            continue  # anonymous volume or an absolute bind mount
         if source not in declared:
             errors.append(f"named volume {source!r} is not declared under the top-level 'volumes'")
     return errors

@@ -129,3 +129,23 @@ def test_main_fails_on_a_broken_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     assert checker.main([str(path)]) == 1
     assert "no service for agent 'aggregator'" in capsys.readouterr().err
+
+
+def test_missing_bind_mount_source_is_reported(tmp_path: Path) -> None:
+    errors = _check_text(tmp_path, "./prometheus.yml:/etc/prometheus", "./nope.yml:/etc/prometheus")
+    assert any(
+        "service prometheus: bind mount './nope.yml:/etc/prometheus/prometheus.yml:ro': './nope.yml' not found" in error for error in errors
+    ), errors
+
+
+def test_missing_long_form_bind_mount_source_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["grafana"]["volumes"] = [{"type": "bind", "source": "grafana/nope", "target": "/etc/grafana/provisioning"}]
+    errors = _check_copy(tmp_path, data)
+    assert any("service grafana: bind mount" in error and "'grafana/nope' not found" in error for error in errors), errors
+
+
+def test_real_compose_file_publishes_prometheus_and_grafana_on_loopback() -> None:
+    services = _real()["services"]
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
+    assert services["grafana"]["ports"] == ["127.0.0.1:3000:3000"]
