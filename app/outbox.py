@@ -564,9 +564,15 @@ class PostgresOutbox(Outbox):
         self._connections_lock = threading.Lock()
         connection = self._connection()
         with connection.transaction():
-            # Two processes creating the tables at once would collide in the catalogue: one at a time.
+            # Two processes creating the tables at once would collide in the catalogue: one at a time. Once they
+            # exist, no DDL runs: CREATE INDEX IF NOT EXISTS still takes a SHARE lock on the table before it sees
+            # the index, and its schema transaction then waits for the head row that a writer holds while the
+            # writer waits for that table lock (a deadlock between two processes opening the same outbox).
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
-            connection.execute(_PG_SCHEMA)
+            names = ("weir_outbox", "weir_outbox_pending", "weir_outbox_head", "weir_outbox_round")
+            found = connection.execute("SELECT " + ", ".join(f"to_regclass('{name}')" for name in names)).fetchone()
+            if not all(found):
+                connection.execute(_PG_SCHEMA)
         self.table_oid = int(connection.execute("SELECT 'weir_outbox'::regclass::oid").fetchone()[0])
 
     @property
