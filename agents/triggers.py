@@ -2,6 +2,8 @@
 
 Registrations, completions, children's final statuses and sweep ticks all travel on the ``triggers`` topic keyed by
 parent id, and every table here is keyed by parent id too: one partition owns all there is to know about a parent.
+A parent's trigger state, fired marker and statuses go through one :class:`app.runtime.keyed.KeyedState`, whose
+deadline index (walked on sweep ticks) drops each of them at the end of its retention.
 
 Batches under exactly_once: the agent takes a batch and handles it one source partition at a time, each part in one
 exactly-once scope (``app.core.run_parts``): one commit covers a part's offsets and all they wrote and sent.
@@ -19,10 +21,10 @@ from faust.types import EventT, StreamT, TableT
 
 from app.codec import DecodeError, dumps
 from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, send_dead_letter, settings, signals, topics
-from app.deadlines import DeadlineIndex, deadline_bucket
+from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, describe_error
-from app.runtime.keyed import Change, KeyedState, Output, Undeliverable
-from tables.trigger_tables import SweepQueue, child_statuses, fired_deadlines, fired_triggers, sweep_entries, trigger_states
+from app.runtime.keyed import Change, KeyedState, Output, Refusal, Undeliverable
+from tables.trigger_tables import SweepQueue, child_statuses, expiry_deadlines, fired_triggers, sweep_entries, trigger_states
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
@@ -30,10 +32,14 @@ from tables.triggers import (
     FiredState,
     TriggerConfig,
     TriggerState,
+    TriggerTransition,
     Wake,
-    merge_statuses,
+    expiry_due_ms,
+    kept_statuses,
     on_completion,
+    on_expiry,
     on_register,
+    on_status,
     on_sweep,
     sweep_due_ms,
 )
@@ -42,7 +48,12 @@ __all__ = ["CONFIG", "triggers_topic", "fired_topic", "stats"]
 
 log = logging.getLogger(__name__)
 AGENT = "triggers"
-CONFIG = TriggerConfig(name="triggers", sweep_grace_ms=settings.sweep_grace_ms, done_retention_ms=settings.done_retention_ms)
+CONFIG = TriggerConfig(
+    name="triggers",
+    sweep_grace_ms=settings.sweep_grace_ms,
+    done_retention_ms=settings.done_retention_ms,
+    orphan_retention_ms=settings.trigger_orphan_retention_ms,
+)
 #: A trigger the sweep found still waiting is looked at again after this long (never sooner than one sweep period).
 RECHECK_MS = max(settings.sweep_grace_ms, settings.sweep_interval_ms)
 
@@ -82,10 +93,11 @@ class CountedTable:
 states = CountedTable(trigger_states)
 fired_markers = CountedTable(fired_triggers)
 statuses_view = CountedTable(child_statuses)
-_counted = [states, fired_markers, statuses_view, CountedTable(sweep_entries), CountedTable(fired_deadlines)]
+_counted = [states, fired_markers, statuses_view, CountedTable(sweep_entries), CountedTable(expiry_deadlines)]
 # The indexes only get, set and delete keys: the counting view stands in for the table.
 sweep_queue = SweepQueue(cast(TableT[str, Any], _counted[3]))
-fired_index = DeadlineIndex(cast(TableT[str, Any], _counted[4]))
+#: When each parent's state is due to go (fired markers and unfired state alike); the table keeps its first name.
+expiry_index = DeadlineIndex(cast(TableT[str, Any], _counted[4]))
 
 
 @dataclass
@@ -97,6 +109,8 @@ class Stats:
     batches: int = 0
     completions: int = 0
     fired: dict[str, int] = field(default_factory=dict)
+    #: unfired states dropped at the end of their retention, by dead-letter reason
+    expired: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
         #: sets and deletes of the trigger states table, and of every trigger table (with markers, statuses, indexes)
@@ -106,7 +120,8 @@ class Stats:
         return (
             f"triggers stats: events={self.events} batches={self.batches} completions={self.completions} "
             f"state_writes={state_writes} table_writes={table_writes} state_writes_per_event={per_event:.4f} "
-            f"fired={sum(self.fired.values())} fired_by={dict(sorted(self.fired.items()))}"
+            f"fired={sum(self.fired.values())} fired_by={dict(sorted(self.fired.items()))} "
+            f"expired={dict(sorted(self.expired.items()))}"
         )
 
 
@@ -171,37 +186,55 @@ def _load_fired(parent_id: str) -> FiredState | None:
 
 @dataclass(frozen=True)
 class ParentState:
-    """A parent's keyed state: its trigger (None once fired and cleaned) and its fired marker (None until it fires)."""
+    """A parent's keyed state: its trigger (None once fired), its fired marker (None until it fires), and its
+    children's statuses (kept only while an unfired trigger answers for them)."""
 
     trigger: TriggerState | None
     fired: FiredState | None
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, trigger: TriggerState | None, fired: FiredState | None, statuses: dict[str, str]) -> ParentState | None:
+        """The parent's state, or None when nothing is left of it (the key is deleted everywhere)."""
+        kept = kept_statuses(trigger, fired, statuses)
+        return None if trigger is None and fired is None and not kept else cls(trigger, fired, kept)
+
+
+def _parts(state: ParentState | None) -> tuple[TriggerState | None, FiredState | None, dict[str, str]]:
+    return (None, None, {}) if state is None else (state.trigger, state.fired, state.statuses)
 
 
 class _Parents:
-    """The triggers' :class:`app.runtime.keyed.Store`: a trigger in one table, its fired marker in another."""
+    """The triggers' :class:`app.runtime.keyed.Store`: a trigger, its fired marker and its statuses, each in its table."""
 
     def load(self, parent_id: str) -> ParentState | None:
         trigger, fired = _load_state(parent_id), _load_fired(parent_id)
-        return None if trigger is None and fired is None else ParentState(trigger, fired)
+        statuses = dict(statuses_view.get(parent_id) or {})
+        if trigger is None and fired is None and not statuses:
+            return None
+        return ParentState(trigger, fired, statuses)
 
     def encoded_size(self, parent_id: str, state: ParentState) -> int:
         trigger = len(dumps(state.trigger.to_dict())) if state.trigger is not None else 0
         fired = len(dumps(state.fired.to_dict())) if state.fired is not None else 0
-        return max(trigger, fired) + len(parent_id.encode())
+        return max(trigger, fired, len(dumps(state.statuses))) + len(parent_id.encode())
 
     def save(self, parent_id: str, previous: ParentState | None, state: ParentState | None) -> None:
-        state_before = previous.trigger if previous is not None else None
-        fired_before = previous.fired if previous is not None else None
-        trigger = state.trigger if state is not None else None
-        fired = state.fired if state is not None else None
-        if trigger != state_before:
-            if trigger is None:
-                if state_before is not None:
-                    del states[parent_id]
-            else:
-                states[parent_id] = trigger.to_dict()
-        if fired != fired_before and fired is not None:
-            fired_markers[parent_id] = fired.to_dict()
+        (trigger_before, fired_before, statuses_before), (trigger, fired, statuses) = _parts(previous), _parts(state)
+        for table, before, after in (
+            (states, trigger_before, trigger),
+            (fired_markers, fired_before, fired),
+        ):
+            if after != before:
+                if after is not None:
+                    table[parent_id] = after.to_dict()
+                elif before is not None:
+                    del table[parent_id]
+        if statuses != statuses_before:
+            if statuses:
+                statuses_view[parent_id] = statuses
+            elif statuses_before:
+                del statuses_view[parent_id]
 
 
 def _wake_topic(name: str) -> faust.TopicT:
@@ -231,33 +264,67 @@ def _wake_outline(parent_id: str, change: Change[ParentState], failures: Sequenc
 
 
 parents: KeyedState[ParentState] = KeyedState(
-    agent=AGENT, store=_Parents(), undeliverable=lambda key, _previous, change, failures: _wake_outline(key, change, failures), step="fire"
+    agent=AGENT,
+    store=_Parents(),
+    deadlines=expiry_index,
+    undeliverable=lambda key, _previous, change, failures: _wake_outline(key, change, failures),
+    step="fire",
+    deadline_kind="expiry",
 )
 
 
-async def _write(
-    event: EventT[bytes],
+def _due_ms(state: ParentState | None) -> int | None:
+    return None if state is None else expiry_due_ms(state.trigger, state.fired, CONFIG)
+
+
+def _change(
     parent_id: str,
-    before: tuple[TriggerState | None, FiredState | None],
-    after: tuple[TriggerState | None, FiredState | None],
+    previous: ParentState | None,
+    updated: ParentState | None,
     wakes: Sequence[Wake],
+    *,
+    filed: bool,
+    rejected: tuple[Refusal, ...] = (),
+) -> Change[ParentState]:
+    """One parent's change: its state, its wakes, and its expiry filed in the index when no entry would find it.
+
+    ``filed``: the key has an entry for its previous due time. An entry handed over at a later due time is filed
+    again by the walk; only a due time that moved earlier (a firing's shorter retention) needs a new entry.
+    """
+    if updated is not None and updated.fired is not None and (previous is None or previous.fired is None):
+        stats.fired[updated.fired.fired_by] = stats.fired.get(updated.fired.fired_by, 0) + 1
+    due, due_before = _due_ms(updated), _due_ms(previous)
+    refile = due is not None and (not filed or due_before is None or due < due_before)
+    outputs = tuple(Output(_wake_topic(wake.topic), parent_id, wake.record, what="the wake") for wake in wakes)
+    return Change(state=updated, outputs=outputs, rejected=rejected, deadlines=(due,) if refile and due is not None else ())
+
+
+async def _write(
+    event: EventT[bytes], parent_id: str, previous: ParentState | None, updated: ParentState | None, wakes: Sequence[Wake]
 ) -> None:
     """Apply what changed for one parent (once, whatever the number of events that led there) and send its wakes."""
-    (state_before, fired_before), (state, fired) = before, after
-    if fired is not None and fired_before is None:
-        fired_index.add(event.message.partition, "fired", parent_id, fired.expires_ms)
-        stats.fired[fired.fired_by] = stats.fired.get(fired.fired_by, 0) + 1
-        if statuses_view.get(parent_id) is not None:
-            del statuses_view[parent_id]  # the fired marker answers for this parent from now on
-    previous = None if state_before is None and fired_before is None else ParentState(state_before, fired_before)
-    updated = None if state is None and fired is None else ParentState(state, fired)
-    wake_outputs = tuple(Output(_wake_topic(wake.topic), parent_id, wake.record, what="the wake") for wake in wakes)
-    await parents.apply(event, parent_id, previous, Change(state=updated, outputs=wake_outputs))
+    await parents.apply(event, parent_id, previous, _change(parent_id, previous, updated, wakes, filed=True))
+
+
+def _on_deadline(parent_id: str, previous: ParentState, now: int) -> Change[ParentState]:
+    """The parent's expiry came (its index entry is used up): the core says what goes, and what goes unfired is dead-lettered."""
+    transition: TriggerTransition = on_expiry(previous.trigger, previous.fired, previous.statuses, now, config=CONFIG)
+    rejected: tuple[Refusal, ...] = ()
+    if transition.expired is not None:
+        expired = transition.expired
+        stats.expired[expired.reason] = stats.expired.get(expired.reason, 0) + 1
+        rejected = (Refusal(expired.reason, expired.error, key=parent_id, value=expired.record),)
+    elif transition.wake is not None:
+        log.info("triggers: parent %r fires at its expiry, its children all done by their statuses", parent_id)
+    updated = ParentState.of(transition.state, transition.fired, previous.statuses)
+    wakes = [transition.wake] if transition.wake is not None else []
+    return _change(parent_id, previous, updated, wakes, filed=False, rejected=rejected)
 
 
 async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, newly_waiting: list[tuple[str, int]]) -> None:
     """All messages of one parent in this batch, in arrival order, folded in memory and written once."""
-    state_before, fired_before = _load_state(parent_id), _load_fired(parent_id)
+    previous = parents.load(parent_id)
+    state_before, fired_before, statuses_before = _parts(previous)
     state, fired = state_before, fired_before
     wakes: list[Wake] = []
     completions: list[ChildCompletion] = []
@@ -289,30 +356,26 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
             state, fired = transition.state, transition.fired
             wakes.extend([transition.wake] if transition.wake is not None else [])
     count_completions()
-    if statuses and fired is None:
-        recorded = statuses_view.get(parent_id)
-        merged = merge_statuses(recorded, statuses)
-        if merged != recorded:
-            statuses_view[parent_id] = merged
+    state, recorded = on_status(state, fired, statuses_before, parent_id, statuses, now)
     if state is not None and state.registered and (state_before is None or not state_before.registered):
         due = sweep_due_ms(state, CONFIG)
         if due is not None:
             newly_waiting.append((parent_id, due))
-    await _write(messages[-1].event, parent_id, (state_before, fired_before), (state, fired), wakes)
+    await _write(messages[-1].event, parent_id, previous, ParentState.of(state, fired, recorded), wakes)
 
 
 async def _sweep(event: EventT[bytes], now: int) -> None:
-    """One sweep step of this partition: a page of triggers past their grace, then the expired fired markers."""
+    """One sweep step of this partition: a page of triggers past their grace, then the parents whose retention ended."""
     partition = event.message.partition
 
     async def visit(parent_id: str) -> int | None:
-        state, fired = _load_state(parent_id), _load_fired(parent_id)
-        transition = on_sweep(state, fired, statuses_view.get(parent_id) or {}, now, config=CONFIG)
+        previous = parents.load(parent_id)
+        state, fired, statuses = _parts(previous)
+        transition = on_sweep(state, fired, statuses, now, config=CONFIG)
         if transition.fired is not None and fired is None:
             log.info("triggers: the sweep fires parent %r (completion events were lost)", parent_id)
-            await _write(
-                event, parent_id, (state, fired), (transition.state, transition.fired), [transition.wake] if transition.wake else []
-            )
+            updated = ParentState.of(transition.state, transition.fired, statuses)
+            await _write(event, parent_id, previous, updated, [transition.wake] if transition.wake else [])
             return None
         if transition.state is not None and transition.state.registered:
             return now + RECHECK_MS  # children still running: look again in a later round
@@ -323,16 +386,8 @@ async def _sweep(event: EventT[bytes], now: int) -> None:
         # The next page comes behind whatever is queued in the partition now: the sweep yields to live traffic.
         await signals.send(triggers_topic.get_topic_name(), dumps({"kind": "sweep"}), partition)
 
-    async def expire(_: str, parent_id: str) -> bool:
-        fired = _load_fired(parent_id)
-        if fired is None:
-            return False
-        if fired.expires_ms > now:
-            return deadline_bucket(fired.expires_ms) <= deadline_bucket(now)
-        del fired_markers[parent_id]
-        return False
-
-    await fired_index.walk(partition, now, expire)
+    # Fired markers and unfired state at the end of their retention (entries of the older kind 'fired' included).
+    await parents.walk_deadlines(event, now, lambda _kind, state: _due_ms(state), _on_deadline)
 
 
 async def _handle_partition(events: Sequence[EventT[bytes]], now: int) -> None:

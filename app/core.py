@@ -543,14 +543,24 @@ def dead_letter_value(part: Any) -> Iterator[None]:
 
 
 async def send_dead_letter(
-    event: EventT[bytes], *, reason: str, error: str, agent: str, step: str, attempts: int = 1, value: bytes | None = None
+    event: EventT[bytes],
+    *,
+    reason: str,
+    error: str,
+    agent: str,
+    step: str,
+    attempts: int = 1,
+    value: bytes | None = None,
+    key: bytes | None = None,
 ) -> None:
     """Publish the event's original message to the dead-letter topic, saying where and why it stopped.
 
     ``value``: what failed when it is a part of the message (one item of a chunk), instead of the whole value;
-    by default the part :func:`dead_letter_value` names, if any.
+    by default the part :func:`dead_letter_value` names, if any. ``key``: the key the dead letter is about, when it
+    is not the message's (keyed state dropped on a tick).
     """
     message = event.message
+    key = message.key if key is None else key
     if value is None and (part := _handled_part.get()) is not None:
         value = dumps(part)
     record = dead_letter_record(
@@ -562,14 +572,14 @@ async def send_dead_letter(
         topic=message.topic,
         partition=message.partition,
         offset=message.offset,
-        key=message.key,
+        key=key,
         value=message.value if value is None else value,
         headers=message_headers(event),
     )
     # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])
     metrics.dead_lettered(agent, reason)
-    await topics.dead_letters.send(key=dead_letter_key(message.key), value=fitted_dead_letter(record, record_limit()))
+    await topics.dead_letters.send(key=dead_letter_key(key), value=fitted_dead_letter(record, record_limit()))
 
 
 __all__ += ["DecodeError", "Topics"]

@@ -227,6 +227,10 @@ class Settings:
     sweep_interval_ms: int = 5_000
     sweep_grace_ms: int = 10_000
     sweep_page_size: int = 200
+    #: WEIR_TRIGGER_ORPHAN_RETENTION_MS: how long a counter trigger's state that has not fired is kept after the last
+    #: event that changed it (completions or statuses of a parent that never registered, a registration whose
+    #: children never all end); then it goes to the dead letters (``orphan-completions``, ``never-fired``).
+    trigger_orphan_retention_ms: int = 3_600_000
     #: WEIR_OUTBOX_DB: the outbox database (SQLite file path, or a postgresql:// URL).
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
@@ -404,6 +408,7 @@ def load_settings() -> Settings:
         sweep_interval_ms=_env_int("WEIR_SWEEP_INTERVAL_MS", defaults.sweep_interval_ms),
         sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
+        trigger_orphan_retention_ms=_env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),

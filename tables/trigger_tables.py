@@ -9,13 +9,14 @@ from faust.types import TableT
 
 from app.core import json_table
 
-__all__ = ["trigger_states", "fired_triggers", "child_statuses", "sweep_entries", "fired_deadlines", "SweepQueue"]
+__all__ = ["trigger_states", "fired_triggers", "child_statuses", "sweep_entries", "expiry_deadlines", "SweepQueue"]
 
 
 trigger_states = json_table(
     "triggers",
     "Counter triggers by parent id: expected children, the children counted so far with their outcome (each once), "
-    "the wake topic; or, before the parent registered, the completions remembered (value: tables.triggers.TriggerState).",
+    "the wake topic; or, before the parent registered, the completions remembered (value: tables.triggers.TriggerState). "
+    "Dropped unfired, to the dead letters, WEIR_TRIGGER_ORPHAN_RETENTION_MS after the last event that changed it.",
 )
 fired_triggers = json_table(
     "triggers_fired",
@@ -25,16 +26,18 @@ fired_triggers = json_table(
 child_statuses = json_table(
     "trigger_child_status",
     "Children's final statuses by parent id (child id -> outcome): the source of truth the safety sweep checks when "
-    "completion events were lost; dropped when the parent's trigger fires.",
+    "completion events were lost; dropped when the parent's trigger fires or expires.",
 )
 sweep_entries = json_table(
     "trigger_sweep",
     "The safety sweep's queue (tables.trigger_tables.SweepQueue): per partition, the registered triggers in the order "
     "the sweep may look at them ['<p>:<n>' = [parent id, due ms]], and the cursor '<p>:head' / end '<p>:tail'.",
 )
-fired_deadlines = json_table(
+# The table keeps the name it had when it indexed fired markers only: entries already filed in it still come due.
+expiry_deadlines = json_table(
     "trigger_fired_deadlines",
-    "Deadline index of the fired markers' retention (app.deadlines.DeadlineIndex): per partition, the entries due each second.",
+    "Deadline index of the triggers' retention, fired markers and unfired state alike (app.deadlines.DeadlineIndex): "
+    "per partition, the parents due each second.",
 )
 
 #: What a sweep step does with a due trigger: the time to look at it again (still waiting), or None (done with it).

@@ -1,4 +1,4 @@
-"""Counter triggers: the typed values of the trigger tables and their pure state core (batched completions, safety sweep)."""
+"""Counter triggers: the typed values of the trigger tables and their pure state core (batched completions, safety sweep, expiry)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,19 @@ __all__ = [
     "TriggerState",
     "FiredState",
     "Wake",
+    "Expired",
     "TriggerTransition",
     "on_register",
     "on_completion",
+    "on_status",
     "on_sweep",
+    "on_expiry",
     "merge_statuses",
+    "kept_statuses",
     "sweep_due_ms",
+    "expiry_due_ms",
+    "NEVER_FIRED",
+    "ORPHAN_COMPLETIONS",
     "outcome_summary",
     "TRIGGERS_TOPIC",
     "DEFAULT_WAKE_TOPIC",
@@ -41,15 +48,20 @@ OK = "ok"
 FIRED_BY_COUNT = "count"
 FIRED_BY_REGISTRATION = "registration"
 FIRED_BY_SWEEP = "sweep"
+#: Dead-letter reasons of trigger state dropped unfired at the end of its retention.
+NEVER_FIRED = "never-fired"
+ORPHAN_COMPLETIONS = "orphan-completions"
 
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """How one trigger consumer treats its triggers: when the sweep may look at them, how long firings are remembered."""
+    """How one trigger consumer treats its triggers: when the sweep may look at them, how long firings are remembered,
+    how long state that has not fired is kept after the parent's last event that changed it."""
 
     name: str
     sweep_grace_ms: int
     done_retention_ms: int = 600_000
+    orphan_retention_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         if self.sweep_grace_ms < 0:
@@ -57,6 +69,9 @@ class TriggerConfig:
             raise ValueError(message)
         if self.done_retention_ms <= 0:
             message = f"trigger {self.name!r}: done_retention_ms must be positive, got {self.done_retention_ms}"
+            raise ValueError(message)
+        if self.orphan_retention_ms <= 0:
+            message = f"trigger {self.name!r}: orphan_retention_ms must be positive, got {self.orphan_retention_ms}"
             raise ValueError(message)
 
 
@@ -72,7 +87,8 @@ class ChildCompletion:
 class TriggerState:
     """A trigger in table ``triggers``: registered (waiting for ``expected_count`` children) or not yet.
 
-    An unregistered state only remembers the children that completed before the parent registered.
+    An unregistered state only remembers the children that completed (or recorded a status) before the parent
+    registered. Either kind is dropped ``orphan_retention_ms`` after ``last_event_ms`` unless it fires first.
     """
 
     parent_id: str
@@ -84,6 +100,12 @@ class TriggerState:
     registered_ms: int | None = None
     #: child id -> outcome, each child once
     children: Mapping[str, str] = field(default_factory=dict)
+    #: the last event that changed this state (None in states written before it was kept: ``first_seen_ms`` stands in)
+    last_event_ms: int | None = None
+
+    @property
+    def last_active_ms(self) -> int:
+        return self.first_seen_ms if self.last_event_ms is None else self.last_event_ms
 
     @property
     def registered(self) -> bool:
@@ -106,12 +128,14 @@ class TriggerState:
             "registered_ms": self.registered_ms,
             "remaining": self.remaining,
             "children": dict(sorted(self.children.items())),
+            "last_event_ms": self.last_event_ms,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TriggerState:
         expected = raw.get("expected_count")
         registered = raw.get("registered_ms")
+        last_event = raw.get("last_event_ms")
         return cls(
             parent_id=str(raw["parent_id"]),
             first_seen_ms=int(raw["first_seen_ms"]),
@@ -120,6 +144,7 @@ class TriggerState:
             context=raw.get("context"),
             registered_ms=None if registered is None else int(registered),
             children={str(child): str(outcome) for child, outcome in (raw.get("children") or {}).items()},
+            last_event_ms=None if last_event is None else int(last_event),
         )
 
 
@@ -163,13 +188,24 @@ class Wake:
 
 
 @dataclass(frozen=True)
+class Expired:
+    """Trigger state dropped unfired at the end of its retention: the dead letter's reason and message, and what it held."""
+
+    reason: str
+    error: str
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class TriggerTransition:
-    """The result of one step: the trigger's new state (None: delete the key), its fired marker, the wake, what was refused."""
+    """The result of one step: the trigger's new state (None: delete the key), its fired marker (None: none, or delete
+    it), the wake, what was refused, what expired unfired."""
 
     state: TriggerState | None
     fired: FiredState | None = None
     wake: Wake | None = None
     rejected: tuple[str, ...] = ()
+    expired: Expired | None = None
 
 
 def outcome_summary(children: Mapping[str, str]) -> dict[str, Any]:
@@ -222,7 +258,9 @@ def on_register(
             return TriggerTransition(state=state, rejected=(problem,))
         return TriggerTransition(state=state)
     base = state or TriggerState(parent_id=parent_id, first_seen_ms=now_ms)
-    registered = replace(base, expected_count=expected_count, wake_topic=wake_topic, context=context, registered_ms=now_ms)
+    registered = replace(
+        base, expected_count=expected_count, wake_topic=wake_topic, context=context, registered_ms=now_ms, last_event_ms=now_ms
+    )
     if len(registered.children) >= expected_count:
         return _fire(registered, config, FIRED_BY_REGISTRATION, registered.children, now_ms)
     return TriggerTransition(state=registered)
@@ -259,7 +297,28 @@ def on_completion(
             return transition
     if state is not None and len(children) == len(state.children):
         return TriggerTransition(state=state)
-    return TriggerTransition(state=replace(current, children=children))
+    return TriggerTransition(state=replace(current, children=children, last_event_ms=now_ms))
+
+
+def on_status(
+    state: TriggerState | None,
+    fired: FiredState | None,
+    recorded: Mapping[str, str] | None,
+    parent_id: str,
+    statuses: Sequence[ChildCompletion],
+    now_ms: int,
+) -> tuple[TriggerState | None, dict[str, str]]:
+    """Children's final statuses (in arrival order): the trigger's state and its statuses afterwards.
+
+    Ignored once the trigger fired (the marker answers for the parent). Otherwise recorded, the first final status
+    of a child staying, and the trigger's state (created unregistered if need be) notes the event: statuses live as
+    long as the unfired state they answer for, and expire with it.
+    """
+    merged = merge_statuses(recorded, statuses)
+    if fired is not None or merged == dict(recorded or {}):
+        return state, kept_statuses(state, fired, recorded or {})
+    current = state or TriggerState(parent_id=parent_id, first_seen_ms=now_ms)
+    return replace(current, last_event_ms=now_ms), merged
 
 
 def on_sweep(
@@ -292,6 +351,67 @@ def merge_statuses(recorded: Mapping[str, str] | None, statuses: Sequence[ChildC
     for status in statuses:
         merged.setdefault(status.child_id, status.outcome)
     return merged
+
+
+def kept_statuses(state: TriggerState | None, fired: FiredState | None, statuses: Mapping[str, str]) -> dict[str, str]:
+    """The statuses a parent keeps: only while an unfired trigger state answers for them (dropped when it fires or expires)."""
+    return {} if fired is not None or state is None else dict(statuses)
+
+
+def expiry_due_ms(state: TriggerState | None, fired: FiredState | None, config: TriggerConfig) -> int | None:
+    """When the parent's state is due to go: its fired marker at the end of the done retention; an unfired state
+    ``orphan_retention_ms`` after the last event that changed it; None when there is nothing to expire."""
+    if fired is not None:
+        return fired.expires_ms
+    if state is not None:
+        return state.last_active_ms + config.orphan_retention_ms
+    return None
+
+
+def on_expiry(
+    state: TriggerState | None,
+    fired: FiredState | None,
+    statuses: Mapping[str, str],
+    now_ms: int,
+    *,
+    config: TriggerConfig,
+) -> TriggerTransition:
+    """A tick at or after the parent's expiry (:func:`expiry_due_ms`): what it kept goes.
+
+    A fired marker is deleted (events after it start afresh). An unfired state first gets the sweep's check once more
+    (its children may all be done by their statuses) and otherwise is dropped with its statuses, described in
+    ``expired``: ``never-fired`` for a registered trigger, ``orphan-completions`` for a parent that never registered.
+    """
+    due = expiry_due_ms(state, fired, config)
+    if due is None or now_ms < due:
+        return TriggerTransition(state=state, fired=fired)
+    if fired is not None:
+        return TriggerTransition(state=state)  # the marker's retention is over (a fired trigger keeps no other state)
+    assert state is not None  # a due time means a state or a marker
+    swept = on_sweep(state, None, statuses, now_ms, config=config)
+    if swept.wake is not None:
+        return swept
+    idle = f"nothing changed for {now_ms - state.last_active_ms} ms (retention {config.orphan_retention_ms} ms)"
+    done = f"{len(state.children)} completions and {len(statuses)} statuses"
+    if state.registered:
+        reason = NEVER_FIRED
+        error = (
+            f"trigger {config.name!r}: parent {state.parent_id!r} registered for {state.expected_count} children, "
+            f"got {done}, and {idle}: dropped unfired (a registration repeated after its trigger fired and its "
+            f"fired mark expired ends here too)"
+        )
+    else:
+        reason = ORPHAN_COMPLETIONS
+        error = f"trigger {config.name!r}: parent {state.parent_id!r} never registered; {done} came, and {idle}: dropped"
+    record = {
+        "trigger": config.name,
+        "parent_id": state.parent_id,
+        "reason": reason,
+        "expired_ms": now_ms,
+        "state": state.to_dict(),
+        "statuses": dict(sorted(statuses.items())),
+    }
+    return TriggerTransition(state=None, expired=Expired(reason=reason, error=error, record=record))
 
 
 def _fire(state: TriggerState, config: TriggerConfig, fired_by: str, children: Mapping[str, str], now_ms: int) -> TriggerTransition:

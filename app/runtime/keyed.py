@@ -81,10 +81,16 @@ class Output:
 
 @dataclass(frozen=True)
 class Refusal:
-    """An input refused with a reason of the pattern's own (``duplicate-order``, say) instead of 'rejected'."""
+    """An input refused with a reason of the pattern's own (``duplicate-order``, say) instead of 'rejected'.
+
+    With ``key`` and ``value``, the dead letter is about the key's state rather than the input (state dropped on a
+    deadline: the tick that found it is no message worth keeping): it names the key and holds ``value`` (JSON-able).
+    """
 
     reason: str
     error: str
+    key: str | None = None
+    value: Any = None
 
 
 @dataclass(frozen=True)
@@ -317,8 +323,13 @@ class KeyedState(Generic[S]):
             self.undeliverable_count += len(prepared.undeliverable) + len(again.undeliverable)
             prepared = again
         for refused in change.rejected:
-            reason, error = (refused.reason, refused.error) if isinstance(refused, Refusal) else ("rejected", refused)
-            await send_dead_letter(event, reason=reason, error=error, agent=self.agent, step=self.step)
+            if isinstance(refused, Refusal):
+                reason, error = refused.reason, refused.error
+                key_bytes = refused.key.encode() if refused.key is not None else None
+                value = dumps(refused.value) if refused.value is not None else None
+            else:
+                reason, error, key_bytes, value = "rejected", refused, None, None
+            await send_dead_letter(event, reason=reason, error=error, agent=self.agent, step=self.step, key=key_bytes, value=value)
             metrics.INPUTS_REJECTED.labels(self.agent, reason).inc()
         self.store.save(key, previous, change.state)
         if self.deadlines is not None:

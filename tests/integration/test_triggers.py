@@ -210,3 +210,48 @@ def test_a_sigkill_of_a_trigger_worker_mid_run_wakes_every_parent_once(pipeline:
         time.sleep(0.25)
     wakes = read_wakes(pipeline, expected=len(parents), timeout_s=180, settle_s=3)
     assert_woken_once(wakes, parents, pipeline)
+
+
+def table_keys(pipeline: Pipeline, table: str) -> tuple[set[str], set[str]]:
+    """The keys a table ever held, and those it holds now (its committed changelog's latest value is not a deletion)."""
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda _: False, timeout_s=2.0))
+    latest = {orjson.loads(record.key): record.value for record in records}
+    return set(latest), {key for key, value in latest.items() if value is not None}
+
+
+def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after_its_retention(pipeline: Pipeline) -> None:
+    create_topics(pipeline)
+    retention_ms = 2000
+    worker = pipeline.start_worker(
+        "triggers", WEIR_SWEEP_INTERVAL_MS=500, WEIR_TRIGGER_ORPHAN_RETENTION_MS=retention_ms, WEIR_DONE_RETENTION_MS=retention_ms
+    )
+    worker.wait_ready()
+    # "orphan" never registers; "fired" does and fires, so its marker expires too, and it must not be dead-lettered.
+    publish(pipeline, [completion_message("orphan", "a"), status_message("orphan", "b"), completion_message("orphan", "a", "failed")])
+    publish(pipeline, [registration("fired", {"x": OK}), completion_message("fired", "x")])
+    wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=0)
+    assert [wake["parent_id"] for wake in wakes] == ["fired"]
+    tables = ("triggers", "triggers_fired", "trigger_child_status")
+    deadline = time.monotonic() + 60
+    seen: dict[str, set[str]] = {}
+    left: dict[str, set[str]] = {}
+    letters: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        letters = dead_letters(pipeline)
+        keys = {table: table_keys(pipeline, table) for table in tables}
+        seen = {table: ever for table, (ever, _) in keys.items()}
+        left = {table: now & {"orphan", "fired"} for table, (_, now) in keys.items() if now & {"orphan", "fired"}}
+        if letters and not left:
+            break
+        time.sleep(0.5)
+    held = {("triggers", "orphan"), ("trigger_child_status", "orphan"), ("triggers_fired", "fired")}
+    assert all(key in seen.get(table, set()) for table, key in held), f"the tables never held the state checked: {seen}"
+    assert not left, f"state left after the retention: {left}"
+    [letter] = letters
+    assert (letter["reason"], letter["agent"]) == ("orphan-completions", "triggers"), letter
+    assert letter["key"]["text"] == "orphan"
+    held = orjson.loads(letter["value"]["text"])
+    assert held["state"]["children"] == {"a": OK}, "a child is counted once, its first completion"
+    assert held["statuses"] == {"b": OK}
+    time.sleep(2 * retention_ms / 1000)
+    assert len(dead_letters(pipeline)) == 1, "one dead letter, once"

@@ -127,6 +127,25 @@ def test_a_refusal_is_dead_lettered_with_the_patterns_own_reason(dead_letters: l
     ]
 
 
+def test_a_refusal_about_a_key_names_the_key_and_holds_the_dropped_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def event_letter(event: Any, **fields: Any) -> None:
+        calls.append(fields)
+
+    monkeypatch.setattr(keyed, "send_dead_letter", event_letter)
+    monkeypatch.setattr(keyed, "record_limit", lambda: 10_000)
+    table: dict[str, Any] = {"p": {"n": 1}}
+    shell: KeyedState[Any] = KeyedState(agent="t", store=TableStore(table, dict, dict), step="expire")  # type: ignore[arg-type]
+    dropped = Refusal("never-fired", "parent 'p' waited too long", key="p", value={"n": 1})
+    asyncio.run(shell.apply(_event(), "p", {"n": 1}, Change(state=None, rejected=(dropped, "plain"))))
+    assert table == {}
+    assert [(call["reason"], call["key"], call["value"]) for call in calls] == [
+        ("never-fired", b"p", orjson.dumps({"n": 1})),
+        ("rejected", None, None),
+    ]
+
+
 def test_a_send_that_keeps_failing_raises_output_failed_after_the_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.errors import OutputFailed
 

@@ -1,0 +1,132 @@
+"""The trigger agent's shell (agents/triggers.py) over plain dicts as its tables: expiry through the keyed-state runtime.
+
+Sweep ticks walk the parents' deadline index; what expires unfired leaves every table and goes to one dead letter
+keyed by the parent. The clock is an argument; nothing sleeps or touches Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from agents import triggers
+from app.runtime import keyed
+from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, registration_message, status_message
+
+CONFIG = replace(triggers.CONFIG, sweep_grace_ms=1_000, done_retention_ms=5_000, orphan_retention_ms=8_000)
+
+
+class Topic:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: list[tuple[bytes | None, Any]] = []
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+    async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
+        self.sent.append((key, orjson.loads(value)))
+
+
+class Shell:
+    """The agent's module with its tables, wake topic, dead letters, clock and tick sender replaced by plain objects."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tables = [view.table for view in triggers._counted]
+        self.dicts: list[dict[str, Any]] = [{} for _ in triggers._counted]
+        for view, table in zip(triggers._counted, self.dicts, strict=True):
+            view.table = table  # type: ignore[assignment]
+        self.wakes = Topic(DEFAULT_WAKE_TOPIC)
+        self.dead_letters: list[dict[str, Any]] = []
+        self.now = 1_000_000
+        self.offset = 0
+
+        async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, key: bytes | None = None, **_: Any) -> None:
+            self.dead_letters.append({"reason": reason, "error": error, "key": key, **_})
+
+        async def no_tick(*_: Any) -> None:
+            return None
+
+        monkeypatch.setattr(triggers, "CONFIG", CONFIG)
+        monkeypatch.setitem(triggers._wake_topics, DEFAULT_WAKE_TOPIC, self.wakes)
+        monkeypatch.setattr(keyed, "send_dead_letter", dead_letter)
+        monkeypatch.setattr(triggers, "send_dead_letter", dead_letter)
+        monkeypatch.setattr(keyed, "record_limit", lambda: 100_000)
+        monkeypatch.setattr(keyed, "wall_clock_ms", lambda: self.now)
+        monkeypatch.setattr(triggers.signals, "send", no_tick)
+
+    def restore(self) -> None:
+        for view, table in zip(triggers._counted, self.tables, strict=True):
+            view.table = table
+
+    def _event(self, key: str | None, value: dict[str, Any]) -> Any:
+        self.offset += 1
+        message = SimpleNamespace(
+            partition=0, topic="triggers", offset=self.offset, key=key.encode() if key else None, value=orjson.dumps(value), headers=None
+        )
+        return SimpleNamespace(message=message)
+
+    def send(self, *messages: tuple[str, dict[str, Any]]) -> None:
+        events = [self._event(key, value) for key, value in messages]
+        asyncio.run(triggers._handle_partition(events, self.now))
+
+    def tick(self, at_ms: int) -> None:
+        self.now = at_ms
+        asyncio.run(triggers._handle_partition([self._event(None, {"kind": "sweep"})], self.now))
+
+    def keys_of(self, parent_id: str) -> dict[str, Any]:
+        """What the parent's own tables (states, fired markers, statuses) hold for it."""
+        return {
+            name: table[parent_id]
+            for name, table in zip(("states", "fired", "statuses"), self.dicts[:3], strict=True)
+            if parent_id in table
+        }
+
+
+@pytest.fixture
+def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
+    shell = Shell(monkeypatch)
+    yield shell
+    shell.restore()
+
+
+def test_a_parent_that_never_registers_leaves_nothing_and_one_dead_letter(shell: Shell) -> None:
+    shell.send(completion_message("orphan", "a"), status_message("orphan", "b"), completion_message("orphan", "a"))
+    assert set(shell.keys_of("orphan")) == {"states", "statuses"}
+    shell.tick(shell.now + CONFIG.orphan_retention_ms - 1_000)
+    assert shell.keys_of("orphan"), "kept for its whole retention"
+    shell.tick(shell.now + 1_000)
+    assert shell.keys_of("orphan") == {}
+    [letter] = shell.dead_letters
+    assert letter["reason"] == "orphan-completions"
+    assert letter["key"] == b"orphan"
+    held = orjson.loads(letter["value"])
+    assert held["state"]["children"] == {"a": "ok"}
+    assert held["statuses"] == {"b": "ok"}
+    shell.tick(shell.now + 10 * CONFIG.orphan_retention_ms)
+    assert len(shell.dead_letters) == 1
+    assert not shell.wakes.sent
+
+
+def test_a_fired_mark_expires_and_what_comes_after_it_expires_as_never_fired(shell: Shell) -> None:
+    shell.send(registration_message("p", 1), completion_message("p", "a"), status_message("p", "a"))
+    assert len(shell.wakes.sent) == 1
+    assert set(shell.keys_of("p")) == {"fired"}, "statuses go when the trigger fires"
+    fired_at = shell.now
+    shell.tick(fired_at + CONFIG.done_retention_ms)
+    assert shell.keys_of("p") == {}
+    shell.send(completion_message("p", "a"), registration_message("p", 2))  # late, and a repeat of the registration
+    assert set(shell.keys_of("p")) == {"states"}
+    shell.tick(shell.now + CONFIG.orphan_retention_ms)
+    assert shell.keys_of("p") == {}
+    assert [letter["reason"] for letter in shell.dead_letters] == ["never-fired"]
+    assert len(shell.wakes.sent) == 1
+    # the sweep queue drained too: no entry waits for a parent that is gone
+    shell.tick(shell.now + 60_000)
+    assert triggers.sweep_queue.waiting(0) == 0
