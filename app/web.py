@@ -64,6 +64,7 @@ __all__ = [
 #                                       ``?before=`` the previous page's ``next`` for the older page
 #
 # - ``/metrics``                        this worker's Prometheus metrics, in the text format (:mod:`app.metrics`)
+# - ``/table/...``                      Faust's table routes, turned off: a JSON 404 whose ``see`` names the view above
 #
 # Every URL under ``/weir/`` answers JSON with ``?format=json`` or ``Accept: application/json`` (and HTML otherwise). Errors are
 # ``{"error": ..., "table": ..., "key": ...}`` with a proper status. Only GET and HEAD are served.
@@ -489,7 +490,10 @@ def render_error(body: Mapping[str, Any], status: int, *, now_ms: int, worker: s
     for field in ("table", "key"):
         if body.get(field) is not None:
             parts.append(f"<dt>{field}</dt><dd>{esc(body[field])}</dd>")
-    parts.append(f'</dl><p><a href="{PREFIX}/">all tables</a></p>')
+    parts.append("</dl>")
+    if body.get("see"):
+        parts.append(f'<p>see <a href="{esc(body["see"])}">{esc(body["see"])}</a></p>')
+    parts.append(f'<p><a href="{PREFIX}/">all tables</a></p>')
     return _page(f"error {status}", "".join(parts), now_ms=now_ms, worker=worker)
 
 
@@ -617,10 +621,12 @@ def render_dead_letters(data: Mapping[str, Any]) -> str:
 class Problem(Exception):
     """An answer that is an error: its status and its JSON body."""
 
-    def __init__(self, status: int, error: str, *, table: str | None = None, key: str | None = None) -> None:
+    def __init__(self, status: int, error: str, *, table: str | None = None, key: str | None = None, see: str | None = None) -> None:
         super().__init__(error)
         self.status = status
         self.body = error_body(error, table=table, key=key)
+        if see is not None:
+            self.body["see"] = see  # the weir view that answers instead
 
 
 def _now_ms() -> int:
@@ -915,6 +921,29 @@ class MetricsView(web.View):
 
     async def get(self, request: web.Request) -> web.Response:
         return self.bytes(metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+# Faust's own ``/table/`` routes are off (``web_tables_enabled=False`` in app.core): its key route asks the worker
+# that owns the partition of the table's *serialized* key (JSON, ``'"o-1"'``), hashed by Faust's partitioner, while
+# weir's tables are partitioned like their source topics, by the raw key; so it asked the wrong worker, which
+# answered 404 for keys that exist. Tables keyed by partition (the deadline indexes) have no owner by key at
+# all. Routing Faust's view by weir's partitioner would be a second, weaker copy of ``KeyView``; its paths answer
+# a JSON 404 that names weir's view of the same table or key instead.
+
+
+@app.page("/table/{rest:.*}", name="weir-faust-tables")
+class FaustTablesView(WeirView):
+    """Faust's ``/table/``, ``/table/<table>/``, ``/table/<table>/<key>/``: a 404 naming weir's view of the same."""
+
+    async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
+        rest = match["rest"]
+        name, _, key = rest.removesuffix("/").partition("/")
+        see = key_path(name, key) if key else table_path(name) if name else f"{PREFIX}/"
+        message = f"Faust's /table/ views are off on weir workers (they route keys by Faust's partitioner, not weir's): see {see}"
+        raise Problem(404, message, table=name or None, key=key or None, see=see)
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        raise NotImplementedError  # data() always raises
 
 
 @app.page(PREFIX + "/{rest:.*}", name="weir-unknown")

@@ -280,6 +280,22 @@ def test_dead_letters_page_newest_first_through_one_reader(deployment: Pipeline)
     assert "before='9:1'" in body["error"]
 
 
+def test_faust_table_routes_point_to_the_weir_views(deployment: Pipeline) -> None:
+    for worker in deployment.workers:
+        url = base(worker)
+        for key in OPEN_GROUPS:
+            status, body, _ = get(f"{url}/table/aggregates/{quote(key, safe='')}/")
+            see = f"/weir/tables/aggregates/{quote(key, safe='')}/"
+            assert status == 404, body
+            assert (body["table"], body["key"], body["see"]) == ("aggregates", key, see)
+            assert body["error"].startswith("Faust's /table/ views are off on weir workers")
+            status, found, _ = get(url + body["see"])
+            assert status == 200, found
+            assert found["key"] == key
+        assert get(f"{url}/table/aggregates/")[1]["see"] == "/weir/tables/aggregates/"
+        assert get(f"{url}/table/")[1]["see"] == "/weir/"
+
+
 # ------------------------------------------------------------------------------------------ Chromium
 
 
