@@ -90,6 +90,8 @@ app = faust.App(
     web_host=settings.web_host,
     web_port=settings.web_port,
     web_bind=settings.web_host,
+    # Faust's /table/<t>/<k>/ routes keys by Faust's partitioner, not weir's: app.web answers those paths instead
+    web_tables_enabled=False,
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,

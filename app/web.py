@@ -13,13 +13,13 @@ from typing import Any, cast
 from urllib.parse import quote, urlencode
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust import web
 from faust.types import TableT
 from yarl import URL
 
 from app import engine, metrics
-from app.core import app, settings, topics
+from app.core import app, settings, topic_partitions, topics
+from app.dead_letter_pages import DeadLetterReader, format_before, parse_before
 from app.kafka_io import key_partition
 from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
 from tables.aggregates import DoneState, GroupState
@@ -43,6 +43,7 @@ __all__ = [
     "error_body",
     "wants_json",
     "decode_dead_letter",
+    "dead_letter_reader",
     "render_index",
     "render_table",
     "render_key",
@@ -59,9 +60,11 @@ __all__ = [
 # - ``/weir/``                          every table of this worker: help text, owned partitions, key counts
 # - ``/weir/tables/<name>/``            the whole table's keys (this worker's and its peers'), ``?q=``, ``?page=``, ``?size=``
 # - ``/weir/tables/<name>/<key>/``      one key's decoded value and summary, fetched from the worker that owns it
-# - ``/weir/dead-letters/``             the last ``?limit=`` records of the dead-letter topic (read_committed)
+# - ``/weir/dead-letters/``             ``?limit=`` records of the dead-letter topic, newest first (read_committed);
+#                                       ``?before=`` the previous page's ``next`` for the older page
 #
 # - ``/metrics``                        this worker's Prometheus metrics, in the text format (:mod:`app.metrics`)
+# - ``/table/...``                      Faust's table routes, turned off: a JSON 404 whose ``see`` names the view above
 #
 # Every URL under ``/weir/`` answers JSON with ``?format=json`` or ``Accept: application/json`` (and HTML otherwise). Errors are
 # ``{"error": ..., "table": ..., "key": ...}`` with a proper status. Only GET and HEAD are served.
@@ -78,7 +81,6 @@ MAX_MERGE_DEPTH = 10_000
 DEFAULT_DEAD_LETTERS = 50
 MAX_DEAD_LETTERS = 500
 PEER_TIMEOUT_S = 5.0
-DEAD_LETTER_READ_TIMEOUT_S = 5.0
 
 
 def summarize_value(table_name: str, value: Any, now_ms: int) -> dict[str, Any]:
@@ -488,7 +490,10 @@ def render_error(body: Mapping[str, Any], status: int, *, now_ms: int, worker: s
     for field in ("table", "key"):
         if body.get(field) is not None:
             parts.append(f"<dt>{field}</dt><dd>{esc(body[field])}</dd>")
-    parts.append(f'</dl><p><a href="{PREFIX}/">all tables</a></p>')
+    parts.append("</dl>")
+    if body.get("see"):
+        parts.append(f'<p>see <a href="{esc(body["see"])}">{esc(body["see"])}</a></p>')
+    parts.append(f'<p><a href="{PREFIX}/">all tables</a></p>')
     return _page(f"error {status}", "".join(parts), now_ms=now_ms, worker=worker)
 
 
@@ -597,10 +602,15 @@ def render_dead_letters(data: Mapping[str, Any]) -> str:
             f"<td class=num>{esc(entry.get('attempts'))}</td><td>{esc(entry.get('error'))}</td><td>{esc(where)}</td>"
             f"<td>{esc(entry.get('key'))}</td><td><pre>{esc(original)}</pre></td></tr>"
         )
+    nav = [f'<a href="?{esc(urlencode({"limit": data["limit"]}))}">newest</a>'] if data.get("before") else []
+    if data.get("next"):
+        nav.append(f'<a href="?{esc(urlencode({"limit": data["limit"], "before": data["next"]}))}">older</a>')
+    which = "older records" if data.get("before") else "the newest records"
     body = (
-        f"<h1>Dead letters</h1><p>The last {len(data['dead_letters'])} records of {esc(data['topic'])} (newest first, committed only).</p>"
+        f"<h1>Dead letters</h1><p>{len(data['dead_letters'])} of {which} of {esc(data['topic'])} (newest first, committed only).</p>"
         "<table><thead><tr><th>failed</th><th>reason</th><th>agent / step</th><th>attempts</th><th>error</th><th>origin</th>"
         f"<th>key</th><th>original message</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f'<nav class="pages">{"".join(nav)}</nav>'
     )
     return _page("dead letters", body, now_ms=now_ms, worker=str(data["worker"]))
 
@@ -611,10 +621,12 @@ def render_dead_letters(data: Mapping[str, Any]) -> str:
 class Problem(Exception):
     """An answer that is an error: its status and its JSON body."""
 
-    def __init__(self, status: int, error: str, *, table: str | None = None, key: str | None = None) -> None:
+    def __init__(self, status: int, error: str, *, table: str | None = None, key: str | None = None, see: str | None = None) -> None:
         super().__init__(error)
         self.status = status
         self.body = error_body(error, table=table, key=key)
+        if see is not None:
+            self.body["see"] = see  # the weir view that answers instead
 
 
 def _now_ms() -> int:
@@ -860,62 +872,44 @@ class KeyView(WeirView):
         return render_key(data)
 
 
+#: The worker's one reader of the dead-letter topic, started by the first request (see :class:`DeadLetterReader`).
+dead_letter_reader = DeadLetterReader(settings.bootstrap, settings.kafka_client_options(), decode_dead_letter)
+
+
+@app.on_before_shutdown.connect
+async def _stop_dead_letter_reader(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
+    await dead_letter_reader.stop()
+
+
 @app.page(f"{PREFIX}/dead-letters/", name="weir-dead-letters")
 class DeadLettersView(WeirView):
-    """The last records of the dead-letter topic, newest first, read with a read_committed consumer."""
+    """A page of the dead-letter topic, newest first, read_committed; ``?before=`` (the previous page's ``next``) pages back."""
 
     async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
         limit = _positive_int(request.query, "limit", DEFAULT_DEAD_LETTERS, MAX_DEAD_LETTERS)
         topic = topics.dead_letters.get_topic_name()
+        partitions = topic_partitions.get(topic, settings.partitions)
         try:
-            entries = await read_last_records(settings.bootstrap, topic, limit, settings.partitions)
+            before = parse_before(request.query.get("before", ""), partitions)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        try:
+            page = await dead_letter_reader.page(topic, partitions, before, limit)
         except Exception as error:
             raise Problem(503, f"could not read {topic} from {settings.bootstrap}: {type(error).__name__} {error}") from None
-        return {"topic": topic, "worker": self.worker_url, "now_ms": _now_ms(), "limit": limit, "dead_letters": entries}
+        return {
+            "topic": topic,
+            "worker": self.worker_url,
+            "now_ms": _now_ms(),
+            "limit": limit,
+            "before": format_before(before) if before else None,
+            "next": None if page.next_before is None else format_before(page.next_before),
+            "reader": {"consumers_started": dead_letter_reader.started, "pages_read": dead_letter_reader.pages},
+            "dead_letters": page.entries,
+        }
 
     def render(self, data: Mapping[str, Any]) -> str:
         return render_dead_letters(data)
-
-
-async def read_last_records(bootstrap: str, topic: str, limit: int, partitions: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` committed records of ``topic`` (``partitions`` partitions), decoded as dead letters."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        group_id=None,
-        **settings.kafka_client_options(),
-    )
-    await consumer.start()
-    try:
-        # weir declares the topic with this many partitions (an unassigned consumer has no metadata for it)
-        assigned = [TopicPartition(topic, partition) for partition in range(partitions)]
-        consumer.assign(assigned)
-        starts = await consumer.beginning_offsets(assigned)
-        ends = await consumer.end_offsets(assigned)  # read_committed: the last stable offsets
-        # Transaction markers take offsets too: a window of twice the limit holds at least the limit's records.
-        for tp in assigned:
-            consumer.seek(tp, max(starts[tp], ends[tp] - 2 * limit))
-        pending = {tp for tp in assigned if ends[tp] > max(starts[tp], ends[tp] - 2 * limit)}
-        entries: list[dict[str, Any]] = []
-        deadline = time.monotonic() + DEAD_LETTER_READ_TIMEOUT_S
-        while pending and time.monotonic() < deadline:
-            batch = await consumer.getmany(*pending, timeout_ms=200)
-            for tp, messages in batch.items():
-                entries.extend(
-                    decode_dead_letter(
-                        message.value, topic=tp.topic, partition=tp.partition, offset=message.offset, timestamp_ms=message.timestamp
-                    )
-                    for message in messages
-                    if message.offset < ends[tp]
-                )
-            for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        entries.sort(key=lambda entry: (entry.get("failed_ms") or entry["timestamp_ms"], entry["offset"]), reverse=True)
-        return entries[:limit]
-    finally:
-        await consumer.stop()
 
 
 metrics.install(app)
@@ -927,6 +921,29 @@ class MetricsView(web.View):
 
     async def get(self, request: web.Request) -> web.Response:
         return self.bytes(metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+# Faust's own ``/table/`` routes are off (``web_tables_enabled=False`` in app.core): its key route asks the worker
+# that owns the partition of the table's *serialized* key (JSON, ``'"o-1"'``), hashed by Faust's partitioner, while
+# weir's tables are partitioned like their source topics, by the raw key; so it asked the wrong worker, which
+# answered 404 for keys that exist. Tables keyed by partition (the deadline indexes) have no owner by key at
+# all. Routing Faust's view by weir's partitioner would be a second, weaker copy of ``KeyView``; its paths answer
+# a JSON 404 that names weir's view of the same table or key instead.
+
+
+@app.page("/table/{rest:.*}", name="weir-faust-tables")
+class FaustTablesView(WeirView):
+    """Faust's ``/table/``, ``/table/<table>/``, ``/table/<table>/<key>/``: a 404 naming weir's view of the same."""
+
+    async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
+        rest = match["rest"]
+        name, _, key = rest.removesuffix("/").partition("/")
+        see = key_path(name, key) if key else table_path(name) if name else f"{PREFIX}/"
+        message = f"Faust's /table/ views are off on weir workers (they route keys by Faust's partitioner, not weir's): see {see}"
+        raise Problem(404, message, table=name or None, key=key or None, see=see)
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        raise NotImplementedError  # data() always raises
 
 
 @app.page(PREFIX + "/{rest:.*}", name="weir-unknown")

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from app.kafka_io import ensure_topics, produce, produce_json
 from tests.conftest import ROOT
@@ -202,12 +203,12 @@ def test_errors_are_structured_json_with_status_codes(deployment: Pipeline) -> N
 def test_dead_letters_are_read_from_the_topic_decoded(deployment: Pipeline) -> None:
     url = base(deployment.workers[1])
     body = wait_for(
-        lambda: (answer := get(f"{url}/weir/dead-letters/?limit=10")[1])["dead_letters"] and answer,
+        lambda: (answer := get(f"{url}/weir/dead-letters/?limit=100")[1])["dead_letters"] and answer,
         timeout_s=30,
         what="the poison message is in the dead letters",
     )
     assert body["topic"] == deployment.topic("dead-letters")
-    [entry] = body["dead_letters"]
+    [entry] = [entry for entry in body["dead_letters"] if entry["reason"] != "paging-test"]
     assert entry["reason"] == "undecodable"
     assert entry["agent"] == "aggregator"
     assert entry["step"] == "decode"
@@ -215,6 +216,84 @@ def test_dead_letters_are_read_from_the_topic_decoded(deployment: Pipeline) -> N
     assert entry["value_decoded"] == POISON.decode()
     assert entry["origin"]["topic"] == deployment.topic("item-results")
     assert "not valid JSON" in entry["error"]
+
+
+PAGED_LETTERS = 30
+
+
+async def write_dead_letters(bootstrap: str, topic: str, count: int, *, first_failed_ms: int) -> None:
+    """``count`` dead letters committed in transactions of 7 (markers between them), and one aborted transaction."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"web-test-{uuid.uuid4().hex[:8]}", linger_ms=0)
+    await producer.start()
+    try:
+        for batch_start in range(0, count, 7):
+            async with producer.transaction():
+                for number in range(batch_start, min(batch_start + 7, count)):
+                    record = {"reason": "paging-test", "error": f"letter {number}", "failed_ms": first_failed_ms + number}
+                    await producer.send(topic, json.dumps(record).encode(), key=f"letter-{number}".encode())
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, json.dumps({"reason": "aborted", "failed_ms": first_failed_ms}).encode(), key=b"aborted")
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+
+
+def test_dead_letters_page_newest_first_through_one_reader(deployment: Pipeline) -> None:
+    url = base(deployment.workers[0])
+    first_failed_ms = int(time.time() * 1000) + 60_000  # after the poison message's
+    asyncio.run(write_dead_letters(deployment.bootstrap, deployment.topic("dead-letters"), PAGED_LETTERS, first_failed_ms=first_failed_ms))
+    wait_for(
+        lambda: (
+            [entry["error"] for entry in get(f"{url}/weir/dead-letters/?limit=1")[1]["dead_letters"]] == [f"letter {PAGED_LETTERS - 1}"]
+        ),
+        timeout_s=30,
+        what="the newest dead letter written is on the first page",
+    )
+    pages: list[dict[str, Any]] = []
+    before = ""
+    while True:
+        status, body, _ = get(f"{url}/weir/dead-letters/?limit=7" + (f"&before={before}" if before else ""))
+        assert status == 200, body
+        assert body["before"] == (before or None)
+        pages.append(body)
+        if body["next"] is None:
+            break
+        before = body["next"]
+        assert len(pages) < 20, "the pages do not end"
+    entries = [entry for page in pages for entry in page["dead_letters"]]
+    places = [(entry["partition"], entry["offset"]) for entry in entries]
+    assert len(places) == len(set(places)), "a record on two pages"
+    assert all(len(page["dead_letters"]) <= 7 for page in pages)
+    # newest first across partitions, every committed letter once, the aborted one never, the poison message last
+    assert [entry["error"] for entry in entries[:PAGED_LETTERS]] == [f"letter {number}" for number in reversed(range(PAGED_LETTERS))]
+    assert [entry["reason"] for entry in entries[PAGED_LETTERS:]] == ["undecodable"]
+    # one consumer for every page: started once (by this or an earlier request), one read per request
+    readers = [page["reader"] for page in pages]
+    assert {reader["consumers_started"] for reader in readers} == {1}
+    reads = [reader["pages_read"] for reader in readers]
+    assert reads == list(range(reads[0], reads[0] + len(pages)))
+    # a page asked for again is the same page: the cursor is offsets, not a position in a moving list
+    again = get(f"{url}/weir/dead-letters/?limit=7&before={pages[1]['before']}")[1]
+    assert again["dead_letters"] == pages[1]["dead_letters"]
+    status, body, _ = get(f"{url}/weir/dead-letters/?before=9:1")
+    assert status == 400
+    assert "before='9:1'" in body["error"]
+
+
+def test_faust_table_routes_point_to_the_weir_views(deployment: Pipeline) -> None:
+    for worker in deployment.workers:
+        url = base(worker)
+        for key in OPEN_GROUPS:
+            status, body, _ = get(f"{url}/table/aggregates/{quote(key, safe='')}/")
+            see = f"/weir/tables/aggregates/{quote(key, safe='')}/"
+            assert status == 404, body
+            assert (body["table"], body["key"], body["see"]) == ("aggregates", key, see)
+            assert body["error"].startswith("Faust's /table/ views are off on weir workers")
+            status, found, _ = get(url + body["see"])
+            assert status == 200, found
+            assert found["key"] == key
+        assert get(f"{url}/table/aggregates/")[1]["see"] == "/weir/tables/aggregates/"
+        assert get(f"{url}/table/")[1]["see"] == "/weir/"
 
 
 # ------------------------------------------------------------------------------------------ Chromium
