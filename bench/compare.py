@@ -952,7 +952,7 @@ def like_with_like(ctx: Context) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 5 minutes)")
     parser.add_argument("--runs", type=int, help="runs of each figure (default 3, 1 with --quick)")
     parser.add_argument(
         "--only",
