@@ -16,6 +16,7 @@ from typing import IO
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from app.catalogue import CATALOGUE_CENTS
 from app.processes import ROOT
 
 __all__ = [
@@ -25,9 +26,11 @@ __all__ = [
     "Proc",
     "broker_pid",
     "end_offsets_total",
+    "expected_total_cents",
     "order",
     "percentile",
     "record",
+    "result_problem",
 ]
 
 FLAVOURS = ["vanilla", "chocolate", "strawberry", "pistachio", "lemon", "mint"]
@@ -54,6 +57,36 @@ def order(number: int, items: int) -> bytes:
     return orjson.dumps(
         {"order_id": f"b-{number}", "items": [{"flavour": FLAVOURS[(number + i) % 6], "scoops": 1 + i % 3} for i in range(items)]}
     )
+
+
+def expected_total_cents(number: int, items: int) -> int:
+    """What the priced items of ``order(number, items)`` add up to, from the catalogue."""
+    return sum(CATALOGUE_CENTS[FLAVOURS[(number + i) % 6]] * (1 + i % 3) for i in range(items))
+
+
+def result_problem(key: str, result: object, items: int) -> str | None:
+    """What is wrong with the result of order ``key`` (``b-<number>``) of ``items`` items, None if nothing is.
+
+    Every split/aggregate pipeline measured, weir's or Quix Streams', must answer an order with weir's
+    aggregate: status complete, ``items`` items all ok, their prices adding up to the catalogue's total.
+    """
+    where = f"result of order {key!r}"
+    if not isinstance(result, dict):
+        return f"{where}: expected a JSON object, got {type(result).__name__}"
+    status, count = result.get("status"), result.get("expected_count")
+    if status != "complete" or count != items:
+        return f"{where}: expected status 'complete' and expected_count {items}, got {status!r} and {count!r}"
+    entries = result.get("items")
+    indexes = [entry.get("index") if isinstance(entry, dict) else None for entry in entries] if isinstance(entries, list) else None
+    if entries is None or indexes != list(range(items)):
+        return f"{where}: expected items with indexes 0..{items - 1}, got {entries!r}"
+    if any(entry.get("status") != "ok" or not isinstance(entry.get("result"), dict) for entry in entries):
+        return f"{where}: expected every item 'ok' with a result, got {entries!r}"
+    total = sum(entry["result"].get("price_cents", 0) for entry in entries)
+    expected = expected_total_cents(int(key.removeprefix("b-")), items)
+    if total != expected:
+        return f"{where}: its items' price_cents add up to {total}, but the order's catalogue total is {expected}"
+    return None
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -89,11 +122,18 @@ def _cpu_seconds(pid: int) -> float | None:
 
 @dataclass
 class CpuMeter:
-    """CPU used by named processes over an interval, as a percentage of one core."""
+    """CPU used by named processes over an interval, as a percentage of one core (and in seconds: ``seconds``).
+
+    Each process is measured alone (its own utime + stime, all its threads: librdkafka's and RocksDB's
+    included), not its children: the workers measured (``faust worker``, ``python -m bench.quix_split_aggregate``)
+    start none.
+    """
 
     pids: dict[str, int]
     _start: dict[str, float | None] = field(default_factory=dict)
     _started: float = 0.0
+    #: CPU seconds each process used over the interval, set by :meth:`stop`.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> CpuMeter:
         self._start = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -102,12 +142,12 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         elapsed = max(1e-6, time.monotonic() - self._started)
-        used: dict[str, float] = {}
+        self.seconds = {}
         for name, pid in self.pids.items():
             before, after = self._start.get(name), _cpu_seconds(pid)
             if before is not None and after is not None:
-                used[name] = 100 * (after - before) / elapsed
-        return used
+                self.seconds[name] = after - before
+        return {name: 100 * seconds / elapsed for name, seconds in self.seconds.items()}
 
 
 @dataclass

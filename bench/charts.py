@@ -1,10 +1,12 @@
 """PNG charts of bench.compare's figures: `python -m bench.charts [bench/results.json] [--out bench/charts]`.
 
 Reads the JSON bench.compare writes beside bench/results.md and draws, for the systems that ran the
-split/aggregate pipeline (weir, weir with the items inline, Quix Streams):
+split/aggregate pipeline (weir, weir with the items inline, Quix Streams inline, in chunks and per item), those
+doing the same work (a figure's ``work``) side by side:
 
 - ``throughput.png``: orders/s of the backlog run (median, min-max as error bars), and the CPU each order cost
-  in that run (the median run's processes: the system's own and the broker's; the harness left out);
+  in that run (the median of the figures "CPU per order, the workers" and "..., the broker"; in a file without
+  them, the median run's processes' CPU / its orders/s; the harness left out);
 - ``latency.png``: latency p50 and p99 against the offered rate (the fixed rate, and half the backlog rate as
   it was actually offered), median with min-max as error bars.
 
@@ -31,6 +33,7 @@ DEFAULT_FIGURES = ROOT / "bench" / "results.json"
 DEFAULT_OUT = ROOT / "bench" / "charts"
 
 _BACKLOG_ORDERS = re.compile(r"^backlog of (?P<orders>[\d,]+) orders: orders/s$")
+_CPU_PER_ORDER = re.compile(r"^backlog of (?P<orders>[\d,]+) orders: CPU per order, the (?P<whose>workers|broker)$")
 _OFFERED_LATENCY = re.compile(r"^offered (?P<rate>.+?) for (?P<seconds>[\d.]+) s: latency (?P<percentile>p\d+)$")
 _FIXED_RATE = re.compile(r"^(?P<rate>[\d.,]+) orders/s$")
 #: Processes of a figure's CPU that are not the system measured: the harness (producer and reading consumer).
@@ -53,6 +56,8 @@ class BenchFigure:
     median: float
     maximum: float
     median_cpu: dict[str, float]
+    #: The split/aggregate work the row measures (bench.compare's WORK_*); empty for other rows and in older files.
+    work: str = ""
 
 
 def _number(value: Any) -> bool:
@@ -86,7 +91,11 @@ def load_figures(path: Path) -> list[BenchFigure]:
         if not isinstance(cpu, dict) or not all(isinstance(name, str) and _number(percent) for name, percent in cpu.items()):
             message = f"{where}: expected 'median_cpu' as an object of process name -> % of one core, found {cpu!r}"
             raise FiguresError(message)
-        figures.append(BenchFigure(row["system"], row["name"], row["unit"], row["min"], row["median"], row["max"], dict(cpu)))
+        work = row.get("work", "")
+        if not isinstance(work, str):
+            message = f"{where}: expected 'work' as text, found {work!r}"
+            raise FiguresError(message)
+        figures.append(BenchFigure(row["system"], row["name"], row["unit"], row["min"], row["median"], row["max"], dict(cpu), work))
     return figures
 
 
@@ -101,8 +110,24 @@ def _pyplot() -> Any:
 
 
 def _systems(figures: list[BenchFigure]) -> list[str]:
-    """Systems in the order the table lists them."""
-    return list(dict.fromkeys(figure.system for figure in figures))
+    """Systems in the order the table lists them, those of the same work next to each other."""
+    systems = list(dict.fromkeys(figure.system for figure in figures))
+    work = {figure.system: figure.work for figure in figures}
+    works = list(dict.fromkeys(work[system] for system in systems))
+    return sorted(systems, key=lambda system: works.index(work[system]))
+
+
+def _cpu_per_order(figures: list[BenchFigure], row: BenchFigure) -> tuple[float, float]:
+    """ms of one core per order of a backlog run: the system's processes', the broker's (the measured figures, or derived)."""
+    measured = {
+        found.group("whose"): figure.median
+        for figure in figures
+        if figure.system == row.system and (found := _CPU_PER_ORDER.match(figure.name))
+    }
+    # % of one core / orders per second = core-seconds per order (x10 for ms): what one order cost each process.
+    own = sum(p for name, p in row.median_cpu.items() if name not in (HARNESS, BROKER)) * 10 / row.median
+    broker = row.median_cpu.get(BROKER, 0.0) * 10 / row.median
+    return measured.get("workers", own), measured.get("broker", broker)
 
 
 def _error_bars(figures: list[BenchFigure]) -> list[list[float]]:
@@ -116,14 +141,12 @@ def throughput_chart(figures: list[BenchFigure], path: Path) -> bool:
         return False
     systems = [system for system in _systems(figures) if system in backlog]
     rows = [backlog[system] for system in systems]
-    # % of one core / orders per second = core-seconds per order (x10 for ms): what one order cost each process.
-    own = [sum(p for name, p in row.median_cpu.items() if name not in (HARNESS, BROKER)) * 10 / row.median for row in rows]
-    broker = [row.median_cpu.get(BROKER, 0.0) * 10 / row.median for row in rows]
+    own, broker = (list(costs) for costs in zip(*(_cpu_per_order(figures, row) for row in rows), strict=True))
     plt = _pyplot()
     fig, (rate_axis, cpu_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
     positions = list(range(len(systems)))
     rate_axis.bar(positions, [row.median for row in rows], yerr=_error_bars(rows), capsize=4, color="tab:blue")
-    rate_axis.set_title(f"Throughput, {rows[0].name.split(':')[0]}")
+    rate_axis.set_title("Throughput, backlog runs (like with like side by side)")
     rate_axis.set_ylabel("orders/s (median, min-max)")
     cpu_axis.bar(positions, own, label="the system's processes", color="tab:orange")
     cpu_axis.bar(positions, broker, bottom=own, label="broker", color="tab:gray")
@@ -132,7 +155,7 @@ def throughput_chart(figures: list[BenchFigure], path: Path) -> bool:
     cpu_axis.set_ylim(0, 1.3 * max(mine + theirs for mine, theirs in zip(own, broker, strict=True)))  # room for the legend
     cpu_axis.legend(loc="upper right")
     for axis in (rate_axis, cpu_axis):
-        axis.set_xticks(positions, systems, rotation=15)
+        axis.set_xticks(positions, systems, rotation=20, ha="right", fontsize="small")
         axis.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

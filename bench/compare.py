@@ -10,10 +10,15 @@ bench/results.json, which bench.charts draws):
 - plain Faust (bench/plain_faust.py, its own `faust worker` process, Faust's default at_least_once):
   a pass-through agent, measured on its output topic, and a count by key into a RocksDB table, measured on
   the table's changelog (msg/s);
-- weir's split/aggregate (one splitter+aggregator process, two items processes, exactly_once) and the same
-  pipeline on Quix Streams (bench/quix_split_aggregate.py, one process, exactly-once): a backlog of orders
-  sent at once (orders/s, items/s, latency p50/p99 from the order's send to the result read by a
-  read_committed consumer), a fixed offered rate, and half the rate the backlog run sustained (latency);
+- weir's split/aggregate, like with like with Quix Streams (bench/quix_split_aggregate.py), exactly-once on
+  both sides, the same commit interval, chunk size and producer linger, as many Quix processes (one consumer
+  group) as weir workers: weir inline (two splitter processes) against Quix inline (one stage, two processes);
+  weir's three stages (one splitter+aggregator process, two items processes) against Quix's three stages with
+  chunks of 10 (three processes); and Quix's per-item form (one record per item, three processes), labelled as
+  such: a backlog of orders sent at once (orders/s, items/s, the workers' CPU and CPU per order, the broker's
+  beside it, latency p50/p99 from the order's send to the result read by a read_committed consumer), a fixed
+  offered rate, and half the rate the backlog run sustained (latency). Every result is checked against its
+  order's catalogue total; a like-with-like table of these rows heads results.md;
 - weir's counter trigger (agents/triggers.py, one `triggers` worker process): a backlog of registrations, then
   the children's completions shuffled across parents, sent at once; completion events/s until every parent's
   wake is read (read_committed), and state writes per event: the records the trigger tables' changelogs gained
@@ -61,9 +66,9 @@ from app.demo_items import STEP as DEMO_STEP
 from app.eof_gateway import Gateway
 from app.kafka_io import delete_topics, ensure_topics
 from app.processes import ROOT, WorkerProcess
-from app.settings import default_bootstrap
+from app.settings import default_bootstrap, load_settings
 from bench import barrier
-from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record
+from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record, result_problem
 from bench.charts import FIGURES_FORMAT
 from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
 from tables.triggers import (
@@ -80,9 +85,19 @@ PARTITIONS = 4
 #: The weir pipeline's workers in every figure: name -> agents.
 WEIR_STAGES = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
 ITEMS = 10
-SECTIONS = ("raw", "faust", "weir", "weir-inline", "weir-v1", "quix", "triggers", "eof", "barrier")
+#: The work each split/aggregate row does; rows of the same work are like with like (the same batching,
+#: guarantee, commit interval and number of processes), the per-item row is Quix Streams' alone.
+WORK_INLINE = f"inline: an order of {ITEMS} items -> one result, one stage"
+WORK_STAGES = f"three stages, {ITEMS} items per record"
+WORK_PER_ITEM = "three stages, one record per item (Quix Streams only)"
+#: Quix Streams' forms (bench/quix_split_aggregate.py's BENCH_QUIX_FORM): section -> form.
+QUIX_SECTIONS = {"quix-inline": "inline", "quix-chunks": "chunks", "quix-per-item": "per-item"}
+#: Each pipeline's rows next to the rows of the same work.
+SECTIONS = ("raw", "faust", "weir-inline", "quix-inline", "weir", "quix-chunks", "quix-per-item", "weir-v1", "triggers", "eof", "barrier")
 #: What a run without --only measures (weir-v1, the per_partition transactions of sessions 1-5, on request).
 DEFAULT_SECTIONS = tuple(section for section in SECTIONS if section != "weir-v1")
+#: Shorthands of --only: every Quix Streams form.
+SECTION_GROUPS = {"quix": tuple(QUIX_SECTIONS)}
 #: weir with the item step inline (WEIR_ITEMS_INLINE): two splitter processes, nothing else.
 INLINE_STAGES = {"splitter-1": "splitter", "splitter-2": "splitter"}
 #: Its backlog runs are this many times --orders: it goes through 2,000 orders in about half a second.
@@ -102,6 +117,8 @@ class Figure:
     values: list[float] = field(default_factory=list)
     cpu: list[dict[str, float]] = field(default_factory=list)
     fmt: str = "{:,.0f}"
+    #: The split/aggregate work the row measures (WORK_*), empty for the other rows.
+    work: str = ""
 
     def add(self, value: float, cpu: dict[str, float] | None = None) -> None:
         self.values.append(value)
@@ -122,6 +139,8 @@ class Figure:
     def as_json(self) -> dict[str, Any]:
         """The row as numbers (bench/results.json): what the table shows, and every run's value and CPU."""
         row: dict[str, Any] = {"system": self.system, "name": self.name, "unit": self.unit, "values": self.values, "cpu": self.cpu}
+        if self.work:
+            row["work"] = self.work
         if self.values:
             row |= {"min": min(self.values), "median": statistics.median(self.values), "max": max(self.values)}
             row["median_cpu"] = self.median_cpu()
@@ -141,9 +160,10 @@ class Context:
     work_dir: Path
     broker: int | None
     figures: list[Figure] = field(default_factory=list)
+    pipelines: list[PipelineFigures] = field(default_factory=list)
 
-    def figure(self, system: str, name: str, unit: str, fmt: str = "{:,.0f}") -> Figure:
-        created = Figure(system, name, unit, fmt=fmt)
+    def figure(self, system: str, name: str, unit: str, fmt: str = "{:,.0f}", work: str = "") -> Figure:
+        created = Figure(system, name, unit, fmt=fmt, work=work)
         self.figures.append(created)
         return created
 
@@ -268,20 +288,60 @@ def run_faust(ctx: Context, count: int) -> None:
 
 @dataclass
 class Pipeline:
-    """A running split/aggregate pipeline: where orders go, where results come from, its processes."""
+    """A running split/aggregate pipeline: where orders go, where results come from, its processes.
+
+    ``work``: which rows it is like with like with (WORK_*); ``settings``: what it runs with, for the notes.
+    """
 
     system: str
     orders_topic: str
     results_topic: str
     workers: dict[str, int]
     alive: Callable[[], None]
+    work: str = ""
+    settings: str = ""
+
+
+@dataclass
+class PipelineFigures:
+    """A split/aggregate pipeline's main figures, for the like-with-like table."""
+
+    pipeline: Pipeline
+    orders_s: Figure
+    workers_cpu: Figure
+    cpu_per_order: Figure
+    broker_cpu_per_order: Figure
+    light_p99: Figure
+    half_p99: Figure
+
+
+def _checked_results(problems: list[str]) -> Callable[[ConsumerRecord[bytes, bytes]], str | None]:
+    """The collector's key of a result, noting in ``problems`` a result that is not the order's expected aggregate."""
+
+    def key_of(message: ConsumerRecord[bytes, bytes]) -> str | None:
+        if message.key is None:
+            return None
+        key = message.key.decode()
+        try:
+            result = orjson.loads(message.value) if message.value is not None else None
+        except orjson.JSONDecodeError as error:
+            problems.append(f"result of order {key!r}: not JSON ({error})")
+            return key
+        problem = result_problem(key, result, ITEMS)
+        if problem is not None:
+            problems.append(problem)
+        return key
+
+    return key_of
 
 
 async def orders_run(
     ctx: Context, pipeline: Pipeline, first: int, count: int, rate: float | None, *, during: Callable[[], None] | None = None
 ) -> dict[str, Any]:
-    """Sends ``count`` orders (all at once, or at ``rate``/s) and waits for their results."""
-    collector = await Collector(ctx.bootstrap, pipeline.results_topic).start(from_end=True)
+    """Sends ``count`` orders (all at once, or at ``rate``/s) and waits for their results, each checked against its
+    order's catalogue total (:func:`bench._util.result_problem`)."""
+    problems: list[str] = []
+    collector = await Collector(ctx.bootstrap, pipeline.results_topic, key_of=_checked_results(problems)).start(from_end=True)
     producer = AIOKafkaProducer(bootstrap_servers=ctx.bootstrap, linger_ms=2)
     await producer.start()
     sent_at: dict[str, float] = {}
@@ -304,15 +364,20 @@ async def orders_run(
         if not done:
             missing = len(set(keys) - collector.seen.keys())
             raise TimeoutError(f"{pipeline.system}: {missing} of {count} orders without a result after 600 s")
+        if problems:
+            raise RuntimeError(f"{pipeline.system}: {len(problems)} wrong results, the first: {'; '.join(problems[:3])}")
         finished = max(collector.seen[key] for key in keys)
         elapsed = finished - started_wall
         cpu = meter.stop()
+        workers_seconds = sum(seconds for name, seconds in meter.seconds.items() if name in pipeline.workers)
         latencies = [collector.seen[key] - sent_at[key] for key in keys]
         return {
             "orders_per_s": count / elapsed,
             "p50_ms": 1000 * statistics.median(latencies),
             "p99_ms": 1000 * percentile(latencies, 0.99),
             "cpu": cpu,
+            "cpu_ms_per_order": 1000 * workers_seconds / count,
+            "broker_cpu_ms_per_order": 1000 * meter.seconds["broker"] / count if "broker" in meter.seconds else None,
             "latencies": latencies,
             "sent_at": sent_at,
             "seen": {key: collector.seen[key] for key in keys},
@@ -330,19 +395,25 @@ def _measure_pipeline(
     ctx: Context, pipeline: Pipeline, orders: int, rate: float, light_seconds: float, during_first: Callable[[], None] | None = None
 ) -> None:
     system = pipeline.system
+    figure = partial(ctx.figure, system, work=pipeline.work)
     backlog = f"backlog of {orders:,} orders"
-    orders_s = ctx.figure(system, f"{backlog}: orders/s", "orders/s", "{:,.1f}")
-    items_s = ctx.figure(system, f"{backlog}: items/s", "items/s")
-    p50 = ctx.figure(system, f"{backlog}: latency p50", "ms")
-    p99 = ctx.figure(system, f"{backlog}: latency p99", "ms")
+    orders_s = figure(f"{backlog}: orders/s", "orders/s", "{:,.1f}")
+    items_s = figure(f"{backlog}: items/s", "items/s")
+    # CPU seconds over the backlog run / orders: every worker process of the pipeline, and the broker apart.
+    workers_cpu = figure(f"{backlog}: CPU of the workers, % of one core", "%")
+    cpu_per_order = figure(f"{backlog}: CPU per order, the workers", "ms", "{:.3f}")
+    broker_cpu_per_order = figure(f"{backlog}: CPU per order, the broker", "ms", "{:.3f}")
+    p50 = figure(f"{backlog}: latency p50", "ms")
+    p99 = figure(f"{backlog}: latency p99", "ms")
     light_count = int(rate * light_seconds)
     light = f"offered {rate:g} orders/s for {light_seconds:g} s"
-    light_p50 = ctx.figure(system, f"{light}: latency p50", "ms")
-    light_p99 = ctx.figure(system, f"{light}: latency p99", "ms")
+    light_p50 = figure(f"{light}: latency p50", "ms")
+    light_p99 = figure(f"{light}: latency p99", "ms")
     half = f"offered half the backlog rate for {light_seconds:g} s"
-    half_rate = ctx.figure(system, f"{half}: rate offered", "orders/s", "{:,.1f}")
-    half_p50 = ctx.figure(system, f"{half}: latency p50", "ms")
-    half_p99 = ctx.figure(system, f"{half}: latency p99", "ms")
+    half_rate = figure(f"{half}: rate offered", "orders/s", "{:,.1f}")
+    half_p50 = figure(f"{half}: latency p50", "ms")
+    half_p99 = figure(f"{half}: latency p99", "ms")
+    ctx.pipelines.append(PipelineFigures(pipeline, orders_s, workers_cpu, cpu_per_order, broker_cpu_per_order, light_p99, half_p99))
     # Warm-up: every stage has handled an order before the clock starts.
     asyncio.run(orders_run(ctx, pipeline, 0, 20, None))
     first = 20
@@ -351,6 +422,10 @@ def _measure_pipeline(
         first += orders
         orders_s.add(figures["orders_per_s"], figures["cpu"])
         items_s.add(figures["orders_per_s"] * ITEMS, figures["cpu"])
+        workers_cpu.add(sum(percent for name, percent in figures["cpu"].items() if name in pipeline.workers), figures["cpu"])
+        cpu_per_order.add(figures["cpu_ms_per_order"], figures["cpu"])
+        if figures["broker_cpu_ms_per_order"] is not None:
+            broker_cpu_per_order.add(figures["broker_cpu_ms_per_order"], figures["cpu"])
         p50.add(figures["p50_ms"], figures["cpu"])
         p99.add(figures["p99_ms"], figures["cpu"])
         half_of_max = figures["orders_per_s"] / 2
@@ -404,6 +479,8 @@ def weir_pipeline(
     extra_env: dict[str, str] | None = None,
     trace_files: dict[str, Path] | None = None,
     stages: dict[str, str] | None = None,
+    *,
+    work: str = WORK_STAGES,
 ) -> Iterator[Pipeline]:
     """The split/aggregate pipeline's workers on new topics ``<prefix>*``, exactly_once: ``stages`` names each
     worker and its agents (default :data:`WEIR_STAGES`: one splitter+aggregator, two items). ``extra_env``
@@ -443,7 +520,13 @@ def weir_pipeline(
                 if worker.process is not None and worker.process.poll() is not None:
                     raise RuntimeError(f"weir worker {worker.agents} exited ({worker.log_path})")
 
-        yield Pipeline(label, f"{prefix}orders", f"{prefix}aggregates", pids, alive)
+        weir = load_settings()  # what the workers read from the same environment, but for extra_env
+        settings = (
+            f"exactly_once ({env.get('WEIR_TRANSACTIONS', weir.transactions)} transactions), commit interval {weir.commit_interval:g} s"
+            f" (and after {weir.commit_idle_ms} ms idle), batches of up to {weir.batch_size} events ({weir.batch_wait_ms} ms),"
+            f" chunks of {weir.split_chunk} items, bundles of {weir.bundle}, producer linger {weir.producer_linger_ms} ms"
+        )
+        yield Pipeline(label, f"{prefix}orders", f"{prefix}aggregates", pids, alive, work, settings)
     finally:
         for worker in workers.values():
             worker.stop()
@@ -467,29 +550,68 @@ def run_weir(
     prefix = f"cmp-{ctx.run_id}.{'weir' if variant is None else 'weir-' + variant}."
     extra_env = {"WEIR_ITEMS_INLINE": "1"} if inline else {} if transactions is None else {"WEIR_TRANSACTIONS": transactions}
     backlog = orders * INLINE_BACKLOG if inline else orders
-    with weir_pipeline(ctx, label, prefix, extra_env, stages=INLINE_STAGES if inline else None) as pipeline:
+    stages, work = (INLINE_STAGES, WORK_INLINE) if inline else (WEIR_STAGES, WORK_STAGES)
+    with weir_pipeline(ctx, label, prefix, extra_env, stages=stages, work=work) as pipeline:
         _measure_pipeline(ctx, pipeline, backlog, rate, light_seconds, _profiler(pipeline.workers, profile, profile_seconds))
 
 
-def run_quix(ctx: Context, orders: int, rate: float, light_seconds: float) -> None:
-    prefix = f"cmp-{ctx.run_id}.quix."
+#: Quix Streams' forms: form -> (system label, work, processes). As many processes, in one consumer group, as
+#: weir runs workers for the same work; the per-item form as many as weir's three stages.
+QUIX_FORMS = {
+    "inline": ("Quix Streams, inline", WORK_INLINE, len(INLINE_STAGES)),
+    "chunks": (f"Quix Streams, chunks of {ITEMS}", WORK_STAGES, len(WEIR_STAGES)),
+    "per-item": ("Quix Streams, one record per item", WORK_PER_ITEM, len(WEIR_STAGES)),
+}
+
+
+def run_quix(ctx: Context, form: str, orders: int, rate: float, light_seconds: float) -> None:
+    """bench/quix_split_aggregate.py in ``form``, its processes in one consumer group, with weir's commit interval,
+    chunk size and producer linger (as the weir workers' environment sets them)."""
+    label, work, processes = QUIX_FORMS[form]
+    weir = load_settings()
+    prefix = f"cmp-{ctx.run_id}.quix-{form}."
     orders_topic, items_topic, results_topic = f"{prefix}orders", f"{prefix}items", f"{prefix}aggregates"
     asyncio.run(ensure_topics(ctx.bootstrap, [orders_topic, items_topic, results_topic], PARTITIONS))
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP": ctx.bootstrap,
-        "BENCH_APP_ID": f"cmp-{ctx.run_id}-quix",
+        "BENCH_QUIX_FORM": form,
+        "BENCH_APP_ID": f"cmp-{ctx.run_id}-quix-{form}",
         "BENCH_ORDERS": orders_topic,
         "BENCH_ITEMS": items_topic,
         "BENCH_AGGREGATES": results_topic,
-        "BENCH_STATE_DIR": str(ctx.work_dir / "quix-state"),
+        "BENCH_PARTITIONS": str(PARTITIONS),
+        "BENCH_COMMIT_INTERVAL": str(weir.commit_interval),
+        "BENCH_SPLIT_CHUNK": str(weir.split_chunk),
+        "BENCH_PRODUCER_LINGER_MS": str(weir.producer_linger_ms),
     }
-    worker = Proc([sys.executable, "-m", "bench.quix_split_aggregate"], env, ctx.work_dir / "quix.log").start()
+    names = [f"quix-{number}" for number in range(1, processes + 1)]
+    workers = {
+        name: Proc(
+            [sys.executable, "-m", "bench.quix_split_aggregate"],
+            {**env, "BENCH_STATE_DIR": str(ctx.work_dir / f"quix-{form}-state-{name}")},
+            ctx.work_dir / f"quix-{form}-{name}.log",
+        ).start()
+        for name in names
+    }
+
+    def alive() -> None:
+        for worker in workers.values():
+            worker.check_alive()
+
+    chunk = "the whole order" if form == "inline" else "1 item" if form == "per-item" else f"{weir.split_chunk} items"
+    settings = (
+        f"exactly-once, commit interval {weir.commit_interval:g} s, records of {chunk},"
+        f" producer linger.ms {weir.producer_linger_ms}, consumer poll timeout 1 s (Quix's default), one record at a time"
+    )
     try:
-        pipeline = Pipeline("Quix Streams", orders_topic, results_topic, {"worker": worker.pid}, worker.check_alive)
-        _measure_pipeline(ctx, pipeline, orders, rate, light_seconds)
+        pids = {name: worker.pid for name, worker in workers.items()}
+        pipeline = Pipeline(label, orders_topic, results_topic, pids, alive, work, settings)
+        backlog = orders * INLINE_BACKLOG if form == "inline" else orders
+        _measure_pipeline(ctx, pipeline, backlog, rate, light_seconds)
     finally:
-        worker.stop()
+        for worker in workers.values():
+            worker.stop()
 
 
 # --- weir's counter trigger ----------------------------------------------------------------------------------
@@ -791,12 +913,51 @@ def table(ctx: Context, runs: int) -> list[str]:
     return lines
 
 
+def _median_text(figure: Figure) -> str:
+    return figure.fmt.format(statistics.median(figure.values)) if figure.values else "-"
+
+
+def like_with_like(ctx: Context) -> list[str]:
+    """The split/aggregate pipelines, those doing the same work side by side: medians, CPU per order, settings."""
+    if not ctx.pipelines:
+        return []
+    works = list(dict.fromkeys(row.pipeline.work for row in ctx.pipelines))
+    rows = sorted(ctx.pipelines, key=lambda row: works.index(row.pipeline.work))
+    header = [
+        "work",
+        "system",
+        "processes",
+        "backlog orders/s",
+        "workers' CPU, % of one core",
+        "CPU per order, workers, ms",
+        "CPU per order, broker, ms",
+        f"p99 at {rows[0].light_p99.name.split(':')[0].removeprefix('offered ')}, ms",
+        "p99 at half the backlog rate, ms",
+    ]
+    lines = [
+        "Like with like: each split/aggregate pipeline next to those doing the same work, with the same number of processes,"
+        " exactly-once and the same commit interval (medians; the full table below).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if number < 2 else "---:" for number in range(len(header))) + "|",
+    ]
+    for row in rows:
+        figures = (row.orders_s, row.workers_cpu, row.cpu_per_order, row.broker_cpu_per_order, row.light_p99, row.half_p99)
+        cells = [row.pipeline.work, row.pipeline.system, str(len(row.pipeline.workers)), *(_median_text(figure) for figure in figures)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- {row.pipeline.system}: {row.pipeline.settings}." for row in rows]
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="one run of each, smaller loads (a smoke test, about 5 minutes)")
     parser.add_argument("--runs", type=int, help="runs of each figure (default 3, 1 with --quick)")
     parser.add_argument(
-        "--only", default=",".join(DEFAULT_SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default: all but weir-v1)"
+        "--only",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"comma list of {', '.join(SECTIONS)}; 'quix' is every Quix Streams form (default: all but weir-v1)",
     )
     parser.add_argument("--raw-messages", type=int, help="messages per raw aiokafka run (default 100,000; 30,000 with --quick)")
     parser.add_argument("--faust-messages", type=int, help="messages per plain Faust run (default 20,000; 5,000 with --quick)")
@@ -830,7 +991,8 @@ def main() -> None:
     eof_batches = args.eof_batches or (15 if quick else 40)
     barrier_waiting = args.barrier_waiting or (500 if quick else 2_000)
     barrier_released = args.barrier_released or (60 if quick else 150)
-    sections = [name.strip() for name in args.only.split(",") if name.strip()]
+    named = [name.strip() for name in args.only.split(",") if name.strip()]
+    sections = list(dict.fromkeys(section for name in named for section in SECTION_GROUPS.get(name, (name,))))
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"--only: unknown {sorted(unknown)}, expected some of {SECTIONS}")
@@ -855,7 +1017,9 @@ def main() -> None:
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
         "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, inline=True),
         "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
-        "quix": lambda: run_quix(ctx, orders, args.rate, light_seconds),
+        "quix-inline": lambda: run_quix(ctx, "inline", orders, args.rate, light_seconds),
+        "quix-chunks": lambda: run_quix(ctx, "chunks", orders, args.rate, light_seconds),
+        "quix-per-item": lambda: run_quix(ctx, "per-item", orders, args.rate, light_seconds),
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
         "eof": lambda: run_eof(ctx, eof_clients, eof_batches),
         "barrier": lambda: run_barrier(ctx, barrier_waiting, barrier_released, args.barrier_rate),
@@ -875,7 +1039,7 @@ def main() -> None:
         "CPU: each process's utime+stime over the measured interval, as % of one core (200 = both cores), in the run that gave the median;",
         "'bench' is the harness itself (producer and reading consumer). The machine is shared: other work on it makes figures noisy.",
     ]
-    if {"faust", "weir", "quix"} & set(sections):
+    if {"faust", "weir", "weir-inline", "weir-v1", *QUIX_SECTIONS} & set(sections):
         notes += [
             "Latency: from the order's send to its result's arrival at a read_committed consumer. weir commits as soon as a worker"
             " is idle for 3 ms (WEIR_COMMIT_IDLE_MS; once commits took a third of the last second, spaced by twice their average"
@@ -883,10 +1047,13 @@ def main() -> None:
             f" orders/s of the same run's backlog, offered evenly. A fixed-rate run starts {SETTLE_S:g} s after the run before it"
             " ended (its last commits and timers): the figure is the rate's, not the way down from a backlog.",
             "weir: exactly_once, one splitter+aggregator process and two items processes; 'weir, items inline': the item step run by"
-            " the splitter, which sends each order's result itself (WEIR_ITEMS_INLINE=1), two splitter processes. Quix Streams:"
-            " exactly-once, one process,"
-            " commit interval 0.1 s like weir's (Quix's default is 5 s), other settings Quix's defaults (consumer poll timeout 1 s)."
-            " Plain Faust: at_least_once (Faust's default), one process.",
+            " the splitter, which sends each order's result itself (WEIR_ITEMS_INLINE=1), two splitter processes. Quix Streams"
+            " (bench/quix_split_aggregate.py) in the same forms with as many processes in one consumer group: inline, one stage"
+            " (2 processes); split into chunks of 10 -> items topic -> price the chunk -> group_by order id -> merge (3 processes);"
+            " and its per-item form, one record per item (3 processes), which weir does not run. Exactly-once, commit interval"
+            " 0.1 s and producer linger like weir's (Quix's defaults: 5 s, 5 ms), other settings Quix's defaults (consumer poll"
+            " timeout 1 s). Every result of every run is checked: complete, its 10 items priced, adding up to the order's"
+            " catalogue total. Plain Faust: at_least_once (Faust's default), one process.",
         ]
     section_notes = {
         "triggers": "weir triggers: one `triggers` worker, exactly_once, batches of up to 500 events (50 ms), sweep every 5 s after"
@@ -911,12 +1078,23 @@ def main() -> None:
     notes += [section_notes[name] for name in sections if name in section_notes]
     notes.append(f"Total time {elapsed:.0f} s.")
     lines = table(ctx, runs)
+    alike = like_with_like(ctx)
     print()
-    for line in lines + notes:
+    for line in alike + lines + notes:
         print(line)
-    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *lines, *notes]) + "\n")
+    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *alike, *lines, *notes]) + "\n")
     figures_path = args.output.with_suffix(".json")
-    figures = {"format": FIGURES_FORMAT, "intro": intro, "runs": runs, "figures": [figure.as_json() for figure in ctx.figures]}
+    pipelines = [
+        {"work": row.work, "system": row.system, "processes": list(row.workers), "settings": row.settings}
+        for row in (pipeline.pipeline for pipeline in ctx.pipelines)
+    ]
+    figures = {
+        "format": FIGURES_FORMAT,
+        "intro": intro,
+        "runs": runs,
+        "figures": [figure.as_json() for figure in ctx.figures],
+        "pipelines": pipelines,
+    }
     figures_path.write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2) + b"\n")
     print(f"\nwritten to {args.output} and {figures_path}")
 
