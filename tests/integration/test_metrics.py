@@ -89,4 +89,8 @@ def test_a_worker_counts_what_it_handled_and_dead_lettered_and_its_lag_falls_to_
     assert total(samples, "weir_rebalances_total") >= 1
     assert total(samples, "weir_table_keys", table="aggregates_done") == ORDERS, "the completed groups this worker remembers"
     assert total(samples, "weir_table_keys", table="aggregates") == 0, "no group left open"
+    # Each order is one chunk of two items whose last is flagged: every group completes by flag, once.
+    assert total(samples, "weir_aggregate_completions_total", aggregator="order-items", status="complete", reason="flag") == ORDERS
+    assert total(samples, "weir_aggregate_completions_total") == ORDERS
+    assert total(samples, "weir_aggregate_duplicates_total") == 0
     assert total(samples, "process_cpu_seconds_total") > 0
