@@ -81,7 +81,8 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     if kind == "open":
         try:
             raw = message["order"]
-            order = OpenedOrder(str(raw["order_id"]), {str(f): int(n) for f, n in raw["scoops"].items()}, int(raw["amount_cents"]))
+            # keyed, paid and reserved by its ticket (the message's order_id), not by the customer's order id
+            order = OpenedOrder(order_id, {str(f): int(n) for f, n in raw["scoops"].items()}, int(raw["amount_cents"]))
             ticket, screen, line, deadline = (
                 str(message["ticket"]),
                 str(message["screen"]),

@@ -174,7 +174,7 @@ class Shop:
             previous = self.dispatch.get(message.key)
             if value["kind"] == "open":
                 raw = value["order"]
-                opened = OpenedOrder(raw["order_id"], raw["scoops"], raw["amount_cents"])
+                opened = OpenedOrder(value["order_id"], raw["scoops"], raw["amount_cents"])  # as the agent: by ticket
                 state, sends = on_open(previous, opened, message.key, "s", value["line"], value["deadline_ms"], self.now)
             elif value["kind"] == "kitchen":
                 state, sends = on_kitchen(previous, message.key, value["flavour"], value["ok"], self.now)
@@ -211,7 +211,7 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     for number in range(1, orders + 1):
         scoops = {flavour: rng.randint(1, 3) for flavour in rng.sample(sorted(CATALOGUE), rng.randint(1, 3))}
         amount = sum(CATALOGUE[flavour] * count for flavour, count in scoops.items())
-        shop.order(str(number), ShopOrder(str(number), CARD, scoops, amount), deadline_ms=10**9)
+        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount), deadline_ms=10**9)
     steps = 0
     while shop.bus:
         shop.step()
