@@ -1,4 +1,5 @@
-"""Shop dispatch: a barrier on the kitchen and the payment of each order; then deliver and commit, or void and restock."""
+"""Shop dispatch: each order's two-phase commit. The capture first; once captured, the kitchen's reservations; then
+deliver and commit, or void and restock. A rejected card aborts the order before any robot hears of it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, TableStore
 from app.ticks import tick_every
-from tables.shop import Dispatch, DispatchDone, DispatchState, Send, ShopOrder, on_dispatch_tick, on_kitchen, on_open, on_payment
+from tables.shop import Dispatch, DispatchDone, DispatchState, OpenedOrder, Send, on_dispatch_tick, on_kitchen, on_open, on_payment
 from tables.shop_dispatch_tables import dispatch, dispatch_deadlines
 
 __all__ = ["shop_dispatch"]
@@ -80,7 +81,8 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     if kind == "open":
         try:
             raw = message["order"]
-            order = ShopOrder(order_id, str(raw["card"]), {str(f): int(n) for f, n in raw["scoops"].items()}, int(raw["amount_cents"]))
+            # keyed, paid and reserved by its ticket (the message's order_id), not by the customer's order id
+            order = OpenedOrder(order_id, {str(f): int(n) for f, n in raw["scoops"].items()}, int(raw["amount_cents"]))
             ticket, screen, line, deadline = (
                 str(message["ticket"]),
                 str(message["screen"]),
@@ -96,7 +98,8 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
             raise InvalidMessage(f"shop dispatch: kitchen answer of {order_id!r} needs a string 'flavour'")
         state, sends = on_kitchen(previous, order_id, flavour, _flag(message, "ok"), now)
     elif kind == "payment":
-        state, sends = on_payment(previous, order_id, _flag(message, "ok"), now)
+        reason = message.get("reason")
+        state, sends = on_payment(previous, order_id, _flag(message, "ok"), now, reason if isinstance(reason, str) else None)
     else:
         raise InvalidMessage(f"shop dispatch: 'kind' must be 'open', 'kitchen', 'payment' or 'tick', got {kind!r:.60}")
     await orders.apply(event, order_id, previous, _change(previous, state, sends))

@@ -1,11 +1,15 @@
 """Shop orders: a screen's line is read as an order and sent to claim its order id on the screen's day.
 
-The claim (agents/shop_reports.py) sends the order on: a capture, one reservation per flavour and an open at the
-dispatch barrier; or answers the line ``duplicate`` when an earlier line of the screen took the id.
+The claim (agents/shop_reports.py) sends the order on: a capture and an open at the dispatch barrier (the
+dispatch asks the kitchen once the capture succeeded); or answers the line ``duplicate`` when an earlier line of
+the screen took the id. The line's card is the reference the screen made of it (tables/shop_cards.py); a line
+written by something else may hold the number itself: it becomes a reference here, and a dead letter of the line
+holds it masked.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from faust.types import EventT, StreamT
@@ -15,11 +19,22 @@ from app.catalogue import CATALOGUE_CENTS
 from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
 from app.errors import describe_error
 from app.runtime.keyed import prepare_outputs, send_prepared
-from tables.shop import INVALID, Send, ShopOrder, card_accepted, claim_key, line_outcome, order_sends, parse_shop_order
+from tables.shop import INVALID, Send, ShopOrder, claim_key, line_outcome, order_sends, parse_shop_order
+from tables.shop_cards import mask_card_numbers
 
 __all__ = ["shop_orders"]
 
 AGENT = "shop_orders"
+#: The key of the tokens of cards that reach this stage in clear (never from the screens): the configured one, or
+#: this process's own (a token then differs between workers, which decides nothing: the gateway never reads it).
+CARD_KEY = settings.shop_card_key.encode() or os.urandom(32)
+
+
+def masked_value(value: bytes | None) -> bytes | None:
+    """A screen message as a dead letter may hold it: every card number in it masked."""
+    if value is None:
+        return None
+    return mask_card_numbers(value.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
 
 
 def parse_envelope(message: Any) -> tuple[str, str, int, str | None, dict[str, Any] | None]:
@@ -47,7 +62,7 @@ def read_order(text: str | None, too_large: dict[str, Any] | None) -> tuple[Shop
         size = (too_large or {}).get("size_bytes")
         return None, f"line too large: {size} bytes, over the {(too_large or {}).get('limit_bytes')}-byte limit of a record"
     try:
-        return parse_shop_order(text, CATALOGUE_CENTS)
+        return parse_shop_order(text, CATALOGUE_CENTS, CARD_KEY)
     except Exception as error:  # a line may hold anything; its outcome is still owed
         return None, f"unreadable line: {describe_error(error)[:300]}"
 
@@ -71,24 +86,24 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
     order, problem = read_order(text, too_large)
     if order is None:
         # The line is dead-lettered with its reason, and still gets its one outcome (counted as invalid).
-        await send_dead_letter(event, reason="invalid", error=f"screen {screen} line {line}: {problem}", agent=AGENT, step="parse")
+        error = f"screen {screen} line {line}: {problem}"
+        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="parse", value=masked_value(event.message.value))
         await _send_invalid(event, ticket, screen, line, str(problem))
         return
-    # The card's fate depends on the seed, the screen's name (not its day), the line and the order: same files, same fates.
-    screen_name = screen.rsplit("/", 1)[-1]
-    accepted = card_accepted(settings.shop_seed, f"{screen_name}/{line}/{order.order_id}", settings.shop_card_reject_rate)
-    order_fields = {"order_id": order.order_id, "card": order.card, "scoops": order.scoops, "amount_cents": order.amount_cents}
-    claim = {"kind": "order", "screen": screen, "ticket": ticket, "line": line, "order": order_fields, "accepted": accepted}
+    # The gateway decides the card's fate (agents/shop_payments.py); only its reference goes on from here.
+    order_fields = {"order_id": order.order_id, "card": order.card.to_dict(), "scoops": order.scoops, "amount_cents": order.amount_cents}
+    claim = {"kind": "order", "screen": screen, "ticket": ticket, "line": line, "order": order_fields}
     # What the claim will send is measured here too (its deadline as large as any), so that an order that
     # cannot go on is answered invalid now, not left without an outcome after its id was taken.
-    forward = order_sends(order, ticket, screen, line, accepted, deadline_ms=now_ms() + settings.shop_dispatch_timeout_ms)
+    forward = order_sends(order, ticket, screen, line, deadline_ms=now_ms() + settings.shop_dispatch_timeout_ms)
     sends = [Send("screens", claim_key(screen, order.order_id), claim), *forward]
     prepared = prepare_outputs(outputs(sends), record_limit())
     if prepared.undeliverable:
         # The order cannot go on as it is (its open, say, would not fit a record): nothing of it is sent, the
         # line is dead-lettered and answered as invalid, as a line that does not parse.
         problem = f"the order cannot be forwarded: {prepared.undeliverable[0].problem}"
-        await send_dead_letter(event, reason="invalid", error=f"screen {screen} line {line}: {problem}", agent=AGENT, step="forward")
+        error = f"screen {screen} line {line}: {problem}"
+        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="forward", value=masked_value(event.message.value))
         await _send_invalid(event, ticket, screen, line, problem)
         return
     await send_prepared(prepared.ready[:1])  # the claim alone: it sends the rest once the id is the line's

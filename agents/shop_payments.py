@@ -1,4 +1,9 @@
-"""Shop payment gateway: capture (or reject the card), then commit on delivery or void on abort; every step logged."""
+"""Shop payment gateway: decides each card (Luhn fact, seeded draw), captures or rejects, then commits or voids; all logged.
+
+The gateway sees a card's reference only (token, last four digits, the Luhn fact the screen established where the
+number was); its draw is keyed by screen, line and order id (tables.shop.gateway_decision), so a capture replayed
+after a crash decides the same.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,9 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from agents.shop_common import outputs, shop_topics
-from app.core import InvalidMessage, app, handle_events, now_ms
+from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.runtime.keyed import Change, KeyedState, TableStore
-from tables.shop import Payment, on_capture, on_settle
+from tables.shop import Capture, Payment, on_capture, on_settle
 from tables.shop_payment_tables import payments
 
 __all__ = ["shop_payments"]
@@ -25,10 +30,11 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     previous = gateway.load(order_id)
     kind = message.get("kind")
     if kind == "capture":
-        amount, accepted = message.get("amount_cents"), message.get("accepted")
-        if not isinstance(amount, int) or not isinstance(accepted, bool):
-            raise InvalidMessage(f"shop payments: capture of {order_id!r} needs an integer 'amount_cents' and a boolean 'accepted'")
-        captured, sends = on_capture(previous, order_id, amount, accepted, now_ms())
+        try:
+            capture = Capture.from_message(message)
+        except ValueError as malformed:
+            raise InvalidMessage(f"shop payments: capture of {order_id!r}: {malformed}") from None
+        captured, sends = on_capture(previous, capture, settings.shop_seed, settings.shop_card_reject_rate, now_ms())
         payment: Payment | None = captured
         error = None
     elif kind in ("commit", "void"):

@@ -3,12 +3,13 @@
 Why an order id is checked here. A line reaches the orders stage keyed by its ticket, so that any partition
 can take it and a line that cannot even be read is still answered by its key; no orders partition sees a
 screen's other lines, hence no other line with the same id. This stage already keeps a screen's day (its
-report, keyed by screen); the orders stage sends each parsed order here first, keyed by [screen, order id],
-so that every line with that id on that screen's day lands on one key of one partition. The first line takes
-the id and its order goes on to the payments, the kitchen and the dispatch; a later line with the same id is
-answered ``duplicate`` (dead letter ``duplicate-order``) before anything is charged or reserved. A record
-delivered again is not a second line: under exactly_once it is never seen twice, and under at_least_once the
-same ticket asking again gets its order sent again, which every later stage treats as the redelivery it is.
+report, keyed by screen); the orders stage sends each parsed order here first, keyed by [screen, order id], so
+that every line with that id on that screen's day lands on one key of one partition. The first line takes the
+id and its order goes on to the payments and the dispatch (which asks the kitchen once the capture succeeded);
+a later line with the same id is answered ``duplicate`` (dead letter ``duplicate-order``) before anything is
+charged or reserved. A record delivered again is not a second line: under exactly_once it is never seen twice,
+and under at_least_once the same ticket asking again gets its order sent again, which every later stage treats
+as the redelivery it is.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agents.shop_common import outputs, send_all, shop_topics
 from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.runtime.keyed import Change, KeyedState, Refusal, TableStore
 from tables.shop import INVALID, OrderClaim, ScreenReport, ShopOrder, claim_key, line_outcome, on_end, on_order, on_outcome, order_sends
+from tables.shop_cards import CardRef
 from tables.shop_order_tables import order_ids
 from tables.shop_report_tables import reports
 
@@ -38,25 +40,29 @@ claims: KeyedState[OrderClaim] = KeyedState(
 )
 
 
-def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder, bool]:
-    """(ticket, line, order, card accepted) of an order the orders stage sent to be claimed."""
-    screen, ticket, line, order, accepted = (message.get(name) for name in ("screen", "ticket", "line", "order", "accepted"))
-    if not isinstance(ticket, str) or not isinstance(line, int) or not isinstance(order, dict) or not isinstance(accepted, bool):
-        needs = "'ticket' (str), 'line' (int), 'order' (object), 'accepted' (bool)"
-        raise InvalidMessage(f"shop reports: order of screen {screen!r} needs {needs}")
+def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder]:
+    """(ticket, line, order) of an order the orders stage sent to be claimed (its card a reference, never a number)."""
+    screen, ticket, line, order = (message.get(name) for name in ("screen", "ticket", "line", "order"))
+    if not isinstance(ticket, str) or not isinstance(line, int) or not isinstance(order, dict):
+        raise InvalidMessage(f"shop reports: order of screen {screen!r} needs 'ticket' (str), 'line' (int), 'order' (object)")
     order_id, card, scoops, amount = (order.get(name) for name in ("order_id", "card", "scoops", "amount_cents"))
-    if not isinstance(order_id, str) or not isinstance(card, str) or not isinstance(amount, int) or not isinstance(scoops, dict):
-        raise InvalidMessage(f"shop reports: order of {ticket!r} needs 'order_id', 'card' (str), 'scoops' (object), 'amount_cents' (int)")
+    if not isinstance(order_id, str) or not isinstance(card, dict) or not isinstance(amount, int) or not isinstance(scoops, dict):
+        needs = "'order_id' (str), 'card' (object: token, last4, luhn_ok), 'scoops' (object), 'amount_cents' (int)"
+        raise InvalidMessage(f"shop reports: order of {ticket!r} needs {needs}")
     if not all(isinstance(flavour, str) and isinstance(count, int) for flavour, count in scoops.items()):
         raise InvalidMessage(f"shop reports: order of {ticket!r}: 'scoops' must map flavours to integers")
-    return ticket, line, ShopOrder(order_id, card, dict(scoops), amount), accepted
+    try:
+        reference = CardRef.from_dict(card)
+    except ValueError as error:
+        raise InvalidMessage(f"shop reports: order of {ticket!r}: {error}") from None
+    return ticket, line, ShopOrder(order_id, reference, dict(scoops), amount)
 
 
 async def _claim(event: EventT[bytes], screen: str, message: dict[str, Any]) -> None:
-    ticket, line, order, accepted = read_claim(message)
+    ticket, line, order = read_claim(message)
     key = claim_key(screen, order.order_id)
     previous = claims.load(key)
-    forward = order_sends(order, ticket, screen, line, accepted, now_ms() + settings.shop_dispatch_timeout_ms)
+    forward = order_sends(order, ticket, screen, line, now_ms() + settings.shop_dispatch_timeout_ms)
     claim, sends, duplicate = on_order(previous, screen, ticket, line, order.order_id, forward)
     refused = (Refusal(DUPLICATE_ORDER, duplicate),) if duplicate else ()
     await claims.apply(event, key, previous, Change(state=claim, outputs=outputs(sends), rejected=refused))

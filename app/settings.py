@@ -237,8 +237,11 @@ class Settings:
     outbox_batch: int = 500
     #: WEIR_SHOP_CARD_REJECT_RATE: probability that the payment gateway rejects a card at capture.
     shop_card_reject_rate: float = 0.05
-    #: WEIR_SHOP_SEED: seed of the payment gateway's decisions (a card's fate is a function of seed and order id).
+    #: WEIR_SHOP_SEED: seed of the payment gateway's draw (a card's fate is a function of seed, screen, line and order id).
     shop_seed: int = 42
+    #: WEIR_SHOP_CARD_KEY: the secret of card tokens (HMAC-SHA256 of the number). The screens draw a random one per
+    #: run when it is unset; the orders stage uses it only for a line that reached Kafka without the screens.
+    shop_card_key: str = field(default="", repr=False)
     #: WEIR_SHOP_STOCK: scoops of each flavour in stock when the shop opens.
     shop_stock: int = 1000
     #: WEIR_SHOP_STOCK_OVERRIDES: other opening stock for some flavours, e.g. "pistachio=120,mint=50".
@@ -413,6 +416,7 @@ def load_settings() -> Settings:
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
         shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
+        shop_card_key=_env_str("WEIR_SHOP_CARD_KEY", defaults.shop_card_key),
         shop_stock=_env_int("WEIR_SHOP_STOCK", defaults.shop_stock),
         shop_stock_overrides=_env_str("WEIR_SHOP_STOCK_OVERRIDES", defaults.shop_stock_overrides),
         shop_dispatch_timeout_ms=_env_int("WEIR_SHOP_DISPATCH_TIMEOUT_MS", defaults.shop_dispatch_timeout_ms),

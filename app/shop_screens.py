@@ -5,12 +5,17 @@ A screen sends each line (an order, or whatever the line holds) to the shop keye
 (with a reason) or invalid. At the end of its file it tells the shop how many lines it had; the shop's
 report stage counts outcomes once per line (the end-of-stream counting protocol) and sends the screen's
 end-of-day report when every line is accounted for.
+
+A screen is where a customer's card number is read, and the only place it is: before a line goes to Kafka its
+``card`` becomes a reference (a token keyed by this run's secret, the last four digits, the Luhn fact) and any
+other run of digits that looks like a card number is masked (tables/shop_cards.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ import orjson
 from app.codec import dumps
 from app.kafka_io import ReplyDesk, read_topic
 from app.settings import load_settings
+from tables.shop_cards import protect_line
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 
@@ -51,8 +57,11 @@ class Screens:
         day: str | None = None,
         client_options: Mapping[str, Any] | None = None,
         max_record_bytes: int | None = None,
+        card_key: bytes | None = None,
     ) -> None:
         self._topic = topic
+        #: the secret of this run's card tokens: given, WEIR_SHOP_CARD_KEY, or drawn for the run (never logged)
+        self._card_key = card_key or load_settings().shop_card_key.encode() or os.urandom(32)
         #: the largest record a screen sends (the shop's ``WEIR_MAX_MESSAGE_BYTES`` less 1 KiB, by default)
         self.max_record_bytes = max_record_bytes if max_record_bytes is not None else load_settings().max_message_bytes - 1024
         self._partitions = partitions
@@ -100,7 +109,8 @@ class Screens:
             count = number
             ticket = f"{screen}/{number}"
             self._desk.expect(f"outcome:{ticket}")
-            await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=self.envelope(ticket, screen, number, text))
+            value = self.envelope(ticket, screen, number, protect_line(text, self._card_key))
+            await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=value)
             outcome = await self._desk.wait(f"outcome:{ticket}", timeout_s)  # the next customer waits for this one
             if progress is not None:
                 progress.done += 1

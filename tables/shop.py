@@ -1,12 +1,13 @@
 """The ice-cream shop's state: typed values of its tables and their pure cores (payments, stock, dispatch, reports).
 
 The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
-two-phase commit) rebuilt as streams. Every message is keyed so that one partition owns each piece of
-state: an order's payment and dispatch by order id, a flavour's stock by flavour (the token that gave one
-robot a container), a screen's report by screen, an order id taken on a screen's day by both. Every
-function here takes the state and ``now_ms`` and returns the new state and the messages to send; none
-touches Kafka or a clock, and each is idempotent under redelivery: a message seen before changes nothing
-and sends nothing it did not send the first time.
+two-phase commit) rebuilt as streams. A card number never reaches this module's messages: a line's card is a
+:class:`~tables.shop_cards.CardRef` (token, last four digits, Luhn fact) from the screen that read it. Every
+message is keyed so that one partition owns each piece of state: an order's payment and dispatch by order id,
+a flavour's stock by flavour (the token that gave one robot a container), a screen's report by screen, an
+order id taken on a screen's day by both. Every function here takes the state and ``now_ms`` and returns the
+new state and the messages to send; none touches Kafka or a clock, and each is idempotent under redelivery: a
+message seen before changes nothing and sends nothing it did not send the first time.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tables.shop_cards import CardRef, card_ref
+
 __all__ = [
     "SIZES",
     "ShopOrder",
     "parse_shop_order",
     "card_accepted",
+    "decision_key",
+    "CARD_INVALID",
+    "CARD_DECLINED",
+    "gateway_decision",
+    "Capture",
     "Send",
     "OrderClaim",
     "claim_key",
@@ -35,6 +43,7 @@ __all__ = [
     "on_reserve",
     "on_release",
     "on_deliver",
+    "OpenedOrder",
     "Dispatch",
     "DispatchDone",
     "on_open",
@@ -74,10 +83,10 @@ class Send:
 
 @dataclass(frozen=True)
 class ShopOrder:
-    """A valid order: its id, the card, and the scoops per flavour it needs (items merged by flavour)."""
+    """A valid order: its id, its card's reference, and the scoops per flavour it needs (items merged by flavour)."""
 
     order_id: str
-    card: str
+    card: CardRef
     scoops: dict[str, int]
     amount_cents: int
 
@@ -89,8 +98,12 @@ MAX_ORDER_ID_CHARS = 200
 ITEM_FIELDS = frozenset({"flavour", "size"})
 
 
-def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder | None, str | None]:
-    """The order on a screen's line, or ``(None, reason)``."""
+def parse_shop_order(line: str, catalogue: Mapping[str, int], card_key: bytes = b"") -> tuple[ShopOrder | None, str | None]:
+    """The order on a screen's line, or ``(None, reason)``.
+
+    ``card`` is the :class:`CardRef` the screen put there; a line written by something else may hold the number
+    itself, which becomes its reference here (``card_key``), and goes no further.
+    """
     try:
         raw = json.loads(line)
     except (ValueError, RecursionError) as error:  # RecursionError: nested too deep for the decoder
@@ -102,8 +115,15 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
         return None, f"'order_id' must be a non-empty string, got {order_id!r:.60}"
     if len(order_id) > MAX_ORDER_ID_CHARS:
         return None, f"order id {order_id!r:.60} is {len(order_id)} characters long, at most {MAX_ORDER_ID_CHARS} are allowed"
-    if not isinstance(card, str) or not card:
-        return None, f"order {order_id!r}: 'card' must be a non-empty string"
+    if isinstance(card, str) and card:
+        reference = card_ref(card, card_key)
+    elif isinstance(card, dict):
+        try:
+            reference = CardRef.from_dict(card)
+        except ValueError as error:
+            return None, f"order {order_id!r}: 'card': {error}"
+    else:
+        return None, f"order {order_id!r}: 'card' must be a non-empty string or a card reference (token, last4, luhn_ok)"
     if not isinstance(items, list) or not items:
         return None, f"order {order_id!r}: 'items' must be a non-empty list"
     scoops: dict[str, int] = {}
@@ -122,13 +142,31 @@ def parse_shop_order(line: str, catalogue: Mapping[str, int]) -> tuple[ShopOrder
             return None, f"order {order_id!r} item {number}: unknown size {size!r:.60}, expected one of {sorted(SIZES)}"
         scoops[str(flavour)] = scoops.get(str(flavour), 0) + SIZES[str(size)]
         amount += catalogue[str(flavour)] * SIZES[str(size)]
-    return ShopOrder(order_id, card, scoops, amount), None
+    return ShopOrder(order_id, reference, scoops, amount), None
 
 
 def card_accepted(seed: int, order_id: str, reject_rate: float) -> bool:
-    """The gateway's decision for an order's card: random-looking, but a function of the seed and the order."""
+    """The gateway's draw for an order's card: random-looking, but a function of the seed and the order."""
     digest = hashlib.sha256(f"{seed}:{order_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 >= reject_rate
+
+
+def decision_key(screen: str, line: int, order_id: str) -> str:
+    """What the gateway's draw is keyed by: the screen's name (not its day), the line and the order id, so that the
+    same files give the same fates on any day and a replayed capture draws the same."""
+    return f"{screen.rsplit('/', 1)[-1]}/{line}/{order_id}"
+
+
+#: Reasons of a rejected card (each starts "card rejected", the class the reports count it under).
+CARD_INVALID = "card rejected: invalid number (Luhn check failed)"
+CARD_DECLINED = "card rejected: declined"
+
+
+def gateway_decision(card: CardRef, key: str, seed: int, reject_rate: float) -> str | None:
+    """The gateway's decision on a capture: ``None`` (accepted) or why the card is rejected."""
+    if not card.luhn_ok:
+        return CARD_INVALID
+    return None if card_accepted(seed, key, reject_rate) else CARD_DECLINED
 
 
 def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, status: str, reason: str) -> list[Send]:
@@ -145,25 +183,20 @@ def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, stat
     return [Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})]
 
 
-def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, accepted: bool, deadline_ms: int) -> list[Send]:
-    """What a line's order sets going, all keyed by its ticket (the kitchen's by flavour): the open at the dispatch
-    barrier, the payment's capture and one reservation per flavour."""
+def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, deadline_ms: int) -> list[Send]:
+    """What a line's order sets going, both keyed by its ticket: the open at the dispatch barrier and the payment's
+    capture. The reservations wait for the capture (:func:`on_payment`), as in the seed's two-phase commit."""
     opened = {
         "kind": "open",
         "order_id": ticket,
         "ticket": ticket,
         "screen": screen,
         "line": line,
-        "order": {"order_id": order.order_id, "card": order.card, "scoops": order.scoops, "amount_cents": order.amount_cents},
+        "order": {"order_id": order.order_id, "scoops": order.scoops, "amount_cents": order.amount_cents},
         "deadline_ms": deadline_ms,
     }
-    capture = {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted}
-    sends = [Send("dispatch", ticket, opened), Send("payments", ticket, capture)]
-    sends += [
-        Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
-        for flavour, scoops in sorted(order.scoops.items())
-    ]
-    return sends
+    capture = Capture(ticket, order.amount_cents, decision_key(screen, line, order.order_id), order.card)
+    return [Send("dispatch", ticket, opened), Send("payments", ticket, capture.to_message())]
 
 
 # ------------------------------------------------------------------------------------ order ids
@@ -196,10 +229,10 @@ def on_order(
 ) -> tuple[OrderClaim, list[Send], str | None]:
     """A line's order asks for its id on the screen's day; returns the claim, what to send and why it is refused.
 
-    The first line to ask takes the id, and its order goes on (``forward``: the capture, the reservations, the
-    open). Another line with that id is a duplicate: it is answered (status ``duplicate``, nothing charged,
-    nothing reserved) and refused. The same line asking again (its orders stage ran twice under at_least_once)
-    gets ``forward`` again: each of those messages is idempotent where it lands.
+    The first line to ask takes the id, and its order goes on (``forward``: the capture and the open). Another
+    line with that id is a duplicate: it is answered (status ``duplicate``, nothing charged, nothing reserved)
+    and refused. The same line asking again (its orders stage ran twice under at_least_once) gets ``forward``
+    again: each of those messages is idempotent where it lands.
     """
     if previous is None:
         return OrderClaim(screen, order_id, ticket, line), list(forward), None
@@ -218,34 +251,101 @@ VOIDED = "voided"
 
 
 @dataclass(frozen=True)
+class Capture:
+    """Phase one's request to the gateway (topic ``shop.payments``): the amount, the card's reference, and the key
+    of the gateway's seeded draw (:func:`decision_key`)."""
+
+    order_id: str
+    amount_cents: int
+    decision_key: str
+    card: CardRef
+
+    def to_message(self) -> dict[str, Any]:
+        return {
+            "kind": "capture",
+            "order_id": self.order_id,
+            "amount_cents": self.amount_cents,
+            "decision_key": self.decision_key,
+            "card": self.card.to_dict(),
+        }
+
+    @classmethod
+    def from_message(cls, raw: Mapping[str, Any]) -> Capture:
+        order_id, amount, key, card = (raw.get(name) for name in ("order_id", "amount_cents", "decision_key", "card"))
+        if not isinstance(order_id, str) or not isinstance(amount, int) or isinstance(amount, bool) or not isinstance(key, str):
+            raise ValueError("a capture needs 'order_id' (str), 'amount_cents' (int), 'decision_key' (str) and 'card' (object)")
+        if not isinstance(card, dict):
+            raise ValueError(f"a capture needs 'card' as an object (token, last4, luhn_ok), got {type(card).__name__}")
+        return cls(order_id, amount, key, CardRef.from_dict(card))
+
+
+@dataclass(frozen=True)
 class Payment:
-    """One order's payment in table ``shop_payments``: captured, then committed or voided (or rejected)."""
+    """One order's payment in table ``shop_payments``: captured, then committed or voided (or rejected, and why).
+    The card is its token and last four digits only."""
 
     order_id: str
     amount_cents: int
     state: str
     updated_ms: int
+    card_token: str = ""
+    card_last4: str = ""
+    reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"order_id": self.order_id, "amount_cents": self.amount_cents, "state": self.state, "updated_ms": self.updated_ms}
+        return {
+            "order_id": self.order_id,
+            "amount_cents": self.amount_cents,
+            "state": self.state,
+            "updated_ms": self.updated_ms,
+            "card_token": self.card_token,
+            "card_last4": self.card_last4,
+            "reason": self.reason,
+        }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Payment:
-        return cls(str(raw["order_id"]), int(raw["amount_cents"]), str(raw["state"]), int(raw["updated_ms"]))
+        return cls(
+            str(raw["order_id"]),
+            int(raw["amount_cents"]),
+            str(raw["state"]),
+            int(raw["updated_ms"]),
+            str(raw.get("card_token") or ""),
+            str(raw.get("card_last4") or ""),
+            raw.get("reason"),
+        )
 
 
 def _transaction(payment: Payment, phase: str) -> Send:
-    value = {"order_id": payment.order_id, "phase": phase, "amount_cents": payment.amount_cents, "at_ms": payment.updated_ms}
+    value = {
+        "order_id": payment.order_id,
+        "phase": phase,
+        "amount_cents": payment.amount_cents,
+        "card_token": payment.card_token,
+        "card_last4": payment.card_last4,
+        "reason": payment.reason,
+        "at_ms": payment.updated_ms,
+    }
     return Send("transactions", payment.order_id, value)
 
 
-def on_capture(previous: Payment | None, order_id: str, amount_cents: int, accepted: bool, now_ms: int) -> tuple[Payment, list[Send]]:
-    """Phase one: capture the amount, or reject the card. A redelivered capture answers what was decided."""
+def _payment_answer(payment: Payment) -> Send:
+    ok = payment.state != REJECTED
+    return Send("dispatch", payment.order_id, {"kind": "payment", "order_id": payment.order_id, "ok": ok, "reason": payment.reason})
+
+
+def on_capture(previous: Payment | None, capture: Capture, seed: int, reject_rate: float, now_ms: int) -> tuple[Payment, list[Send]]:
+    """Phase one: the gateway decides (:func:`gateway_decision`), then captures the amount or rejects the card.
+
+    A capture seen again answers what was decided (the dispatch takes an answer once), and logs nothing new.
+    """
     if previous is not None:
-        return previous, []
-    payment = Payment(order_id, amount_cents, CAPTURED if accepted else REJECTED, now_ms)
-    answer = {"kind": "payment", "order_id": order_id, "ok": accepted, "reason": None if accepted else "card rejected"}
-    return payment, [_transaction(payment, payment.state), Send("dispatch", order_id, answer)]
+        return previous, [_payment_answer(previous)] if previous.state in (CAPTURED, REJECTED) else []
+    reason = gateway_decision(capture.card, capture.decision_key, seed, reject_rate)
+    state = CAPTURED if reason is None else REJECTED
+    card = capture.card
+    payment = Payment(capture.order_id, capture.amount_cents, state, now_ms, card.token, card.last4, reason)
+    return payment, [_transaction(payment, payment.state), _payment_answer(payment)]
 
 
 def on_settle(previous: Payment | None, order_id: str, commit: bool, now_ms: int) -> tuple[Payment | None, list[Send], str | None]:
@@ -345,7 +445,11 @@ def on_deliver(stock: Stock, order_id: str) -> Stock:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """An order waiting at the dispatch barrier (table ``shop_dispatch``): the kitchen's answers and the payment's."""
+    """An order waiting at the dispatch barrier (table ``shop_dispatch``): the payment's answer, then the kitchen's.
+
+    The dispatch coordinates the seed's two-phase commit: the reservations go to the kitchen only once the order
+    is open here and its payment is captured; a rejected card resolves the order at once, and never reaches a robot.
+    """
 
     order_id: str
     ticket: str
@@ -359,6 +463,10 @@ class Dispatch:
     #: None until the payment answered; then captured (True) or rejected (False)
     paid: bool | None = None
     opened: bool = True
+    #: flavour -> scoops, what the reservations ask for once the payment is captured
+    scoops: dict[str, int] = field(default_factory=dict)
+    #: why the gateway rejected the card
+    payment_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -372,6 +480,8 @@ class Dispatch:
             "kitchen": dict(self.kitchen),
             "paid": self.paid,
             "opened": self.opened,
+            "scoops": dict(self.scoops),
+            "payment_reason": self.payment_reason,
         }
 
     @classmethod
@@ -387,6 +497,8 @@ class Dispatch:
             kitchen={str(flavour): bool(ok) for flavour, ok in (raw.get("kitchen") or {}).items()},
             paid=raw.get("paid"),
             opened=bool(raw.get("opened", True)),
+            scoops={str(flavour): int(count) for flavour, count in (raw.get("scoops") or {}).items()},
+            payment_reason=raw.get("payment_reason"),
         )
 
 
@@ -421,6 +533,15 @@ class DispatchDone:
 DispatchState = Dispatch | DispatchDone
 
 
+@dataclass(frozen=True)
+class OpenedOrder:
+    """What the dispatch's ``open`` says of an order: no card, only what the kitchen and the report need."""
+
+    order_id: str
+    scoops: dict[str, int]
+    amount_cents: int
+
+
 def _outcome(state: Dispatch, status: str, reason: str | None) -> list[Send]:
     outcome = {
         "ticket": state.ticket,
@@ -435,7 +556,7 @@ def _outcome(state: Dispatch, status: str, reason: str | None) -> list[Send]:
 
 
 def _resolve(state: Dispatch, now_ms: int, timed_out: bool = False) -> tuple[DispatchDone, list[Send]]:
-    """Both answers are in (or the deadline passed): deliver and commit, or void and restock."""
+    """Every answer is in, or the card was rejected, or the deadline passed: deliver and commit, or void and restock."""
     kitchen_ok = len(state.kitchen) == len(state.flavours) and all(state.kitchen.values())
     sends: list[Send] = []
     if not timed_out and kitchen_ok and state.paid:
@@ -446,24 +567,35 @@ def _resolve(state: Dispatch, now_ms: int, timed_out: bool = False) -> tuple[Dis
         done = DispatchDone(state.order_id, READY, None, now_ms, tuple(state.flavours))
         return done, sends + _outcome(state, READY, None)
     if state.paid is False:
-        reason = "card rejected"
+        reason = state.payment_reason or "card rejected"
     elif state.kitchen and not all(state.kitchen.values()):
         reason = "; ".join(sorted(f"out of stock: {flavour}" for flavour, ok in state.kitchen.items() if not ok))
     else:
-        reason = "timeout waiting for " + " and ".join(
-            part for part, missing in (("kitchen", len(state.kitchen) < len(state.flavours)), ("payment", state.paid is None)) if missing
-        )
+        # The kitchen is asked only after the capture: without the payment's answer, nothing waits for the kitchen.
+        reason = "timeout waiting for payment" if state.paid is None else "timeout waiting for kitchen"
     if state.paid:
         sends.append(Send("payments", state.order_id, {"kind": "void", "order_id": state.order_id}))
-    # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
-    sends += [Send("kitchen", flavour, {"kind": "release", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours]
-    done = DispatchDone(state.order_id, ABORTED, reason, now_ms, tuple(state.flavours))
+        # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
+        sends += [
+            Send("kitchen", flavour, {"kind": "release", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours
+        ]
+    # No reservation was sent for an order whose payment was not captured: the kitchen hears nothing of it.
+    reserved = tuple(state.flavours) if state.paid else ()
+    done = DispatchDone(state.order_id, ABORTED, reason, now_ms, reserved)
     return done, sends + _outcome(state, ABORTED, reason)
 
 
 def _ready(state: Dispatch) -> bool:
-    """Every answer is in: the payment's and one per flavour (so that releases and voids are exact)."""
-    return state.opened and state.paid is not None and len(state.kitchen) == len(state.flavours)
+    """Every answer is in: a rejected card's, or the capture's and one per flavour (so that releases and voids are exact)."""
+    return state.opened and (state.paid is False or (state.paid is True and len(state.kitchen) == len(state.flavours)))
+
+
+def _reservations(state: Dispatch) -> list[Send]:
+    """Phase one's second half, once the capture succeeded: one reservation per flavour, keyed by flavour."""
+    return [
+        Send("kitchen", flavour, {"kind": "reserve", "order_id": state.order_id, "flavour": flavour, "scoops": scoops})
+        for flavour, scoops in sorted(state.scoops.items())
+    ]
 
 
 def _step(state: Dispatch, now_ms: int) -> tuple[DispatchState, list[Send]]:
@@ -474,7 +606,7 @@ def _step(state: Dispatch, now_ms: int) -> tuple[DispatchState, list[Send]]:
 
 def on_open(
     previous: DispatchState | None,
-    order: ShopOrder,
+    order: OpenedOrder | ShopOrder,
     ticket: str,
     screen: str,
     line: int,
@@ -486,7 +618,13 @@ def on_open(
         return previous, []
     kitchen = previous.kitchen if previous is not None else {}
     paid = previous.paid if previous is not None else None
-    state = Dispatch(order.order_id, ticket, screen, line, order.amount_cents, tuple(sorted(order.scoops)), deadline_ms, kitchen, paid)
+    reason = previous.payment_reason if previous is not None else None
+    flavours = tuple(sorted(order.scoops))
+    state = Dispatch(
+        order.order_id, ticket, screen, line, order.amount_cents, flavours, deadline_ms, kitchen, paid, True, dict(order.scoops), reason
+    )
+    if paid is True:  # the capture's answer came first: the kitchen is asked now
+        return state, _reservations(state)
     return _step(state, now_ms)
 
 
@@ -504,13 +642,24 @@ def on_kitchen(previous: DispatchState | None, order_id: str, flavour: str, ok: 
     return _step(replace(state, kitchen={**state.kitchen, flavour: ok}), now_ms)
 
 
-def on_payment(previous: DispatchState | None, order_id: str, ok: bool, now_ms: int) -> tuple[DispatchState, list[Send]]:
+def on_payment(
+    previous: DispatchState | None, order_id: str, ok: bool, now_ms: int, reason: str | None = None
+) -> tuple[DispatchState, list[Send]]:
+    """The gateway's answer to the capture: captured, the kitchen is asked (once the order is open); rejected, the
+    order is aborted at once and the kitchen never hears of it.
+
+    The same answer again while the kitchen's answers are awaited asks the kitchen again: a reservation the kitchen
+    holds is answered the same way, and the first answer per flavour is the one kept here.
+    """
     if isinstance(previous, DispatchDone):
         return on_late(previous, "payment", ok, None)
     state = previous if previous is not None else _placeholder(order_id, now_ms)
     if state.paid is not None:
-        return state, []
-    return _step(replace(state, paid=ok), now_ms)
+        return state, _reservations(state) if state.paid and state.opened and ok else []
+    state = replace(state, paid=ok, payment_reason=None if ok else reason)
+    if ok and state.opened:
+        return state, _reservations(state)
+    return _step(state, now_ms)
 
 
 def on_late(done: DispatchDone, part: str, ok: bool, flavour: str | None) -> tuple[DispatchState, list[Send]]:

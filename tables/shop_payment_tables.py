@@ -9,12 +9,19 @@ __all__ = ["payments"]
 
 payments = json_table(
     "shop_payments",
-    "Payments by order ticket: captured, then committed or voided, or rejected (value: tables.shop.Payment).",
+    "Payments by order ticket: the gateway's decision, captured then committed or voided, or rejected and why; the card "
+    "as its token and last four digits (value: tables.shop.Payment).",
 )
 
 register_view(
     "shop_payments",
     title="payments by state",
-    summarize=lambda value, now_ms: {"state": value["state"], "amount_cents": value["amount_cents"], "updated_ms": value["updated_ms"]},
+    summarize=lambda value, now_ms: {
+        "state": value["state"],
+        "amount_cents": value["amount_cents"],
+        "card": f"**** {value.get('card_last4') or '?'}",
+        "reason": value.get("reason"),
+        "updated_ms": value["updated_ms"],
+    },
     group_by=lambda value: str(value["state"]),
 )

@@ -1,10 +1,12 @@
-"""The ice-cream shop end to end: screens, payments, kitchen robots, dispatch barrier, end-of-day reports."""
+"""The ice-cream shop end to end: screens, payments, kitchen robots, dispatch barrier, end-of-day reports; no card
+number in any record, and no reservation for a rejected card."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -12,12 +14,13 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from app.catalogue import CATALOGUE_CENTS
 from app.kafka_io import read_topic
 from app.shop_demo import STAGES, run_shop
 from scripts.make_shop_orders import order_lines
-from tables.shop import card_accepted, parse_shop_order
+from tables.shop import decision_key, gateway_decision, parse_shop_order
 from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -56,7 +59,8 @@ def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]
                 duplicate += 1
                 continue
             taken.add(order.order_id)
-            accepted = card_accepted(SEED, f"{name}/{number}/{order.order_id}", REJECT_RATE)
+            # the screen's reference carries the Luhn fact; the gateway's draw is keyed by screen, line and order id
+            accepted = gateway_decision(order.card, decision_key(name, number, order.order_id), SEED, REJECT_RATE) is None
             wanted = order.scoops.get("pistachio", 0)
             in_stock = wanted <= pistachio
             if accepted and in_stock:
@@ -205,3 +209,72 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
     assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
         name: dict(report, screen=None) for name, report in reference_reports(screens).items()
     }
+
+
+#: Lines with card numbers where no order can carry them: each must be masked in its dead letter.
+CARD_LINES = [
+    '{"order_id": "c-1", "card": "4539578763621486", "items": [',  # broken JSON
+    '{"order_id": "c-2", "card": "4556 7375 8689 9855", "items": [{"flavour": "durian", "size": "small"}]}',  # not on the menu
+    "pay with 5555555555554444 please",  # not JSON at all
+    '{"order_id": "c-3", "card": 4916338506082832, "items": [{"flavour": "mint", "size": "small"}]}',  # a number, not a string
+    '{"order_id": "c-4", "card": "4111111111111112", "items": [{"flavour": "mint", "size": "small"}]}',  # mistyped: fails Luhn
+]
+
+
+def _card_numbers(screens: dict[str, list[str]]) -> set[str]:
+    """Every card number in the input, as digits: the cards of the orders and the numbers on the other lines."""
+    found = set()
+    for lines in screens.values():
+        for text in lines:
+            for run in re.findall(r"\d[\d -]{11,}\d", text):
+                digits = re.sub(r"[ -]", "", run)
+                if 12 <= len(digits) <= 19:
+                    found.add(digits)
+    return found
+
+
+async def _every_record(bootstrap: str, prefix: str) -> dict[str, list[Any]]:
+    """Every record of every topic of the test's deployment (aborted transactions' records too)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = sorted(name for name in await admin.list_topics() if name.startswith(prefix))
+    finally:
+        await admin.close()
+    return {name: await read_topic(bootstrap, name, until=lambda _: False, timeout_s=2.0, read_committed=False) for name in names}
+
+
+def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pipeline: Pipeline) -> None:
+    """A day whose files hold card numbers in orders and in broken lines: no record of any topic (orders, payments,
+    kitchen, dispatch, screens, transactions, every changelog, the dead letters) holds one, whole or grouped; and no
+    order whose card was rejected (by the Luhn check or by the gateway's draw) ever got a reservation."""
+    screens = make_screens(30, seed=12)
+    screens["screen-1"] = [*screens["screen-1"], *CARD_LINES]
+    numbers = _card_numbers(screens)
+    assert len(numbers) > 80, "the input holds the cards of the orders and of the bad lines"
+    start_shop(pipeline)
+    result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
+    assert_invariants(result, screens)
+
+    records = asyncio.run(_every_record(pipeline.bootstrap, pipeline.prefix))
+    assert pipeline.topic("dead-letters") in records
+    assert pipeline.topic("shop.orders") in records
+    leaks = []
+    for name, topic_records in records.items():
+        for record in topic_records:
+            text = re.sub(rb"[ -]", b"", (record.key or b"") + b"|" + (record.value or b"")).decode("utf-8", "replace")
+            leaks += [(name, number) for number in numbers if number in text]
+    assert not leaks, f"{len(leaks)} card numbers in records, e.g. {leaks[:5]}"
+    assert sum(len(topic_records) for topic_records in records.values()) > 1000, "the scan read the day's records"
+
+    outcomes = [outcome for progress in result["progress"].values() for outcome in progress.outcomes]
+    rejected = {outcome["ticket"] for outcome in outcomes if (outcome["reason"] or "").startswith("card rejected")}
+    invalid_number = [outcome for outcome in outcomes if "Luhn" in (outcome["reason"] or "")]
+    assert len(rejected) >= 5, f"rejected cards: {len(rejected)}"
+    assert invalid_number, "the mistyped card was rejected by the Luhn check"
+    kitchen = [orjson.loads(record.value) for record in records[pipeline.topic("shop.kitchen")] if record.value]
+    reserved = {message["order_id"] for message in kitchen if message.get("kind") == "reserve"}
+    assert not rejected & reserved, f"rejected cards reached the kitchen: {sorted(rejected & reserved)[:5]}"
+    assert not rejected & {message.get("order_id") for message in kitchen}, "the kitchen never heard of a rejected card's order"
+    served = {outcome["ticket"] for outcome in outcomes if outcome["status"] == "ready"}
+    assert served <= reserved, "every served order was reserved (after its capture)"

@@ -21,14 +21,15 @@ from tables.shop import (
     order_sends,
     parse_shop_order,
 )
+from tables.shop_cards import card_ref
 
 SCREEN = "day/screen-1"
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 
 
 def _forward(order_id: str, line: int) -> list[Send]:
-    order = ShopOrder(order_id, "4111", {"mint": 2, "vanilla": 1}, 755)
-    return order_sends(order, f"{SCREEN}/{line}", SCREEN, line, accepted=True, deadline_ms=1_000)
+    order = ShopOrder(order_id, card_ref("4111111111111111", b"key"), {"mint": 2, "vanilla": 1}, 755)
+    return order_sends(order, f"{SCREEN}/{line}", SCREEN, line, deadline_ms=1_000)
 
 
 def _captures(sends: list[Send]) -> list[str]:
@@ -40,7 +41,7 @@ def test_the_first_line_takes_the_id_a_later_line_is_a_duplicate_and_a_redeliver
     assert claim == OrderClaim(SCREEN, "o-1", f"{SCREEN}/1", 1)
     assert refused is None
     assert _captures(sends) == [f"{SCREEN}/1"]
-    assert sorted(send.to for send in sends) == ["dispatch", "kitchen", "kitchen", "payments"]
+    assert sorted(send.to for send in sends) == ["dispatch", "payments"], "the kitchen is asked only after the capture"
 
     again, resent, refused = on_order(claim, SCREEN, f"{SCREEN}/1", 1, "o-1", _forward("o-1", 1))
     assert (again, resent, refused) == (claim, sends, None), "the same line again: the same sends, each idempotent downstream"

@@ -1,4 +1,5 @@
-"""The shop's pure cores run as a whole: random interleavings and redeliveries keep money and stock exact."""
+"""The shop's pure cores run as a whole: random interleavings and redeliveries keep money and stock exact, and a
+rejected card never reaches the kitchen."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tables.shop import (
+    Capture,
     Dispatch,
     DispatchDone,
     DispatchState,
+    OpenedOrder,
     Payment,
     ScreenReport,
     Send,
@@ -30,8 +33,13 @@ from tables.shop import (
     on_release,
     on_reserve,
     on_settle,
+    order_sends,
     parse_shop_order,
 )
+from tables.shop_cards import CardRef, card_ref
+
+KEY = b"test key"
+CARD = card_ref("4111 1111 1111 1111", KEY)
 
 CATALOGUE = {"vanilla": 250, "mint": 255, "pistachio": 320}
 PROPERTY = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -41,14 +49,17 @@ def test_parse_shop_order_prices_sizes_and_names_what_is_wrong() -> None:
     line = json.dumps(
         {"order_id": "o1", "card": "4111", "items": [{"flavour": "mint", "size": "large"}, {"flavour": "mint", "size": "small"}]}
     )
-    order, problem = parse_shop_order(line, CATALOGUE)
+    order, problem = parse_shop_order(line, CATALOGUE, KEY)
     assert problem is None
-    assert order == ShopOrder("o1", "4111", {"mint": 4}, 4 * 255)
+    assert order == ShopOrder("o1", card_ref("4111", KEY), {"mint": 4}, 4 * 255)
+    referenced = json.dumps({"order_id": "o1", "card": CARD.to_dict(), "items": [{"flavour": "mint", "size": "small"}]})
+    assert parse_shop_order(referenced, CATALOGUE) == (ShopOrder("o1", CARD, {"mint": 1}, 255), None)
     for bad, reason in [
         ("{", "broken line"),
         (json.dumps({"order_id": "o", "card": "c", "items": [{"flavour": "durian", "size": "small"}]}), "unknown flavour 'durian'"),
         (json.dumps({"order_id": "o", "card": "c", "items": [{"flavour": "mint", "size": "huge"}]}), "unknown size 'huge'"),
         (json.dumps({"order_id": "o", "items": [{"flavour": "mint", "size": "small"}]}), "'card' must be"),
+        (json.dumps({"order_id": "o", "card": {"token": "x"}, "items": [{"flavour": "mint", "size": "small"}]}), "a card reference"),
     ]:
         assert parse_shop_order(bad, CATALOGUE)[0] is None
         assert reason in (parse_shop_order(bad, CATALOGUE)[1] or "")
@@ -61,8 +72,12 @@ def test_card_decisions_depend_on_seed_and_order_only() -> None:
     assert decisions != [card_accepted(8, f"o{n}", 0.3) for n in range(2000)]
 
 
+def _capture(order_id: str, amount: int = 500, card: CardRef = CARD) -> Capture:
+    return Capture(order_id, amount, f"screen-1/1/{order_id}", card)
+
+
 def test_settle_is_idempotent_and_refuses_impossible_transitions() -> None:
-    captured, _ = on_capture(None, "t", 500, True, now_ms=0)
+    captured, _ = on_capture(None, _capture("t"), 1, 0.0, now_ms=0)
     committed, sends, error = on_settle(captured, "t", True, now_ms=1)
     assert error is None
     assert committed is not None
@@ -70,9 +85,9 @@ def test_settle_is_idempotent_and_refuses_impossible_transitions() -> None:
     assert [send.value["phase"] for send in sends] == ["committed"]
     assert on_settle(committed, "t", True, now_ms=2)[1:] == ([], None)
     assert "cannot become voided" in (on_settle(committed, "t", False, now_ms=2)[2] or "")
-    rejected, _ = on_capture(None, "r", 500, False, now_ms=0)
+    rejected, _ = on_capture(None, _capture("r"), 1, 1.0, now_ms=0)
     assert on_settle(rejected, "r", False, now_ms=1)[1:] == ([], None)
-    assert on_capture(captured, "t", 999, False, now_ms=5) == (captured, [])
+    assert on_capture(committed, _capture("t", 999), 1, 1.0, now_ms=5) == (committed, [])
 
 
 def test_stock_never_goes_below_zero_and_refusal_is_remembered() -> None:
@@ -104,6 +119,8 @@ class Shop:
         self.outcomes: list[dict[str, Any]] = []
         self.final_reports: list[dict[str, Any]] = []
         self.transactions: list[dict[str, Any]] = []
+        #: orders the kitchen was asked to reserve for
+        self.reservations: set[str] = set()
         self.reject_rate = reject_rate
         #: (flavour, order) the kitchen delivered or released (table shop_kitchen_settled)
         self.settled: set[tuple[str, str]] = set()
@@ -123,21 +140,8 @@ class Shop:
                     self.bus.append(send)  # redelivered
 
     def order(self, ticket: str, order: ShopOrder, deadline_ms: int) -> None:
-        state, sends = on_open(self.dispatch.get(ticket), order, ticket, "s", int(ticket), deadline_ms, self.now)
-        self.dispatch[ticket] = state
-        self.send(sends)
-        accepted = card_accepted(1, ticket, self.reject_rate)
-        # the orders stage's sends are redelivered too (at_least_once replays it): a reservation may come
-        # again after its order was delivered or released
-        self.send(
-            [Send("payments", ticket, {"kind": "capture", "order_id": ticket, "amount_cents": order.amount_cents, "accepted": accepted})]
-        )
-        self.send(
-            [
-                Send("kitchen", flavour, {"kind": "reserve", "order_id": ticket, "flavour": flavour, "scoops": scoops})
-                for flavour, scoops in order.scoops.items()
-            ]
-        )
+        # the orders stage's sends are redelivered too (at_least_once replays it): an open or a capture may come again
+        self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms))
 
     def step(self) -> None:
         self.now += 1
@@ -146,7 +150,7 @@ class Shop:
         if message.to == "payments":
             previous = self.payments.get(message.key)
             if value["kind"] == "capture":
-                payment, sends = on_capture(previous, message.key, value["amount_cents"], value["accepted"], self.now)
+                payment, sends = on_capture(previous, Capture.from_message(value), 1, self.reject_rate, self.now)
                 self.payments[message.key] = payment
             else:
                 settled, sends, error = on_settle(previous, message.key, value["kind"] == "commit", self.now)
@@ -158,6 +162,7 @@ class Shop:
             stock = self.stock[message.key]
             mark = (message.key, value["order_id"])
             if value["kind"] == "reserve":
+                self.reservations.add(value["order_id"])
                 stock, sends = on_reserve(stock, value["order_id"], value["scoops"], settled=mark in self.settled)
                 self.send(sends)
             else:
@@ -167,10 +172,14 @@ class Shop:
             self.stock[message.key] = stock
         elif message.to == "dispatch":
             previous = self.dispatch.get(message.key)
-            if value["kind"] == "kitchen":
+            if value["kind"] == "open":
+                raw = value["order"]
+                opened = OpenedOrder(value["order_id"], raw["scoops"], raw["amount_cents"])  # as the agent: by ticket
+                state, sends = on_open(previous, opened, message.key, "s", value["line"], value["deadline_ms"], self.now)
+            elif value["kind"] == "kitchen":
                 state, sends = on_kitchen(previous, message.key, value["flavour"], value["ok"], self.now)
             else:
-                state, sends = on_payment(previous, message.key, value["ok"], self.now)
+                state, sends = on_payment(previous, message.key, value["ok"], self.now, value["reason"])
             self.dispatch[message.key] = state
             self.send(sends)
         elif message.to == "screens":
@@ -202,7 +211,7 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     for number in range(1, orders + 1):
         scoops = {flavour: rng.randint(1, 3) for flavour in rng.sample(sorted(CATALOGUE), rng.randint(1, 3))}
         amount = sum(CATALOGUE[flavour] * count for flavour, count in scoops.items())
-        shop.order(str(number), ShopOrder(str(number), "card", scoops, amount), deadline_ms=10**9)
+        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount), deadline_ms=10**9)
     steps = 0
     while shop.bus:
         shop.step()
@@ -229,6 +238,10 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     for container in shop.stock.values():
         assert container.reserved == {}, f"{container.flavour}: scoops still reserved after every order ended"
         assert container.initial - container.delivered == container.available
+    rejected = {ticket for ticket, payment in shop.payments.items() if payment.state == "rejected"}
+    assert not rejected & shop.reservations, "a rejected card's order reached the kitchen"
+    if timeout_after is None:  # (a deadline may pass before the gateway's answer: that order timed out)
+        assert all(outcome["reason"].startswith("card rejected") for outcome in shop.outcomes if outcome["ticket"] in rejected)
     assert len(shop.final_reports) == 1
     assert shop.final_reports[0]["served"] == sum(1 for outcome in shop.outcomes if outcome["status"] == "ready")
     assert shop.final_reports[0]["revenue_cents"] == committed

@@ -1,0 +1,132 @@
+"""Cards: the Luhn check, tokens, masking, the gateway's decision, and the dispatch asking the kitchen only after capture."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tables.shop import (
+    CARD_DECLINED,
+    CARD_INVALID,
+    Capture,
+    DispatchDone,
+    OpenedOrder,
+    card_accepted,
+    decision_key,
+    gateway_decision,
+    on_capture,
+    on_dispatch_tick,
+    on_open,
+    on_payment,
+)
+from tables.shop_cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
+
+PROPERTY = settings(max_examples=200, deadline=None, database=None)
+KEY = b"run secret"
+ORDER = OpenedOrder("o-1", {"mint": 2, "vanilla": 1}, 755)
+
+
+def test_luhn_accepts_valid_numbers_and_refuses_a_mistyped_digit() -> None:
+    for number in ("4111111111111111", "4111 1111 1111 1111", "5500-0000-0000-0004", "378282246310005", "6011111111111117"):
+        assert luhn_valid(number), number
+    for number in ("4111111111111112", "1234567812345678", "41111111111", "4111x11111111111", "", "٤١١١١١١١١١١١١١١١"):
+        assert not luhn_valid(number), number
+
+
+@PROPERTY
+@given(number=st.from_regex(r"[0-9]{16}", fullmatch=True), position=st.integers(0, 15), delta=st.integers(1, 9))
+def test_one_changed_digit_never_passes_twice(number: str, position: int, delta: int) -> None:
+    changed = number[:position] + str((int(number[position]) + delta) % 10) + number[position + 1 :]
+    assert not (luhn_valid(number) and luhn_valid(changed)), "Luhn catches every single-digit error"
+
+
+def test_a_token_is_keyed_stable_and_holds_no_number() -> None:
+    reference = card_ref("4111 1111 1111 1111", KEY)
+    assert reference == card_ref("4111111111111111", KEY), "the same number, however grouped, the same token"
+    assert reference.token != card_ref("4111111111111111", b"another run").token
+    assert reference.token != card_ref("4242424242424242", KEY).token
+    assert (reference.last4, reference.luhn_ok) == ("1111", True)
+    assert reference.token.startswith("tok_")
+    assert "4111" not in reference.token
+    assert CardRef.from_dict(reference.to_dict()) == reference
+
+
+def test_masking_keeps_the_last_four_digits_of_anything_that_looks_like_a_card() -> None:
+    assert mask_card_numbers("pay 4111111111111111 now") == "pay ************1111 now"
+    assert mask_card_numbers("4111 1111 1111 1111") == "**** **** **** 1111"
+    assert mask_card_numbers("order 12345, 2 scoops") == "order 12345, 2 scoops", "short numbers are not cards"
+
+
+def test_a_protected_line_holds_the_reference_and_no_number() -> None:
+    line = json.dumps({"order_id": "o-1", "card": "4111111111111111", "items": [{"flavour": "mint", "size": "small"}]})
+    protected = protect_line(line, KEY)
+    assert "4111111111111111" not in protected
+    assert json.loads(protected)["card"] == card_ref("4111111111111111", KEY).to_dict()
+    broken = '{"order_id": "o-1", "card": "4111111111111111", "items": ['
+    assert protect_line(broken, KEY) == broken.replace("4111111111111111", "************1111"), "a broken line stays broken, masked"
+    numeric = '{"order_id": "o-1", "card": 4111111111111111, "items": []}'
+    assert "4111111111111111" not in protect_line(numeric, KEY)
+
+
+def test_the_gateway_rejects_a_number_that_fails_luhn_and_draws_the_rest_by_seed() -> None:
+    bad = card_ref("4111111111111112", KEY)
+    good = card_ref("4111111111111111", KEY)
+    assert gateway_decision(bad, "screen-1/1/o-1", seed=1, reject_rate=0.0) == CARD_INVALID
+    assert gateway_decision(good, "screen-1/1/o-1", seed=1, reject_rate=0.0) is None
+    assert gateway_decision(good, "screen-1/1/o-1", seed=1, reject_rate=1.0) == CARD_DECLINED
+    keys = [decision_key(f"day/screen-{n % 3}", n, f"o-{n}") for n in range(3000)]
+    draws = [gateway_decision(good, key, seed=7, reject_rate=0.2) for key in keys]
+    assert draws == [gateway_decision(good, key, seed=7, reject_rate=0.2) for key in keys], "a replay decides the same"
+    assert 0.17 < draws.count(CARD_DECLINED) / len(draws) < 0.23
+    assert decision_key("monday/screen-1", 3, "o") == decision_key("tuesday/screen-1", 3, "o"), "the day does not change a fate"
+    assert [draw is None for draw in draws] == [card_accepted(7, key, 0.2) for key in keys]
+
+
+def test_a_capture_records_the_token_and_the_reason_never_the_number() -> None:
+    capture = Capture("day/s/1", 500, "s/1/o-1", card_ref("4111111111111112", KEY))
+    payment, sends = on_capture(None, Capture.from_message(capture.to_message()), 1, 0.0, now_ms=3)
+    assert (payment.state, payment.reason, payment.card_last4) == ("rejected", CARD_INVALID, "1112")
+    assert [send.to for send in sends] == ["transactions", "dispatch"]
+    assert sends[1].value == {"kind": "payment", "order_id": "day/s/1", "ok": False, "reason": CARD_INVALID}
+    assert "4111111111111112" not in json.dumps([send.value for send in sends] + [payment.to_dict()])
+    assert on_capture(payment, capture, 1, 0.0, now_ms=4) == (payment, [sends[1]]), "seen again: the same answer, no new log"
+
+
+def test_a_rejected_card_is_aborted_without_a_word_to_the_kitchen_in_either_order() -> None:
+    opened, sends = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
+    assert sends == [], "nothing reserved before the capture"
+    done, sends = on_payment(opened, "t", False, 1, CARD_DECLINED)
+    assert isinstance(done, DispatchDone)
+    assert (done.status, done.reason) == ("aborted", CARD_DECLINED)
+    assert [send.to for send in sends] == ["outcomes", "screens"]
+
+    early, sends = on_payment(None, "t", False, 0, CARD_INVALID)
+    assert sends == []
+    done, sends = on_open(early, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=1)
+    assert isinstance(done, DispatchDone)
+    assert done.reason == CARD_INVALID
+    assert "kitchen" not in [send.to for send in sends]
+
+
+def test_a_captured_order_asks_the_kitchen_once_open_whichever_came_first() -> None:
+    opened, _ = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
+    waiting, sends = on_payment(opened, "t", True, 1)
+    assert [(send.to, send.key, send.value["scoops"]) for send in sends] == [("kitchen", "mint", 2), ("kitchen", "vanilla", 1)]
+    assert on_payment(waiting, "t", True, 2) == (waiting, sends), "the answer again asks again; the kitchen answers the same"
+
+    early, sends = on_payment(None, "t", True, 0)
+    assert sends == [], "no order yet: nothing to reserve"
+    _, sends = on_open(early, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=1)
+    assert [send.key for send in sends if send.to == "kitchen"] == ["mint", "vanilla"]
+
+
+def test_a_timeout_before_the_payment_answered_releases_nothing() -> None:
+    opened, _ = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
+    done, sends = on_dispatch_tick(opened, 100, done_retention_ms=1_000, placeholder_timeout_ms=1_000)
+    assert isinstance(done, DispatchDone)
+    assert done.reason == "timeout waiting for payment"
+    assert [send.to for send in sends] == ["outcomes", "screens"]
+    _, late = on_payment(done, "t", True, 101)
+    assert [(send.to, send.value["kind"]) for send in late] == [("payments", "void")], "a late capture is voided, never reserved"
