@@ -450,7 +450,9 @@ def test_one_relay_per_postgresql_outbox(postgres_schema: Callable[[], str]) -> 
                 if rings:
                     break
                 await asyncio.sleep(0.05)
-            assert rings == [1]
+            # At least this commit's ring: the channel is the database's, so another outbox's commits (another
+            # schema, another test run on the same server) may ring it too; a spurious ring only wakes the relay.
+            assert rings
         finally:
             await first.close()
         second = store.relay_doorbell()  # the first released the lock when it closed
