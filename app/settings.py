@@ -163,8 +163,9 @@ class Settings:
     #: WEIR_STATIC_MEMBERSHIP: join the consumer groups as a static member (KIP-345), instance id WEIR_WORKER_ID
     #: or "<host name>-<web port>": a worker restarted in place within the session timeout gets its partitions
     #: back without a rebalance; a stopped worker does not leave its groups (its partitions wait for it, or
-    #: for the session timeout). For workers that a supervisor restarts in place.
-    static_membership: bool = False
+    #: for the session timeout). The default: with a SIGKILL of some stage every 5 s over 2,000 shop orders,
+    #: static members served all of them in 224 s; dynamic members 315 in 900 s (the run was stopped).
+    static_membership: bool = True
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0

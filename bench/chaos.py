@@ -144,11 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         default="exactly_once",
         help="processing guarantee of every worker (at_least_once: duplicates are counted, not a failure)",
     )
-    parser.add_argument(
+    membership = parser.add_mutually_exclusive_group()
+    membership.add_argument(
         "--static-membership",
+        dest="static_membership",
         action="store_true",
-        help="workers join their groups as static members (WEIR_STATIC_MEMBERSHIP=1): a victim restarted in its slot"
-        " gets its partitions back without a rebalance",
+        default=True,
+        help="workers join their groups as static members (WEIR_STATIC_MEMBERSHIP=1, the default): a victim restarted"
+        " in its slot gets its partitions back without a rebalance",
+    )
+    membership.add_argument(
+        "--dynamic-membership",
+        dest="static_membership",
+        action="store_false",
+        help="workers join as dynamic members (WEIR_STATIC_MEMBERSHIP=0): every kill and restart rebalances the stage's group",
     )
     parser.add_argument("--summary", type=Path, help="also write the figures as JSON to this file (for tests)")
     parser.add_argument("--keep", action="store_true", help="keep the run's topics and worker logs (kept anyway when it fails)")
@@ -164,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(arguments.seed)
     print(
         f"weir chaos: {orders} orders over {len(screens)} screens, a SIGKILL every ~{arguments.kill_every}s, "
-        f"{arguments.guarantee}{', static members' if arguments.static_membership else ''}, broker {pipeline.bootstrap}"
+        f"{arguments.guarantee}, {'static' if arguments.static_membership else 'dynamic'} members, broker {pipeline.bootstrap}"
     )
     print(f"  topics {pipeline.prefix}*, worker logs in {tmp}")
     env = {

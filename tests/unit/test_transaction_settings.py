@@ -38,8 +38,8 @@ def test_the_default_worker_id_is_the_host_and_web_port() -> None:
     assert engine.worker_slot(6067) != engine.worker_slot(6068)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("", False), ("1", True), ("true", True), ("0", False), ("off", False)])
-def test_static_membership_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+@pytest.mark.parametrize(("raw", "expected"), [("", True), ("1", True), ("true", True), ("0", False), ("off", False)])
+def test_static_membership_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
     monkeypatch.setenv("WEIR_STATIC_MEMBERSHIP", raw)
     assert load_settings().static_membership is expected
 
