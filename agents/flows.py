@@ -572,6 +572,16 @@ for _compiled_flow in _running:
     app.agent(_channel, name=f"flow-{_compiled_flow.flow.name}")(_flow_agent)
 
 
+def _serve_aggregation(topic: faust.TopicT, aggregation: Aggregation) -> None:
+    """The agent of an aggregate stage (a split's, or one by key) on its results topic, and the ticks of its deadlines."""
+
+    async def _aggregate_agent(stream: StreamT[bytes]) -> None:
+        await handle_events(stream, agent=aggregation.agent, what=f"{aggregation.agent}: message", handler=aggregation.handle, batched=True)
+
+    app.agent(topic, name=aggregation.agent.replace(":", "-"))(_aggregate_agent)
+    tick_every(topic)
+
+
 for _compiled_segment in _segments.values():
 
     async def _items_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
@@ -582,23 +592,11 @@ for _compiled_segment in _segments.values():
 
         await handle_parts(stream, handle_part)
 
-    async def _aggregate_agent(stream: StreamT[bytes], compiled: CompiledSegment = _compiled_segment) -> None:
-        agent = compiled.aggregation.agent
-        await handle_events(stream, agent=agent, what=f"{agent}: message", handler=compiled.aggregation.handle, batched=True)
-
-    _names = _compiled_segment.worker.agent.replace(":", "-"), _compiled_segment.aggregation.agent.replace(":", "-")
-    app.agent(_compiled_segment.items, name=_names[0])(_items_agent)
-    app.agent(_compiled_segment.results, name=_names[1])(_aggregate_agent)
-    tick_every(_compiled_segment.results)
+    app.agent(_compiled_segment.items, name=_compiled_segment.worker.agent.replace(":", "-"))(_items_agent)
+    _serve_aggregation(_compiled_segment.results, _compiled_segment.aggregation)
 
 for _compiled_aggregate in _correlating.values():
-
-    async def _correlation_agent(stream: StreamT[bytes], compiled: CompiledAggregate = _compiled_aggregate) -> None:
-        agent = compiled.aggregation.agent
-        await handle_events(stream, agent=agent, what=f"{agent}: message", handler=compiled.aggregation.handle, batched=True)
-
-    app.agent(_compiled_aggregate.results, name=_compiled_aggregate.aggregation.agent.replace(":", "-"))(_correlation_agent)
-    tick_every(_compiled_aggregate.results)
+    _serve_aggregation(_compiled_aggregate.results, _compiled_aggregate.aggregation)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -283,9 +283,7 @@ class _SQLiteTransaction:
         headers: Mapping[str, bytes | str] | None = None,
     ) -> int:
         """Add a JSON object that also carries its own row id under ``outbox_id``."""
-        if OUTBOX_ID_FIELD in payload:
-            message = f"outbox add_json: the payload already has a field {OUTBOX_ID_FIELD!r}, which the outbox sets itself"
-            raise ValueError(message)
+        _refuse_own_id(payload)
         row_id = self.add(None, key=key, topic=topic, headers=headers)
         # The id exists only after the INSERT; the UPDATE is in the same transaction, so no one sees the gap.
         value = orjson.dumps({**payload, OUTBOX_ID_FIELD: row_id})
@@ -470,6 +468,13 @@ _PG_LOCK_TAG = 0x77656972
 _PG_SCHEMA_LOCK = _PG_LOCK_TAG << 32
 
 
+def _refuse_own_id(payload: Mapping[str, Any]) -> None:
+    """``add_json`` of either outbox: the payload may not carry the row-id field the outbox sets itself."""
+    if OUTBOX_ID_FIELD in payload:
+        message = f"outbox add_json: the payload already has a field {OUTBOX_ID_FIELD!r}, which the outbox sets itself"
+        raise ValueError(message)
+
+
 class _PostgresTransaction:
     def __init__(self, connection: Any, now_ms: int) -> None:
         self._connection = connection
@@ -515,9 +520,7 @@ class _PostgresTransaction:
         headers: Mapping[str, bytes | str] | None = None,
     ) -> int:
         """Add a JSON object that also carries its own row id under ``outbox_id``."""
-        if OUTBOX_ID_FIELD in payload:
-            message = f"outbox add_json: the payload already has a field {OUTBOX_ID_FIELD!r}, which the outbox sets itself"
-            raise ValueError(message)
+        _refuse_own_id(payload)
         row_id = self._next_id()
         self._connection.execute(
             "INSERT INTO weir_outbox (id, topic, key, value, headers, created_ms) VALUES (%s, %s, %s, %s, %s, %s)",
