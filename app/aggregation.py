@@ -37,11 +37,12 @@ from app.core import (
     handle_part_events,
     now_ms,
     record_limit,
+    retry_policy,
     send_dead_letter,
     topic_partitions,
 )
 from app.deadlines import DeadlineIndex
-from app.errors import StepOutcome
+from app.errors import StepOutcome, run_with_retry
 from app.kafka_io import key_partition
 from app.runtime.keyed import (
     Change,
@@ -204,9 +205,22 @@ ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
 class ItemWorker:
     """The per-item stage: ``handle_part(events)`` runs ``step`` on every item of each item message."""
 
-    def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int, bundle: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        agent: str,
+        step: ItemStep,
+        results: faust.TopicT,
+        concurrent: bool,
+        concurrency: int,
+        bundle: int = 1,
+        in_place: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.agent = agent
         self.step = step
+        #: ``step``'s plain sync function, tried in place before ``step`` (which then retries from the second
+        #: attempt): three coroutines per item fewer, a twentieth of an inline splitter's time
+        self.in_place = None if concurrent else in_place
         self.results = results
         #: outcome messages per record at most (:func:`send_bundled`, by :meth:`handle_part`)
         self.bundle = bundle
@@ -264,6 +278,14 @@ class ItemWorker:
         parsed = parse_items(raw)
         if self.concurrent:
             outcomes = await asyncio.gather(*(self._run(payload, index, raw) for _, index, _, _, payload in parsed))
+        elif self.in_place is not None:
+            outcomes = []
+            for _, _, _, _, payload in parsed:
+                try:
+                    outcome = StepOutcome(ok=True, value=self.in_place(payload), error=None, attempts=1)
+                except Exception as error:  # a user step may raise anything: the retry policy decides what follows
+                    outcome = await run_with_retry(retry_policy, functools.partial(self.in_place, payload), failed=error)
+                outcomes.append(outcome)
         else:
             outcomes = [await self._run(payload, index, raw) for _, index, _, _, payload in parsed]
         correlation_id, total = parsed[0][0], parsed[0][2]

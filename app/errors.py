@@ -58,9 +58,19 @@ async def run_with_retry(
     step: Callable[[], Awaitable[T] | T],
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    failed: BaseException | None = None,
 ) -> StepOutcome:
-    """Run ``step`` until it succeeds or the policy's attempts are spent; never raises the step's error."""
+    """Run ``step`` until it succeeds or the policy's attempts are spent; never raises the step's error.
+
+    ``failed``: the error of a first attempt the caller made itself (a sync step tried in place, without a
+    coroutine: :class:`app.aggregation.ItemWorker`); the retries go on from the second attempt.
+    """
     attempt = 0
+    if failed is not None:
+        attempt = 1
+        if attempt >= policy.attempts:
+            return StepOutcome(ok=False, value=None, error=describe_error(failed), attempts=attempt)
+        await sleep(policy.delay_ms(attempt) / 1000)
     while True:
         attempt += 1
         try:

@@ -1015,7 +1015,7 @@ def main() -> None:
         "raw": lambda: run_raw(ctx, raw_messages),
         "faust": lambda: run_faust(ctx, faust_messages),
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
-        "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, inline=True),
+        "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds, inline=True),
         "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
         "quix-inline": lambda: run_quix(ctx, "inline", orders, args.rate, light_seconds),
         "quix-chunks": lambda: run_quix(ctx, "chunks", orders, args.rate, light_seconds),
