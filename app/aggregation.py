@@ -27,7 +27,7 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
-from app import metrics
+from app import engine, metrics
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -410,7 +410,7 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
     partitions = topic_partitions.get(topic.get_topic_name())
     if len(outgoing) < 2 or size < 2 or not partitions:
         for key, value in outgoing:
-            await topic.send(key=key.encode(), value=value)
+            await engine.send_record(topic, key.encode(), value)
         return
     by_partition: dict[int, list[Keyed]] = {}
     for key, value in outgoing:
@@ -431,9 +431,9 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
 async def _send_piece(topic: faust.TopicT, partition: int, piece: list[Keyed]) -> None:
     key = piece[0][0].encode()
     if len(piece) == 1:
-        await topic.send(key=key, value=piece[0][1])
+        await engine.send_record(topic, key, piece[0][1])
     else:
-        await topic.send(key=key, value=_BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
+        await engine.send_record(topic, key, _BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
 
 
 #: The outputs that hand a completed group's result on: (event, correlation id, result, the open's context) -> outputs.

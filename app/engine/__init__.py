@@ -108,7 +108,7 @@ from app.engine.commit import observe_commits
 from app.engine.config import EngineConfig, worker_slot
 from app.engine.delivery import WeirConsumer, ack_handled, first_delivery, to_process
 from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
-from app.engine.overlay import WeirTable, WeirTopic
+from app.engine.overlay import WeirTable, WeirTopic, send_record
 from app.engine.restore import wipe_local_tables
 from app.engine.scopes import batch_scope, event_scope, gate, part_scope
 from app.engine.stores import by_partition, partition_get, partition_items
@@ -122,6 +122,7 @@ __all__ = [
     "install",
     "WeirTable",
     "WeirTopic",
+    "send_record",
     "gate",
     "batch_scope",
     "event_scope",
