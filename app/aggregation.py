@@ -69,7 +69,7 @@ from tables.aggregates import (
     force_message,
     on_expire,
     on_force,
-    on_item,
+    on_items,
     on_late_item,
     on_open,
     on_part,
@@ -751,20 +751,10 @@ class Aggregation:
         state = previous
         if opened is not None:
             state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
-        rejected: list[str] = []
-        transition = GroupTransition(state=state)
-        for position, (outcome, last) in enumerate(outcomes):
-            step = on_item(state, self.config, correlation_id, outcome, total, last, now)
-            if step.rejected is not None:
-                rejected.append(step.rejected)
-                continue
-            if step.done is not None:
-                done = self._count_late(step.done, outcomes[position + 1 :])
-                transition = replace(step, done=done)
-                break
-            state = step.state
-            transition = GroupTransition(state=state)
-        change = self._change(event, correlation_id, previous, transition, tuple(rejected))
+        transition, rejected, taken = on_items(state, self.config, correlation_id, outcomes, total, now)
+        if transition.done is not None:
+            transition = replace(transition, done=self._count_late(transition.done, outcomes[taken:]))
+        change = self._change(event, correlation_id, previous, transition, rejected)
         await self._apply(event, correlation_id, change, previous)
 
     def _indexed(self, correlation_id: str) -> AggregateState | None:

@@ -1082,7 +1082,7 @@ def main() -> None:
     print()
     for line in alike + lines + notes:
         print(line)
-    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *alike, *lines, *notes]) + "\n")
+    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *alike, *lines, *notes, *_changes()]) + "\n")
     figures_path = args.output.with_suffix(".json")
     pipelines = [
         {"work": row.work, "system": row.system, "processes": list(row.workers), "settings": row.settings}
@@ -1097,6 +1097,12 @@ def main() -> None:
     }
     figures_path.write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2) + b"\n")
     print(f"\nwritten to {args.output} and {figures_path}")
+
+
+def _changes() -> list[str]:
+    """bench/changes.md, what each change to weir's hot path bought (A/B runs of ``bench.ab``), after the figures."""
+    path = ROOT / "bench" / "changes.md"
+    return ["", *path.read_text().splitlines()] if path.exists() else []
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,10 +31,10 @@ from tables.aggregates import (
     GroupTransition,
     ItemOutcome,
     complete_at_once,
-    on_item,
     on_open,
 )
 from tests.unit.aggregate.test_aggregation_shell import _stage
+from tests.unit.aggregate.test_on_items import fold
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -144,15 +145,11 @@ def _arrivals(draw: st.DrawFn) -> tuple[int, list[tuple[ItemOutcome, bool]]]:
 
 
 def _folded(config: AggregatorConfig, total: int, outcomes: list[tuple[ItemOutcome, bool]]) -> GroupTransition:
-    """What the aggregate stage does with these outcomes, one at a time (complete_at_once's definition)."""
-    state = on_open(None, "o-1", total, 10**13, 1_000, config=config).state
-    transition = GroupTransition(state=state)
-    for outcome, last in outcomes:
-        transition = on_item(state, config, "o-1", outcome, total, last, 1_000)
-        if transition.done is not None or transition.rejected is not None:
-            return transition
-        state = transition.state
-    return transition
+    """What the aggregate stage does with these outcomes after the open (tests/unit/aggregate/test_on_items.py's
+    fold of on_item); the first refusal named when they did not complete the group."""
+    opened = on_open(None, "o-1", total, 10**13, 1_000, config=config).state
+    transition, rejected, _ = fold(opened, config, outcomes, total)
+    return replace(transition, rejected=rejected[0]) if rejected and transition.done is None else transition
 
 
 @given(_configs, _arrivals())
