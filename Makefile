@@ -80,9 +80,9 @@ bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Str
 	$(BIN)/python -m bench.charts bench/results.json --out bench/charts
 	$(BIN)/python -m bench.barrier
 
-chaos: $(STAMP) ## long shop run: kitchen/payment workers SIGKILLed and restarted, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=20)
+chaos: $(STAMP) ## long shop run: a worker of every stage SIGKILLed and restarted in turn, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=5 VICTIMS=all)
 	scripts/broker.sh start
-	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),20)
+	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),5) --victims $(or $(VICTIMS),all)
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
 	$(BIN)/python scripts/check_compose.py docker/compose.yaml
