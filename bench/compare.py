@@ -813,7 +813,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
     filter_seconds: list[float] = []
     phases = {
         "filter alone": {"filter": "eof_filter"},
-        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator"},
+        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator", "joiner": "eof_joiner"},
     }
     for phase, stages in phases.items():
         tag = "alone" if phase == "filter alone" else "full"
