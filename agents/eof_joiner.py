@@ -9,7 +9,7 @@ from faust.types import EventT, StreamT
 from agents.eof_common import ClientStates, join_topic
 from app.core import InvalidMessage, app, handle_events, now_ms
 from app.ticks import tick_every
-from tables.eof import ClientJoin, Totals, on_join_cleanup, on_joiner_tick, on_prices, on_totals, parse_prices
+from tables.eof import ClientJoin, Totals, is_count, on_join_cleanup, on_joiner_tick, on_prices, on_totals, parse_prices
 from tables.eof_joiner_tables import joins, joins_deadlines
 
 __all__ = ["eof_joiner"]
@@ -18,17 +18,14 @@ AGENT = "eof_joiner"
 clients = ClientStates(joins, joins_deadlines, ClientJoin.from_dict, agent=AGENT, step="join")
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _totals(message: dict[str, Any], client: str) -> Totals:
     batches, orders, scoops = message.get("batches"), message.get("orders"), message.get("scoops")
     if not (isinstance(batches, int) and isinstance(orders, int) and isinstance(scoops, dict)) or not all(
-        map(_count, [batches, orders, *scoops.values()])
+        map(is_count, [batches, orders, *scoops.values()])
     ):
         raise InvalidMessage(
-            f"eof joiner: totals of client {client!r} need non-negative integers 'batches', 'orders' and 'scoops' (flavour -> scoops)"
+            f"eof joiner: totals of client {client!r} need 'batches', 'orders' and 'scoops' (flavour -> scoops), "
+            "non-negative integers below 2**53"
         )
     return Totals(batches, orders, {str(flavour): count for flavour, count in scoops.items()})
 
@@ -48,7 +45,9 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     if kind == "prices":
         prices = parse_prices(message.get("prices"))
         if prices is None:
-            raise InvalidMessage(f"eof joiner: 'prices' of client {client!r} must map flavours to non-negative integers (cents per scoop)")
+            raise InvalidMessage(
+                f"eof joiner: 'prices' of client {client!r} must map flavours to non-negative integers below 2**53 (cents per scoop)"
+            )
         transition = on_prices(previous, client, prices, now)
     elif kind == "totals":
         transition = on_totals(previous, client, _totals(message, client), now)

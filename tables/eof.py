@@ -60,6 +60,7 @@ __all__ = [
     "on_joiner_tick",
     "join_report",
     "parse_prices",
+    "is_count",
     "reference_report",
 ]
 
@@ -472,13 +473,20 @@ class Totals:
         return cls(int(raw["batches"]), int(raw["orders"]), {str(flavour): int(count) for flavour, count in raw["scoops"].items()})
 
 
+#: The largest count or price a message may carry: integers any JSON reader holds exactly.
+MAX_EXACT = 2**53
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer a JSON reader holds exactly (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_EXACT
+
+
 def parse_prices(raw: Any) -> dict[str, int] | None:
     """A price list (flavour -> cents per scoop, non-negative integers), or None when ``raw`` is not one."""
     if not isinstance(raw, dict):
         return None
-    if not all(
-        isinstance(flavour, str) and isinstance(cents, int) and not isinstance(cents, bool) and cents >= 0 for flavour, cents in raw.items()
-    ):
+    if not all(isinstance(flavour, str) and is_count(cents) for flavour, cents in raw.items()):
         return None
     return dict(raw)
 

@@ -207,7 +207,7 @@ def test_joiner_cleanup_leaves_a_tombstone_that_absorbs_late_messages_and_expire
 
 def test_parse_prices_accepts_only_non_negative_integer_cents() -> None:
     assert parse_prices({"lemon": 0, "mint": 255}) == {"lemon": 0, "mint": 255}
-    for bad in [None, [], {"lemon": -1}, {"lemon": 1.5}, {"lemon": True}, {"lemon": "1"}]:
+    for bad in [None, [], {"lemon": -1}, {"lemon": 1.5}, {"lemon": True}, {"lemon": "1"}, {"lemon": 2**53}, {1: 5}]:
         assert parse_prices(bad) is None, bad
 
 
