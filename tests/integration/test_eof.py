@@ -203,7 +203,7 @@ def test_idle_client_is_reported_abandoned(pipeline: Pipeline) -> None:
     assert_cleaned_up(pipeline)
 
 
-def test_duplicated_counter_reports_and_batches_change_nothing(pipeline: Pipeline) -> None:
+def test_duplicated_counter_reports_batches_price_lists_and_totals_change_nothing(pipeline: Pipeline) -> None:
     clients = make_clients(seed=7, count=8)
     start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
 
@@ -258,7 +258,7 @@ def test_duplicated_counter_reports_and_batches_change_nothing(pipeline: Pipelin
     assert_cleaned_up(pipeline)
 
 
-def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pipeline: Pipeline) -> None:
+def test_sigkill_of_controller_joiner_and_a_filter_mid_run_keeps_every_report_exact(pipeline: Pipeline) -> None:
     clients = make_clients(seed=11, count=12)
     workers = start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=60_000)
 
