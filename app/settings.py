@@ -23,7 +23,7 @@ __all__ = [
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
-#: "eof_filter", "eof_controller", "eof_aggregator" are the end-of-stream pipeline (agents/eof_*.py);
+#: "eof_filter", "eof_controller", "eof_aggregator", "eof_joiner" are the end-of-stream pipeline (agents/eof_*.py);
 #: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "shop_*" are the
 #: ice-cream shop's stages (agents/shop_*.py).
 OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
@@ -31,6 +31,7 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "eof_filter",
     "eof_controller",
     "eof_aggregator",
+    "eof_joiner",
     "triggers",
     "shop_orders",
     "shop_payments",

@@ -24,7 +24,7 @@ from app.kafka_io import key_partition
 from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
 from tables.aggregates import DoneState, GroupState
 from tables.barrier import BarrierState
-from tables.eof import ClientTotals, ControllerState, EofConfig
+from tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from tables.triggers import OK, FiredState, TriggerState
 
 __all__ = [
@@ -236,6 +236,19 @@ def summarize_eof_totals(value: Any, now_ms: int) -> dict[str, Any]:
     }
 
 
+def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
+    """Table ``eof_joins``: one client's price list and totals, and whether their join went out (tables.eof.ClientJoin)."""
+    state = ClientJoin.from_dict(value)
+    return {
+        "has_prices": state.prices is not None,
+        "has_totals": state.totals is not None,
+        "batches": None if state.totals is None else state.totals.batches,
+        "orders": None if state.totals is None else state.totals.orders,
+        "reported": state.reported,
+        "closed": state.closed_ms is not None,
+    }
+
+
 register_view("aggregates", summarize=summarize_open_group, title="open aggregations")
 register_view("aggregates_done", summarize=summarize_done_group, title="completed aggregations", group_by=lambda value: value["status"])
 register_view("barrier-*", summarize=summarize_barrier, title="waiting barriers")
@@ -253,7 +266,13 @@ register_view(
     title="EOF per client (controller)",
     group_by=lambda value: value.get("outcome") or ("finishing" if value.get("finish_sent") else "open"),
 )
-register_view("eof_totals", summarize=summarize_eof_totals, title="EOF per client (aggregator)")
+register_view("eof_totals", summarize=summarize_eof_totals, title="EOF per client (group-by/aggregate)")
+register_view(
+    "eof_joins",
+    summarize=summarize_eof_joins,
+    title="EOF per client (joiner)",
+    group_by=lambda value: "closed" if value.get("closed_ms") is not None else ("reported" if value.get("reported") else "joining"),
+)
 
 # ---------------------------------------------------------------------------------------- pure helpers
 

@@ -26,7 +26,7 @@ bench/results.json, which bench.charts draws):
   completion, for the trigger states table and for all 5 trigger tables;
 - weir's end of stream per client (agents/eof_*.py, clients through app.eof_gateway.Gateway, all at once): the
   filter stage alone (a deployment of one filter process, timed to its last report on the counter topic), the
-  full pipeline (one filter, one controller, one aggregator process; timed to the last client's report),
+  full pipeline (one filter, one controller, one group-by/aggregate, one joiner process; timed to the last client's report),
   batches/s of both, report latency after the client's last batch (p50/p99), and the EOF overhead ratio: full
   time / filter-alone time;
 - weir's barrier (bench/barrier.py's steps, a new flows worker each run): exchanges/s arriving to wait, bytes
@@ -813,7 +813,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
     filter_seconds: list[float] = []
     phases = {
         "filter alone": {"filter": "eof_filter"},
-        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator"},
+        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator", "joiner": "eof_joiner"},
     }
     for phase, stages in phases.items():
         tag = "alone" if phase == "filter alone" else "full"
@@ -1064,7 +1064,8 @@ def main() -> None:
         " table. A parent is written once per batch: the figure falls as its children arrive closer together (fewer parents in flight).",
         "eof": "weir EOF: exactly_once; every client sends its batches and its end at once. Filter alone: one filter process on its own"
         " topics, timed from the first send to the last filter report ('filtered', counter topic) at a read_committed consumer. Full:"
-        " one filter, one controller, one aggregator process, timed to the last client's report. Report latency: report's arrival"
+        " one filter, one controller, one group-by/aggregate and one joiner process, timed to the last client's report. Report latency:"
+        " report's arrival"
         " at a read_committed consumer - broker's ack of the client's last batch and end (all clients send at once: mostly the wait"
         " behind the others' batches). EOF overhead ratio: full / filter-alone time"
         " of the same run number, i.e. how much counting, the end-of-stream handshake and aggregation stretch the time to push the same"
