@@ -11,6 +11,7 @@ exactly-once scope (``app.core.run_parts``): one commit covers a part's offsets 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, se
 from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, describe_error
 from app.runtime.keyed import Change, KeyedState, Output, Refusal, Undeliverable
+from app.trigger_status import StatusSource, open_status_source
 from tables.trigger_tables import SweepQueue, child_statuses, expiry_deadlines, fired_triggers, sweep_entries, trigger_states
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
@@ -41,6 +43,7 @@ from tables.triggers import (
     on_register,
     on_status,
     on_sweep,
+    sweep_asks,
     sweep_due_ms,
 )
 
@@ -364,14 +367,47 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
     await _write(messages[-1].event, parent_id, previous, ParentState.of(state, fired, recorded), wakes)
 
 
+_status_source: StatusSource | None = None
+
+
+def status_source() -> StatusSource | None:
+    """The children's committed statuses (``WEIR_TRIGGER_STATUS_DB``), opened at the first sweep that needs them."""
+    global _status_source
+    if _status_source is None and settings.trigger_status_db:
+        _status_source = open_status_source(settings.trigger_status_db)
+    return _status_source
+
+
+async def _committed_statuses(page: Sequence[str], now: int) -> dict[str, dict[str, str]]:
+    """What the status source says of the page's parents that the sweep may fire; nothing when it cannot answer in time
+    (the step then fires nothing, and its triggers are looked at again later)."""
+
+    def fireable(parent_id: str) -> bool:
+        trigger, fired, _ = _parts(parents.load(parent_id))
+        return sweep_asks(trigger, fired, now, CONFIG)
+
+    asked = [parent_id for parent_id in page if fireable(parent_id)]
+    if not asked:
+        return {}
+    try:
+        source = status_source()
+        if source is None:
+            return {}
+        return await asyncio.wait_for(source.statuses(asked), timeout=settings.sweep_query_timeout_ms / 1000)
+    except Exception as error:  # the database is away or slow: the sweep is a safety net, it tries again later
+        log.warning("triggers: the status source did not answer for %d parents: %s", len(asked), describe_error(error))
+        return {}
+
+
 async def _sweep(event: EventT[bytes], now: int) -> None:
     """One sweep step of this partition: a page of triggers past their grace, then the parents whose retention ended."""
     partition = event.message.partition
+    committed = await _committed_statuses(sweep_queue.due(partition, now, settings.sweep_page_size), now)
 
     async def visit(parent_id: str) -> int | None:
         previous = parents.load(parent_id)
         state, fired, statuses = _parts(previous)
-        transition = on_sweep(state, fired, statuses, now, config=CONFIG)
+        transition = on_sweep(state, fired, {**committed.get(parent_id, {}), **statuses}, now, config=CONFIG)
         if transition.fired is not None and fired is None:
             log.info("triggers: the sweep fires parent %r (completion events were lost)", parent_id)
             updated = ParentState.of(transition.state, transition.fired, statuses)

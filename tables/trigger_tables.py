@@ -99,6 +99,23 @@ class SweepQueue:
         following = self.table.get(f"{partition}:{number}")
         return following is None or int(following[1]) <= now_ms
 
+    def due(self, partition: int, now_ms: int, page_size: int) -> list[str]:
+        """The parent ids the next :meth:`step` will visit (read only): the page a step reads, to be looked up at once."""
+        head = self.table.get(f"{partition}:head") or 0
+        tail = self.table.get(f"{partition}:tail") or 0
+        found: list[str] = []
+        for number in range(head, tail):
+            if len(found) >= page_size:
+                break
+            entry = self.table.get(f"{partition}:{number}")
+            if entry is None:
+                continue
+            parent_id, due_ms = entry
+            if due_ms > now_ms:
+                break
+            found.append(str(parent_id))
+        return found
+
     def waiting(self, partition: int) -> int:
         """How many entries are filed and not read yet in ``partition``."""
         return int(self.table.get(f"{partition}:tail") or 0) - int(self.table.get(f"{partition}:head") or 0)

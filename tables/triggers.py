@@ -26,6 +26,7 @@ __all__ = [
     "merge_statuses",
     "kept_statuses",
     "sweep_due_ms",
+    "sweep_asks",
     "expiry_due_ms",
     "NEVER_FIRED",
     "ORPHAN_COMPLETIONS",
@@ -227,6 +228,15 @@ def sweep_due_ms(state: TriggerState, config: TriggerConfig) -> int | None:
     return state.registered_ms + config.sweep_grace_ms
 
 
+def sweep_asks(state: TriggerState | None, fired: FiredState | None, now_ms: int, config: TriggerConfig) -> bool:
+    """Whether the sweep asks the children's committed statuses about this parent: a registered trigger, not fired,
+    past its grace period. :func:`on_sweep` fires nothing else, so the sweep asks about nothing else."""
+    if fired is not None or state is None or state.expected_count is None:
+        return False
+    due = sweep_due_ms(state, config)
+    return due is not None and now_ms >= due
+
+
 def on_register(
     state: TriggerState | None,
     fired: FiredState | None,
@@ -334,11 +344,8 @@ def on_sweep(
     A registered trigger past its grace period whose children are all done fires, though completion events
     were lost; the statuses win over the completions where both name a child. Anything else stays as it is.
     """
-    if fired is not None or state is None or not state.registered or state.expected_count is None:
+    if state is None or state.expected_count is None or not sweep_asks(state, fired, now_ms, config):
         return TriggerTransition(state=state, fired=fired)
-    due = sweep_due_ms(state, config)
-    if due is None or now_ms < due:
-        return TriggerTransition(state=state)
     children = {**state.children, **statuses}
     if len(children) < state.expected_count:
         return TriggerTransition(state=state)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, read_topic
+from app.outbox import OutboxRelay, open_outbox
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
@@ -255,3 +259,102 @@ def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after
     assert held["statuses"] == {"b": OK}
     time.sleep(2 * retention_ms / 1000)
     assert len(dead_letters(pipeline)) == 1, "one dead letter, once"
+
+
+# The child of the seed's case: it commits its work and its status in one database transaction through the outbox,
+# then waits to be killed; nothing of it is published (no relay runs).
+CHILD = """
+import sys, time
+from app.outbox import open_outbox, write
+from app.trigger_status import child_done
+location, prefix, parent_id, child_id = sys.argv[1:5]
+outbox = open_outbox(location)
+mark = "%s" if location.startswith("postgres") else "?"
+with write(outbox) as tx:
+    tx.connection.execute("CREATE TABLE IF NOT EXISTS child_work (child_id TEXT PRIMARY KEY)")
+print("ready", flush=True)
+sys.stdin.readline()
+with write(outbox) as tx:
+    tx.connection.execute(f"INSERT INTO child_work VALUES ({mark})", (child_id,))
+    child_done(tx, parent_id, child_id, "failed", topic_prefix=prefix)
+print("committed", time.time_ns() // 1_000_000, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def children_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The children's database: a SQLite file, or a fresh schema on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "children.sqlite")
+    return str(request.getfixturevalue("postgres_schema")())
+
+
+def fired_marker(pipeline: Pipeline, parent_id: str) -> dict[str, Any] | None:
+    """The parent's fired marker as the committed changelog of ``triggers_fired`` holds it last."""
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("triggers_fired-changelog"), until=lambda _: False, timeout_s=2.0))
+    latest = {orjson.loads(record.key): record.value for record in records}
+    value = latest.get(parent_id)
+    return None if value is None else dict(orjson.loads(value))
+
+
+def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_parent_once(pipeline: Pipeline, children_db: str) -> None:
+    create_topics(pipeline)
+    interval_ms, grace_ms = 1000, 2000
+    worker = pipeline.start_worker(
+        "triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_TRIGGER_STATUS_DB=children_db
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, children_db, pipeline.prefix, "parent", "killed"],
+        env=pipeline.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        worker.wait_ready()
+        publish(pipeline, [registration("parent", {"heard": OK, "killed": "failed"})])
+        publish(pipeline, [completion_message("parent", "heard")])  # the other child ends as usual
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        word, committed_ms = child.stdout.readline().split()
+        assert word == "committed"
+        child.kill()  # SIGKILL: its completion is an outbox row no relay has published
+    finally:
+        child.kill()
+        child.wait()
+    outbox = open_outbox(children_db)
+    try:
+        assert outbox.pending_count() == 1, "the killed child published nothing"
+        wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=2 * (interval_ms + grace_ms) / 1000)
+        [wake] = wakes
+        assert (wake["parent_id"], wake["fired_by"]) == ("parent", "sweep")
+        assert wake["summary"] == outcome_summary({"heard": OK, "killed": "failed"})
+        # Due at registration + grace (the first look), or at the next look after the commit if it came later.
+        due_ms = max(wake["registered_ms"] + grace_ms, int(committed_ms))
+        late_ms = wake["fired_ms"] - due_ms
+        print(f"\n[sweep from {children_db.split(':')[0]}] woken {late_ms} ms after due (interval {interval_ms} ms, grace {grace_ms} ms)")
+        # 2.5 s of slack for processing and producing on a shared two-core machine
+        assert late_ms <= max(interval_ms, grace_ms) + interval_ms + 2500, f"the sweep fired {late_ms} ms after due"
+
+        # The relay publishes the dead child's completion at last: counted late on the fired marker, no second wake.
+        async def relay_until_drained() -> None:
+            relay = OutboxRelay(
+                outbox, bootstrap=pipeline.bootstrap, topic=pipeline.topic("outbox"), batch_size=10, on_sleep=lambda _: relay.stop()
+            )
+            await relay.run()
+
+        asyncio.run(relay_until_drained())
+        assert outbox.pending_count() == 0
+        deadline = time.monotonic() + 30
+        while (marker := fired_marker(pipeline, "parent")) is None or marker["late_completions"] < 1:
+            assert time.monotonic() < deadline, f"the late completion was never absorbed: {marker}"
+            time.sleep(0.5)
+        time.sleep(2 * interval_ms / 1000)
+        assert len(read_wakes(pipeline, expected=1, timeout_s=10, settle_s=0)) == 1, "the parent was woken once"
+        assert not dead_letters(pipeline)
+    finally:
+        outbox.close()
