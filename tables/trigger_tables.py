@@ -9,7 +9,7 @@ from faust.types import TableT
 
 from app.core import json_table
 
-__all__ = ["trigger_states", "fired_triggers", "child_statuses", "sweep_entries", "expiry_deadlines", "SweepQueue"]
+__all__ = ["trigger_states", "fired_triggers", "sweep_entries", "expiry_deadlines", "SweepQueue"]
 
 
 trigger_states = json_table(
@@ -22,11 +22,6 @@ fired_triggers = json_table(
     "triggers_fired",
     "Fired triggers by parent id, kept for the done retention so that redelivered or late completions never fire "
     "them twice; counts the completions absorbed (value: tables.triggers.FiredState).",
-)
-child_statuses = json_table(
-    "trigger_child_status",
-    "Children's final statuses by parent id (child id -> outcome): the source of truth the safety sweep checks when "
-    "completion events were lost; dropped when the parent's trigger fires or expires.",
 )
 sweep_entries = json_table(
     "trigger_sweep",

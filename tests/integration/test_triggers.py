@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, read_topic
-from app.outbox import OutboxRelay, open_outbox
+from app.outbox import OutboxRelay, open_outbox, write
+from app.trigger_status import child_done
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
@@ -26,7 +27,6 @@ from tables.triggers import (
     outcome_summary,
     publish_trigger_messages,
     registration_message,
-    status_message,
 )
 from tests.integration.conftest import Pipeline
 
@@ -137,7 +137,7 @@ def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_comp
     elapsed = max(wake["fired_ms"] for wake in wakes) / 1000 - started
     assert_woken_once(wakes, parents, pipeline)
     fired_by = Counter(wake["fired_by"] for wake in wakes)
-    assert fired_by["sweep"] == 0, "no completion was lost and no status recorded: the sweep has nothing to fire"
+    assert fired_by["sweep"] == 0, "no completion was lost and no status source is set: the sweep has nothing to fire"
     assert fired_by["registration"] > 0, "some parents registered after all their children ended"
     events = len(completions) + len(registrations)
     stats = trigger_stats(pipeline, events=events)
@@ -147,8 +147,9 @@ def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_comp
     assert stats["state_writes"] < events, "trigger state must be written once per parent per batch, not once per event"
 
 
-def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipeline: Pipeline) -> None:
+def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipeline: Pipeline, tmp_path: Path) -> None:
     create_topics(pipeline)
+    children_db = str(tmp_path / "children.sqlite")
     interval_ms, grace_ms = 500, 1000
     rng = random.Random(23)
     parents = make_parents(200, seed=9)
@@ -157,17 +158,28 @@ def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipe
     lost: set[str] = set()
     for parent, children in parents.items():
         for child, outcome in children.items():
-            children_messages.append(status_message(parent, child, outcome))  # recorded with the child's work, never lost
             if rng.random() < 0.05:
                 lost.add(parent)  # the completion event of this child never reaches the broker
             else:
                 children_messages.append(completion_message(parent, child, outcome))
     rng.shuffle(children_messages)
     assert 20 < len(lost) < 200
-    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_SWEEP_PAGE_SIZE=16)
+    outbox = open_outbox(children_db)
+    worker = pipeline.start_worker(
+        "triggers",
+        WEIR_SWEEP_INTERVAL_MS=interval_ms,
+        WEIR_SWEEP_GRACE_MS=grace_ms,
+        WEIR_SWEEP_PAGE_SIZE=16,
+        WEIR_TRIGGER_STATUS_DB=children_db,
+    )
     worker.wait_ready()
     started = time.monotonic()
     publish(pipeline, registrations)
+    with write(outbox, notify=lambda _: None) as tx:  # every child commits its status (its outbox rows are never relayed)
+        for parent, children in parents.items():
+            for child, outcome in children.items():
+                child_done(tx, parent, child, outcome, topic_prefix=pipeline.prefix)
+    outbox.close()
     publish(pipeline, children_messages)
     sent_ms = int(time.time() * 1000)
     wakes = read_wakes(pipeline, expected=len(parents), timeout_s=120, settle_s=2 * (interval_ms + grace_ms) / 1000 + 1)
@@ -176,11 +188,11 @@ def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipe
     by_parent = {wake["parent_id"]: wake for wake in wakes}
     swept = {parent for parent, wake in by_parent.items() if wake["fired_by"] == "sweep"}
     assert lost <= swept, f"parents whose completions were lost must be fired by the sweep: {sorted(lost - swept)[:10]}"
-    # A parent whose completions were all sent may be swept too when its statuses were processed and its grace
-    # passed before its completions were: all its children were done, so that firing is right (and still the only one).
+    # A parent whose completions were all sent may be swept too when its grace passed before its completions were
+    # processed: all its children had committed, so that firing is right (and still the only one).
     overtaken = swept - lost
     # Due at registration + grace, looked at on the next sweep tick (every interval); a trigger whose statuses were
-    # not all recorded yet at its first look is looked at again after max(grace, interval).
+    # not all committed yet at its first look is looked at again after max(grace, interval).
     late_ms = [by_parent[parent]["fired_ms"] - max(by_parent[parent]["registered_ms"] + grace_ms, sent_ms) for parent in lost]
     print(
         f"\n[sweep] {len(lost)} parents lost a completion; woken {min(late_ms)}..{max(late_ms)} ms after due (grace {grace_ms} ms); "
@@ -231,11 +243,11 @@ def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after
     )
     worker.wait_ready()
     # "orphan" never registers; "fired" does and fires, so its marker expires too, and it must not be dead-lettered.
-    publish(pipeline, [completion_message("orphan", "a"), status_message("orphan", "b"), completion_message("orphan", "a", "failed")])
+    publish(pipeline, [completion_message("orphan", "a"), completion_message("orphan", "b"), completion_message("orphan", "a", "failed")])
     publish(pipeline, [registration("fired", {"x": OK}), completion_message("fired", "x")])
     wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=0)
     assert [wake["parent_id"] for wake in wakes] == ["fired"]
-    tables = ("triggers", "triggers_fired", "trigger_child_status")
+    tables = ("triggers", "triggers_fired")
     deadline = time.monotonic() + 60
     seen: dict[str, set[str]] = {}
     left: dict[str, set[str]] = {}
@@ -248,15 +260,14 @@ def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after
         if letters and not left:
             break
         time.sleep(0.5)
-    held = {("triggers", "orphan"), ("trigger_child_status", "orphan"), ("triggers_fired", "fired")}
+    held = {("triggers", "orphan"), ("triggers_fired", "fired")}
     assert all(key in seen.get(table, set()) for table, key in held), f"the tables never held the state checked: {seen}"
     assert not left, f"state left after the retention: {left}"
     [letter] = letters
     assert (letter["reason"], letter["agent"]) == ("orphan-completions", "triggers"), letter
     assert letter["key"]["text"] == "orphan"
     held = orjson.loads(letter["value"]["text"])
-    assert held["state"]["children"] == {"a": OK}, "a child is counted once, its first completion"
-    assert held["statuses"] == {"b": OK}
+    assert held["state"]["children"] == {"a": OK, "b": OK}, "a child is counted once, its first completion"
     time.sleep(2 * retention_ms / 1000)
     assert len(dead_letters(pipeline)) == 1, "one dead letter, once"
 

@@ -21,7 +21,6 @@ from tables.triggers import (
     TriggerState,
     Wake,
     completion_message,
-    merge_statuses,
     on_completion,
     on_register,
     on_sweep,
@@ -238,11 +237,6 @@ def test_sweep_never_fires_an_unregistered_trigger() -> None:
     fold.sweep({"a": OK})
     assert fold.wakes == []
     assert fold.state is not None
-
-
-def test_statuses_keep_the_first_final_status() -> None:
-    merged = merge_statuses({"a": OK}, [ChildCompletion("a", "failed"), ChildCompletion("b", "failed"), ChildCompletion("b", OK)])
-    assert merged == {"a": OK, "b": "failed"}
 
 
 states = st.builds(
