@@ -80,7 +80,8 @@ def child_done(tx: OutboxTransaction, parent_id: str, child_id: str, outcome: st
 
     The status row is what the safety sweep reads (the first final status of a child stays); the completion goes
     to ``<topic_prefix>triggers`` when the relay publishes the outbox row (returned: its id). Either way the parent
-    is woken once.
+    is woken once. The first call creates the table if it is missing; in PostgreSQL, with many writers starting at
+    once, create it beforehand (``open_status_source(url).ensure_table()``) rather than inside their transactions.
     """
     if not parent_id or not child_id or not outcome:
         message = f"child_done: parent_id, child_id and outcome must be non-empty, got {parent_id!r}, {child_id!r}, {outcome!r}"
@@ -108,7 +109,8 @@ class StatusSource(Protocol):
 
 
 class _ThreadedSource(abc.ABC):
-    """A source whose blocking queries run in one thread of its own (its connection lives there)."""
+    """A source whose blocking queries run in one thread of its own (its connection lives there, opened at the
+    first query, which creates the table if need be): making one never blocks, nor touches the database."""
 
     name: str
 
@@ -136,6 +138,13 @@ class _ThreadedSource(abc.ABC):
     def _query(self, parent_ids: Sequence[str]) -> list[tuple[Any, Any, Any]]:
         """(parent id, child id, outcome) rows of these parents, in the source's thread."""
 
+    def ensure_table(self) -> None:
+        """Connect and create the table if it is missing (blocking: not from an event loop)."""
+        self._executor.submit(self._connection).result()
+
+    @abc.abstractmethod
+    def _connection(self) -> Any: ...
+
     def purge(self, *, recorded_before_ms: int) -> int:
         """Delete statuses recorded before ``recorded_before_ms`` (keep them longer than any trigger waits); returns how many."""
         return self._executor.submit(self._purge, recorded_before_ms).result()
@@ -159,7 +168,6 @@ class SQLiteStatusSource(_ThreadedSource):
         self.path = Path(path)
         self.name = str(self.path)
         self._busy_timeout_ms = busy_timeout_ms
-        self._executor.submit(self._connection).result()  # creates the table now: a bad path fails at start
 
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
@@ -194,7 +202,6 @@ class PostgresStatusSource(_ThreadedSource):
         self.url = url
         self.name = "postgresql"
         self._connect_timeout_s = connect_timeout_s
-        self._executor.submit(self._connection).result()
 
     def _connection(self) -> Any:
         connection = getattr(self._local, "connection", None)
