@@ -229,7 +229,7 @@ class Settings:
     sweep_grace_ms: int = 10_000
     sweep_page_size: int = 200
     #: WEIR_TRIGGER_ORPHAN_RETENTION_MS: how long a counter trigger's state that has not fired is kept after the last
-    #: event that changed it (completions or statuses of a parent that never registered, a registration whose
+    #: event that changed it (completions of a parent that never registered, a registration whose
     #: children never all end); then it goes to the dead letters (``orphan-completions``, ``never-fired``).
     trigger_orphan_retention_ms: int = 3_600_000
     #: WEIR_TRIGGER_STATUS_DB: the database whose table ``weir_trigger_status`` holds the children's final statuses,
