@@ -279,9 +279,10 @@ def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pip
     assert len(raw_numbers) == 2
     numbers |= raw_numbers
     start_shop(pipeline)
-    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("shop.orders"), RAW_RECORDS))
     result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
     assert_invariants(result, screens)
+    # then, with the shop still open, records no screen wrote (no ticket, so no line's outcome: a dead letter only)
+    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("shop.orders"), RAW_RECORDS))
 
     def raw_letters(rows: list[Any]) -> list[Any]:
         return [row for row in rows if row.value and orjson.loads(row.value)["agent"] == "shop_orders" and b"raw-" in (row.key or b"")]
@@ -296,6 +297,8 @@ def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pip
     leaks = []
     for name, topic_records in records.items():
         for record in topic_records:
+            if name == pipeline.topic("shop.orders") and (record.key, record.value) in RAW_RECORDS:
+                continue  # what the test itself wrote there, numbers and all
             raw = (record.key or b"") + b"|" + (record.value or b"")
             if name == pipeline.topic("dead-letters"):
                 raw += b"|" + _dead_letter_bytes(record)

@@ -347,7 +347,8 @@ def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_p
         # Due at registration + grace (the first look), or at the next look after the commit if it came later.
         due_ms = max(wake["registered_ms"] + grace_ms, int(committed_ms))
         late_ms = wake["fired_ms"] - due_ms
-        print(f"\n[sweep from {children_db.split(':')[0]}] woken {late_ms} ms after due (interval {interval_ms} ms, grace {grace_ms} ms)")
+        kind = "postgresql" if children_db.startswith("postgres") else "sqlite"
+        print(f"\n[sweep from {kind}] woken {late_ms} ms after due (interval {interval_ms} ms, grace {grace_ms} ms)")
         # 2.5 s of slack for processing and producing on a shared two-core machine
         assert late_ms <= max(interval_ms, grace_ms) + interval_ms + 2500, f"the sweep fired {late_ms} ms after due"
 
