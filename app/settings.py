@@ -230,9 +230,16 @@ class Settings:
     sweep_grace_ms: int = 10_000
     sweep_page_size: int = 200
     #: WEIR_TRIGGER_ORPHAN_RETENTION_MS: how long a counter trigger's state that has not fired is kept after the last
-    #: event that changed it (completions or statuses of a parent that never registered, a registration whose
+    #: event that changed it (completions of a parent that never registered, a registration whose
     #: children never all end); then it goes to the dead letters (``orphan-completions``, ``never-fired``).
     trigger_orphan_retention_ms: int = 3_600_000
+    #: WEIR_TRIGGER_STATUS_DB: the database whose table ``weir_trigger_status`` holds the children's final statuses,
+    #: committed with their work (app/trigger_status.py): a SQLite path or a postgresql:// URL, usually the children's
+    #: outbox (WEIR_OUTBOX_DB). The safety sweep's source of truth; empty: no source, the sweep fires nothing.
+    trigger_status_db: str = ""
+    #: WEIR_SWEEP_QUERY_TIMEOUT_MS: how long one sweep step waits for the status source's answer; a step without it
+    #: fires nothing and looks at its triggers again later.
+    sweep_query_timeout_ms: int = 5_000
     #: WEIR_OUTBOX_DB: the outbox database (SQLite file path, or a postgresql:// URL).
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
@@ -414,6 +421,8 @@ def load_settings() -> Settings:
         sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
         trigger_orphan_retention_ms=_env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
+        trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
+        sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),

@@ -23,7 +23,7 @@ bench/results.json, which bench.charts draws):
   the children's completions shuffled across parents, sent at once; completion events/s until every parent's
   wake is read (read_committed), and state writes per event: the records the trigger tables' changelogs gained
   meanwhile (committed ones, read with a read_committed consumer: no transaction markers), per registration or
-  completion, for the trigger states table and for all 5 trigger tables;
+  completion, for the trigger states table and for all 4 trigger tables;
 - weir's end of stream per client (agents/eof_*.py, clients through app.eof_gateway.Gateway, all at once): the
   filter stage alone (a deployment of one filter process, timed to its last report on the counter topic), the
   full pipeline (one filter, one controller, one group-by/aggregate, one joiner process; timed to the last client's report),
@@ -103,7 +103,7 @@ INLINE_STAGES = {"splitter-1": "splitter", "splitter-2": "splitter"}
 #: Its backlog runs are this many times --orders: it goes through 2,000 orders in about half a second.
 INLINE_BACKLOG = 5
 #: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
-TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_child_status", "trigger_sweep", "trigger_fired_deadlines")
+TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_sweep", "trigger_fired_deadlines")
 EOF_LINES_PER_BATCH = 20
 
 
@@ -718,7 +718,7 @@ def run_triggers(ctx: Context, parents: int, children: int) -> None:
     backlog = f"backlog of {parents:,} parents, {children} children each"
     rate = ctx.figure("weir triggers", f"{backlog}: completion events/s", "events/s")
     states = ctx.figure("weir triggers", f"{backlog}: state writes per event, trigger states table", "records", "{:.3f}")
-    tables = ctx.figure("weir triggers", f"{backlog}: state writes per event, all 5 trigger tables", "records", "{:.3f}")
+    tables = ctx.figure("weir triggers", f"{backlog}: state writes per event, all 4 trigger tables", "records", "{:.3f}")
     workers = {"triggers": _weir_worker(ctx, "triggers", "triggers", env)}
     try:
         workers["triggers"].wait_ready()
@@ -1060,7 +1060,7 @@ def main() -> None:
         " 10 s of grace (the defaults). Completion events/s: completions / time from the first send to the last wake's arrival at a"
         " read_committed consumer. State writes per event: changelog records of committed transactions over that interval (transaction"
         " markers and aborted writes not counted; sweep writes after the last wake not counted) / events (registrations + completions);"
-        " 'all 5 trigger tables' adds the fired markers, child statuses, sweep queue and fired-marker deadline index to the states"
+        " 'all 4 trigger tables' adds the fired markers, sweep queue and fired-marker deadline index to the states"
         " table. A parent is written once per batch: the figure falls as its children arrive closer together (fewer parents in flight).",
         "eof": "weir EOF: exactly_once; every client sends its batches and its end at once. Filter alone: one filter process on its own"
         " topics, timed from the first send to the last filter report ('filtered', counter topic) at a read_committed consumer. Full:"
