@@ -288,6 +288,9 @@ _table_gauges: dict[str, TableGauge | None] = {}
 
 def register_table_gauge(tables: str, gauge: TableGauge | None) -> None:
     """Read ``gauge`` from the tables named ``tables`` (a name, or a pattern with one ``*``, matched as the views are)."""
+    if gauge is not None and gauge.label is not None and tables.count("*") != 1:
+        message = f"table gauge {gauge.name}: label {gauge.label!r} is what the '*' of a pattern matches; {tables!r} has no single '*'"
+        raise ValueError(message)
     _table_gauges[tables] = gauge
 
 

@@ -930,7 +930,7 @@ class MetricsView(web.View):
 # ``/table/<t>/<k>/`` asked the wrong worker, which answered 404 for keys that exist, and ``/router/<t>/<k>/`` named the
 # wrong worker's URL. Tables keyed by partition (the deadline indexes) have no owner by key at all. Routing Faust's
 # views by weir's partitioner would be a second, weaker copy of ``KeyView`` (whose answer names the worker that owns the
-# key, ``served_by``); their paths answer a JSON 404 that names weir's view of the same table or key instead.
+# key, ``worker``); their paths answer a JSON 404 that names weir's view of the same table or key instead.
 
 
 def faust_route_refusal(route: str, rest: str) -> Problem:

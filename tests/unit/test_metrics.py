@@ -312,6 +312,8 @@ def test_the_patterns_table_gauges_count_what_each_partition_holds(monkeypatch: 
     assert keys[(("partition", "3"), ("table", "eof_counters"))] == 3
     assert metrics.table_gauge_for("barrier-await-order-deadlines") is None
     assert metrics.table_gauge_for("aggregates") is None
+    with pytest.raises(ValueError, match="has no single"):
+        metrics.register_table_gauge("stock", metrics.TableGauge("weir_stock", "a label without a pattern", len, label="flavour"))
 
 
 def test_trigger_fires_are_read_from_the_trigger_consumer_at_scrape_time(monkeypatch: pytest.MonkeyPatch) -> None:
