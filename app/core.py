@@ -91,8 +91,9 @@ app = faust.App(
     web_host=settings.web_host,
     web_port=settings.web_port,
     web_bind=settings.web_host,
-    # Faust's /table/<t>/<k>/ routes keys by Faust's partitioner, not weir's: app.web answers those paths instead
+    # Faust's /table/<t>/<k>/ and /router/<t>/<k>/ route keys by Faust's partitioner, not weir's: app.web answers those paths instead
     web_tables_enabled=False,
+    web_router_enabled=False,
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,

@@ -244,6 +244,8 @@ class Settings:
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
     outbox_batch: int = 500
+    #: WEIR_OUTBOX_METRICS_PORT: the port of the relay process's /metrics (on WEIR_WEB_HOST); 0: none.
+    outbox_metrics_port: int = 0
     #: WEIR_SHOP_CARD_REJECT_RATE: probability that the payment gateway rejects a card at capture.
     shop_card_reject_rate: float = 0.05
     #: WEIR_SHOP_SEED: seed of the payment gateway's draw (a card's fate is a function of seed, screen, line and order id).
@@ -425,6 +427,7 @@ def load_settings() -> Settings:
         sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
+        outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
         shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
         shop_card_key=_env_str("WEIR_SHOP_CARD_KEY", defaults.shop_card_key),
