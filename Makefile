@@ -66,7 +66,7 @@ test: $(STAMP) ## lint, then every test (starts the local broker itself, and sto
 	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
-	$(BIN)/pytest tests; rc=$$?; \
+	$(BIN)/pytest --durations=15 tests; rc=$$?; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 BENCH_STAMP := $(VENV)/.installed-bench
