@@ -22,13 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.kafka_io import ensure_topics, produce, produce_json, read_topic
 from app.outbox import Doorbell, open_outbox, write
 from app.processes import WorkerProcess
+from app.trigger_status import child_done
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
     completion_message,
     publish_trigger_messages,
     registration_message,
-    status_message,
 )
 from tests.conftest import ROOT
 from tests.integration.conftest import Pipeline, free_port
@@ -150,17 +150,24 @@ def test_a_barrier_worker_counts_the_exchanges_it_released_and_shows_those_waiti
     assert total(samples, "weir_transaction_aborts_total") == 0
 
 
-def test_a_trigger_worker_counts_firings_by_cause_and_shows_the_parents_still_pending(pipeline: Pipeline) -> None:
+def test_a_trigger_worker_counts_firings_by_cause_and_shows_the_parents_still_pending(pipeline: Pipeline, tmp_path: Path) -> None:
     asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(TRIGGERS_TOPIC), pipeline.topic(DEFAULT_WAKE_TOPIC)], 4))
-    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=500, WEIR_SWEEP_GRACE_MS=1000)
-    worker.wait_ready()
+    children_db = str(tmp_path / "children.sqlite")
     counted = [f"counted-{number}" for number in range(5)]  # every completion arrives: fired by count
-    lost = [f"lost-{number}" for number in range(3)]  # one completion lost, every status recorded: fired by the sweep
+    lost = [f"lost-{number}" for number in range(3)]  # one completion lost, every status committed: fired by the sweep
+    outbox = open_outbox(children_db)
+    with write(outbox, notify=lambda _: None) as tx:  # the children's committed statuses (their outbox rows never relayed)
+        for parent in lost:
+            child_done(tx, parent, "a", "ok", topic_prefix=pipeline.prefix)
+            child_done(tx, parent, "b", "ok", topic_prefix=pipeline.prefix)
+    outbox.close()
+    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=500, WEIR_SWEEP_GRACE_MS=1000, WEIR_TRIGGER_STATUS_DB=children_db)
+    worker.wait_ready()
     messages = [registration_message(parent, 2) for parent in [*counted, *lost, "pending"]]
     for parent in counted:
         messages += [completion_message(parent, "a"), completion_message(parent, "b")]
     for parent in lost:
-        messages += [status_message(parent, "a"), status_message(parent, "b"), completion_message(parent, "a")]
+        messages.append(completion_message(parent, "a"))
     messages.append(completion_message("pending", "a"))  # its second child never ends: the parent stays pending
     asyncio.run(publish_trigger_messages(pipeline.bootstrap, pipeline.prefix, messages))
     fired = len(counted) + len(lost)
