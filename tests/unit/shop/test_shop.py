@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.flows import Exchange
+from app.shop_flows import (
+    AWAIT_KITCHEN,
+    AWAIT_PAYMENT,
+    DISPATCH,
+    KITCHEN_ANSWERS,
+    PAYMENT_ANSWERS,
+    check_open,
+    reservations_sent,
+    reserve,
+    settle_order,
+)
+from tables.barrier import BarrierState, Waiting, on_arrival, on_completion, on_tick, reported
 from tables.shop import (
     Capture,
-    Dispatch,
-    DispatchDone,
-    DispatchState,
-    OpenedOrder,
     Payment,
     ScreenReport,
     Send,
@@ -24,17 +34,14 @@ from tables.shop import (
     card_accepted,
     on_capture,
     on_deliver,
-    on_dispatch_tick,
     on_end,
-    on_kitchen,
-    on_open,
     on_outcome,
-    on_payment,
     on_release,
     on_reserve,
     on_settle,
     order_sends,
     parse_shop_order,
+    read_answer,
 )
 from tables.shop_cards import CardRef, card_ref
 
@@ -106,16 +113,27 @@ def test_stock_never_goes_below_zero_and_refusal_is_remembered() -> None:
     assert on_deliver(stock, "a") == stock
 
 
+#: The dispatch barriers' timeout in the simulation (a tick past it expires every wait).
+TIMEOUT_MS = 10**6
+
+
 class Shop:
-    """The cores wired as the agents wire them, with a message bus that delivers in any order, some twice."""
+    """The cores wired as the agents and the dispatch flow wire them, over a bus that keeps each partition's order
+    (per topic and key, as Kafka does) but interleaves partitions at random and delivers some messages twice.
+
+    The dispatch runs its flow's steps (app/shop_flows.py) and the barrier's core (tables/barrier.py), as the flow
+    agents do: an open arrives at the payment's barrier; its release reserves and arrives at the kitchen's; that one's
+    release settles. The answer flows' executions complete at the barriers with their answers as results.
+    """
 
     def __init__(self, rng: random.Random, stock: int, reject_rate: float) -> None:
         self.rng = rng
         self.payments: dict[str, Payment] = {}
         self.stock = {flavour: Stock(flavour, available=stock, initial=stock) for flavour in CATALOGUE}
-        self.dispatch: dict[str, DispatchState] = {}
+        self.barriers: dict[tuple[str, str], BarrierState | None] = {}
         self.reports: dict[str, ScreenReport] = {}
-        self.bus: list[Send] = []
+        #: one queue per partition (topic, key): a queue's head is the next message that partition delivers
+        self.queues: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.outcomes: list[dict[str, Any]] = []
         self.final_reports: list[dict[str, Any]] = []
         self.transactions: list[dict[str, Any]] = []
@@ -126,6 +144,19 @@ class Shop:
         self.settled: set[tuple[str, str]] = set()
         self.now = 0
 
+    def waiting(self) -> list[str]:
+        return [waiting.exchange_id for state in self.barriers.values() if state is not None for waiting in state.waiting]
+
+    @property
+    def busy(self) -> bool:
+        return any(self.queues.values())
+
+    def post(self, to: str, key: str, value: dict[str, Any], *, again: bool = True) -> None:
+        queue = self.queues.setdefault((to, key), [])
+        queue.append(value)
+        if again and self.rng.random() < 0.2:
+            queue.append(value)  # redelivered
+
     def send(self, sends: list[Send]) -> None:
         for send in sends:
             if send.to == "outcomes":
@@ -135,32 +166,85 @@ class Shop:
             elif send.to == "transactions":
                 self.transactions.append(send.value)
             else:
-                self.bus.append(send)
-                if self.rng.random() < 0.2:
-                    self.bus.append(send)  # redelivered
+                self.post(send.to, send.key, send.value)
 
-    def order(self, ticket: str, order: ShopOrder, deadline_ms: int) -> None:
-        # the orders stage's sends are redelivered too (at_least_once replays it): an open or a capture may come again
-        self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms))
+    def order(self, ticket: str, order: ShopOrder) -> None:
+        # the orders stage's sends are sent again too (at_least_once replays it): an open or a capture may come twice
+        self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms=TIMEOUT_MS))
+
+    def arrive(self, barrier: str, exchange: Exchange, expected: dict[str, int]) -> None:
+        """The exchange reaches ``barrier``: an arrival on the barrier's topic, keyed as the flow keys it."""
+        awaited = PAYMENT_ANSWERS if barrier == AWAIT_PAYMENT else KITCHEN_ANSWERS
+        key = str(exchange.payload["order_id"])
+        waiting = Waiting(
+            f"{DISPATCH}:{exchange.payload['ticket']}", DISPATCH, self.now, self.now + TIMEOUT_MS, (awaited,), exchange.to_dict(), 0
+        )
+        self.post(f"barrier:{barrier}", key, {"kind": "arrival", "waiting": replace(waiting, expected=expected)})
+
+    def complete(self, barrier: str, flow: str, answer: dict[str, Any], part: str | None) -> None:
+        message = {"kind": "completion", "flow": flow, "result": answer, "part": part}
+        self.post(f"barrier:{barrier}", str(answer["order_id"]), message)
+
+    def at_barrier(self, barrier: str, key: str, message: dict[str, Any]) -> None:
+        previous = self.barriers.get((barrier, key))
+        if message["kind"] == "arrival":
+            transition = on_arrival(previous, key, message["waiting"], barrier, self.now, on_duplicate="reject", on_failure="continue")
+        else:
+            transition = on_completion(
+                previous,
+                key,
+                message["flow"],
+                "completed",
+                None,
+                TIMEOUT_MS,
+                barrier,
+                self.now,
+                result=message["result"],
+                part=message["part"],
+                on_failure="continue",
+            )
+        self.barriers[(barrier, key)] = transition.state
+        assert not transition.failures, transition.failures
+        for release in transition.releases:
+            self.post(f"resume:{barrier}", key, {"exchange": reported(release, barrier)}, again=False)
+
+    def resume(self, barrier: str, raw: dict[str, Any]) -> None:
+        """The dispatch flow's steps after ``barrier``, as the flow agent runs them on its resume topic."""
+        exchange = Exchange.from_dict(raw)
+        if barrier == AWAIT_PAYMENT:
+            exchange.payload = reserve(exchange)
+            for reservation in exchange.payload["reservations"]:
+                self.post("kitchen", reservation["flavour"], reservation)
+            self.arrive(AWAIT_KITCHEN, exchange, {KITCHEN_ANSWERS: reservations_sent(exchange)})
+            return
+        settlement = settle_order(exchange)
+        self.send(
+            [
+                Send(topic, value.get("flavour") or value.get("screen") or value["order_id"], value)
+                for topic in ("payments", "kitchen")
+                for value in settlement.get(topic, [])
+            ]
+        )
+        self.send([Send(topic, "-", value) for topic in ("outcomes", "screens") for value in settlement.get(topic, [])])
 
     def step(self) -> None:
         self.now += 1
-        message = self.bus.pop(self.rng.randrange(len(self.bus)))
-        value = message.value
-        if message.to == "payments":
-            previous = self.payments.get(message.key)
+        (to, key), queue = self.rng.choice([(partition, queue) for partition, queue in self.queues.items() if queue])
+        value = queue.pop(0)
+        if to == "payments":
+            previous = self.payments.get(key)
             if value["kind"] == "capture":
                 payment, sends = on_capture(previous, Capture.from_message(value), 1, self.reject_rate, self.now)
-                self.payments[message.key] = payment
+                self.payments[key] = payment
             else:
-                settled, sends, error = on_settle(previous, message.key, value["kind"] == "commit", self.now)
+                settled, sends, error = on_settle(previous, key, value["kind"] == "commit", self.now)
                 assert error is None, error
                 assert settled is not None
-                self.payments[message.key] = settled
+                self.payments[key] = settled
             self.send(sends)
-        elif message.to == "kitchen":
-            stock = self.stock[message.key]
-            mark = (message.key, value["order_id"])
+        elif to == "kitchen":
+            stock = self.stock[key]
+            mark = (key, value["order_id"])
             if value["kind"] == "reserve":
                 self.reservations.add(value["order_id"])
                 stock, sends = on_reserve(stock, value["order_id"], value["scoops"], settled=mark in self.settled)
@@ -169,30 +253,30 @@ class Shop:
                 stock = on_release(stock, value["order_id"]) if value["kind"] == "release" else on_deliver(stock, value["order_id"])
                 self.settled.add(mark)
             assert stock.available >= 0
-            self.stock[message.key] = stock
-        elif message.to == "dispatch":
-            previous = self.dispatch.get(message.key)
-            if value["kind"] == "open":
-                raw = value["order"]
-                opened = OpenedOrder(value["order_id"], raw["scoops"], raw["amount_cents"])  # as the agent: by ticket
-                state, sends = on_open(previous, opened, message.key, "s", value["line"], value["deadline_ms"], self.now)
-            elif value["kind"] == "kitchen":
-                state, sends = on_kitchen(previous, message.key, value["flavour"], value["ok"], self.now)
-            else:
-                state, sends = on_payment(previous, message.key, value["ok"], self.now, value["reason"])
-            self.dispatch[message.key] = state
-            self.send(sends)
-        elif message.to == "screens":
+            self.stock[key] = stock
+        elif to == "dispatch":
+            exchange = Exchange(payload=value, key=key)
+            check_open(exchange)
+            self.arrive(AWAIT_PAYMENT, exchange, {})
+        elif to == "payment-answers":
+            self.complete(AWAIT_PAYMENT, PAYMENT_ANSWERS, read_answer(value, kitchen=False), None)
+        elif to == "kitchen-answers":
+            self.complete(AWAIT_KITCHEN, KITCHEN_ANSWERS, read_answer(value, kitchen=True), value["flavour"])
+        elif to.startswith("barrier:"):
+            self.at_barrier(to.split(":", 1)[1], key, value)
+        elif to.startswith("resume:"):
+            self.resume(to.split(":", 1)[1], value["exchange"])
+        elif to == "screens":
             report, sends = on_outcome(self.reports.get("s"), "s", value["line"], value["status"], value["reason"], value["amount_cents"])
             self.reports["s"] = report
             self.send(sends)
 
     def tick(self) -> None:
-        for ticket, state in list(self.dispatch.items()):
-            updated, sends = on_dispatch_tick(state, self.now, done_retention_ms=10**9, placeholder_timeout_ms=10**9)
-            assert updated is not None
-            self.dispatch[ticket] = updated
-            self.send(sends)
+        for (barrier, key), state in list(self.barriers.items()):
+            transition = on_tick(state, barrier, self.now, on_timeout="continue")
+            self.barriers[(barrier, key)] = transition.state
+            for release in transition.releases:
+                self.post(f"resume:{barrier}", key, {"exchange": reported(release, barrier)}, again=False)
 
 
 @PROPERTY
@@ -211,21 +295,27 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     for number in range(1, orders + 1):
         scoops = {flavour: rng.randint(1, 3) for flavour in rng.sample(sorted(CATALOGUE), rng.randint(1, 3))}
         amount = sum(CATALOGUE[flavour] * count for flavour, count in scoops.items())
-        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount), deadline_ms=10**9)
+        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount))
     steps = 0
-    while shop.bus:
+    while shop.busy:
         shop.step()
         steps += 1
         if timeout_after is not None and steps == timeout_after:
-            shop.now = 10**9  # every deadline passes with answers still in flight
+            shop.now += TIMEOUT_MS  # every wait's deadline passes with answers still in flight
             shop.tick()
+    if timeout_after is None:
+        assert not shop.waiting(), "every order went through both barriers without a timeout"
+    for _ in range(3):  # later ticks: an open that came after its answer was forgotten waits out its own timeout
+        shop.now += TIMEOUT_MS
+        shop.tick()
+        while shop.busy:
+            shop.step()
     _report, sends = on_end(shop.reports.get("s"), "s", orders)
     shop.send(sends)
 
     tickets = [outcome["ticket"] for outcome in shop.outcomes]
     assert sorted(tickets, key=int) == [str(number) for number in range(1, orders + 1)], "one outcome per order"
-    assert all(isinstance(shop.dispatch[ticket], DispatchDone) for ticket in tickets)
-    assert not any(isinstance(state, Dispatch) for state in shop.dispatch.values())
+    assert not shop.waiting(), "no order still waits"
     for ticket, payment in shop.payments.items():
         outcome = next(outcome for outcome in shop.outcomes if outcome["ticket"] == ticket)
         expected = {"ready": "committed"}.get(outcome["status"], "voided" if payment.state != "rejected" else "rejected")
