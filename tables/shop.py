@@ -481,15 +481,15 @@ class DispatchOrder:
         """The order of an ``open`` (:func:`order_sends`), or ValueError naming what is wrong."""
         try:
             ticket, screen, line, order = raw["ticket"], raw["screen"], raw["line"], raw["order"]
-            scoops = {str(flavour): int(count) for flavour, count in order["scoops"].items()}
+            scoops = dict(order["scoops"].items())
             amount = order["amount_cents"]
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             message = f"shop dispatch: an open needs 'ticket', 'screen', 'line' and 'order' (scoops, amount_cents): {error!r}"
             raise ValueError(message) from None
         if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int) or not isinstance(amount, int):
             raise ValueError("shop dispatch: an open needs 'ticket' (str), 'screen' (str), 'line' (int), 'order.amount_cents' (int)")
-        if not scoops or any(count <= 0 for count in scoops.values()):
-            raise ValueError(f"shop dispatch: open of {ticket!r}: 'order.scoops' must map flavours to positive scoops")
+        if not scoops or not all(isinstance(count, int) and not isinstance(count, bool) and count > 0 for count in scoops.values()):
+            raise ValueError(f"shop dispatch: open of {ticket!r}: 'order.scoops' must map flavours to positive integers")
         return cls(ticket, screen, line, OpenedOrder(ticket, scoops, amount))
 
 

@@ -11,19 +11,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.flows import Exchange
-from app.shop_flows import (
-    AWAIT_KITCHEN,
-    AWAIT_PAYMENT,
-    DISPATCH,
-    KITCHEN_ANSWERS,
-    PAYMENT_ANSWERS,
-    check_open,
-    reservations_sent,
-    reserve,
-    settle_order,
-)
-from tables.barrier import BarrierState, Waiting, on_arrival, on_completion, on_tick, reported
+from app.flows import Exchange, Flow, validate_flows
+from app.shop_flows import FLOWS
+from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
 from tables.shop import (
     Capture,
     Payment,
@@ -41,7 +31,6 @@ from tables.shop import (
     on_settle,
     order_sends,
     parse_shop_order,
-    read_answer,
 )
 from tables.shop_cards import CardRef, card_ref
 
@@ -115,15 +104,19 @@ def test_stock_never_goes_below_zero_and_refusal_is_remembered() -> None:
 
 #: The dispatch barriers' timeout in the simulation (a tick past it expires every wait).
 TIMEOUT_MS = 10**6
+#: The shop's flows as declared, by the topic each reads, and their barriers by name.
+BY_SOURCE = validate_flows(FLOWS)
+BARRIERS = {barrier.name: barrier for flow in FLOWS for barrier in flow.barriers()}
 
 
 class Shop:
     """The cores wired as the agents and the dispatch flow wire them, over a bus that keeps each partition's order
     (per topic and key, as Kafka does) but interleaves partitions at random and delivers some messages twice.
 
-    The dispatch runs its flow's steps (app/shop_flows.py) and the barrier's core (tables/barrier.py), as the flow
-    agents do: an open arrives at the payment's barrier; its release reserves and arrives at the kitchen's; that one's
-    release settles. The answer flows' executions complete at the barriers with their answers as results.
+    The dispatch is the shop's flows as declared (app/shop_flows.py), run step by step as the flow agents run them,
+    with the barrier's core (tables/barrier.py) at each barrier: an open arrives at the payment's barrier; its
+    release reserves and arrives at the kitchen's; that one's release settles. The answer flows' executions
+    complete at the barriers that await them, with their part and their answer as result.
     """
 
     def __init__(self, rng: random.Random, stock: int, reject_rate: float) -> None:
@@ -172,23 +165,61 @@ class Shop:
         # the orders stage's sends are sent again too (at_least_once replays it): an open or a capture may come twice
         self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms=TIMEOUT_MS))
 
-    def arrive(self, barrier: str, exchange: Exchange, expected: dict[str, int]) -> None:
-        """The exchange reaches ``barrier``: an arrival on the barrier's topic, keyed as the flow keys it."""
-        awaited = PAYMENT_ANSWERS if barrier == AWAIT_PAYMENT else KITCHEN_ANSWERS
-        key = str(exchange.payload["order_id"])
-        waiting = Waiting(
-            f"{DISPATCH}:{exchange.payload['ticket']}", DISPATCH, self.now, self.now + TIMEOUT_MS, (awaited,), exchange.to_dict(), 0
-        )
-        self.post(f"barrier:{barrier}", key, {"kind": "arrival", "waiting": replace(waiting, expected=expected)})
+    def run(self, flow: Flow, exchange: Exchange, exchange_id: str, start: int) -> None:
+        """``flow``'s steps from ``start``, as the flow agent runs them: process, to (each record keyed by its key),
+        and a barrier, where the exchange arrives on the barrier's topic (keyed as it waits) and the run stops."""
+        for index in range(start, len(flow.steps)):
+            step = flow.steps[index]
+            if step.kind == "process":
+                assert step.function is not None
+                value = step.function(exchange)
+                if value is not None:
+                    exchange.payload = value
+            elif step.kind == "to":
+                assert step.topic is not None
+                payloads = step.each(exchange) if step.each is not None else [exchange.payload]
+                for payload in payloads:
+                    key = step.key(Exchange(payload=payload)) if step.key is not None else exchange.key
+                    assert key is not None
+                    self.send([Send(step.topic.removeprefix("shop."), key, payload)])
+            elif step.kind == "barrier":
+                barrier = step.barrier
+                assert barrier is not None
+                awaited = tuple(BY_SOURCE[item.source].name for item in barrier.awaits)
+                key = barrier.key_for(barrier.awaits[0])(exchange)
+                assert key is not None
+                expected = {BY_SOURCE[item.source].name: item.count(exchange) for item in barrier.awaits if callable(item.count)}
+                waiting = Waiting(exchange_id, flow.name, self.now, self.now + TIMEOUT_MS, awaited, exchange.to_dict(), index + 1)
+                self.post(f"barrier:{barrier.name}", key, {"kind": "arrival", "waiting": replace(waiting, expected=expected)})
+                return
+            else:
+                raise AssertionError(f"the simulation runs no {step.kind} step")
 
-    def complete(self, barrier: str, flow: str, answer: dict[str, Any], part: str | None) -> None:
-        message = {"kind": "completion", "flow": flow, "result": answer, "part": part}
-        self.post(f"barrier:{barrier}", str(answer["order_id"]), message)
+    def execute(self, source: str, key: str, value: dict[str, Any]) -> None:
+        """A record on ``source``: an execution of the flow that reads it (its id from ``id_by``); an answer flow's
+        execution ends completed, and its completion goes to every barrier awaiting it, with its part and result."""
+        flow = BY_SOURCE[source]
+        exchange = Exchange(payload=value, key=key)
+        identity = flow.id_by(exchange) if flow.id_by is not None else None
+        entry = Exchange(payload=dict(value), key=key)  # keys and parts are read on entry, before any step
+        self.run(flow, exchange, f"{flow.name}:{identity}", 0)
+        if any(step.kind == "barrier" for step in flow.steps):
+            return
+        for waiting_flow in FLOWS:
+            for barrier in waiting_flow.barriers():
+                for item in barrier.awaits:
+                    if item.source != source:
+                        continue
+                    part = item.distinct_by(entry) if item.distinct_by is not None else None
+                    message = {"kind": "completion", "flow": flow.name, "result": exchange.payload if item.results else None, "part": part}
+                    self.post(f"barrier:{barrier.name}", str(barrier.key_for(item)(entry)), message)
 
-    def at_barrier(self, barrier: str, key: str, message: dict[str, Any]) -> None:
-        previous = self.barriers.get((barrier, key))
+    def at_barrier(self, name: str, key: str, message: dict[str, Any]) -> None:
+        barrier = BARRIERS[name]
+        previous = self.barriers.get((name, key))
         if message["kind"] == "arrival":
-            transition = on_arrival(previous, key, message["waiting"], barrier, self.now, on_duplicate="reject", on_failure="continue")
+            rules = {"on_duplicate": barrier.on_duplicate, "on_failure": barrier.on_failure}
+            transition = on_arrival(previous, key, message["waiting"], name, self.now, **rules)
         else:
             transition = on_completion(
                 previous,
@@ -197,35 +228,20 @@ class Shop:
                 "completed",
                 None,
                 TIMEOUT_MS,
-                barrier,
+                name,
                 self.now,
                 result=message["result"],
                 part=message["part"],
-                on_failure="continue",
+                on_failure=barrier.on_failure,
             )
-        self.barriers[(barrier, key)] = transition.state
+        self.barriers[(name, key)] = transition.state
         assert not transition.failures, transition.failures
-        for release in transition.releases:
-            self.post(f"resume:{barrier}", key, {"exchange": reported(release, barrier)}, again=False)
+        self.release(name, key, transition.releases)
 
-    def resume(self, barrier: str, raw: dict[str, Any]) -> None:
-        """The dispatch flow's steps after ``barrier``, as the flow agent runs them on its resume topic."""
-        exchange = Exchange.from_dict(raw)
-        if barrier == AWAIT_PAYMENT:
-            exchange.payload = reserve(exchange)
-            for reservation in exchange.payload["reservations"]:
-                self.post("kitchen", reservation["flavour"], reservation)
-            self.arrive(AWAIT_KITCHEN, exchange, {KITCHEN_ANSWERS: reservations_sent(exchange)})
-            return
-        settlement = settle_order(exchange)
-        self.send(
-            [
-                Send(topic, value.get("flavour") or value.get("screen") or value["order_id"], value)
-                for topic in ("payments", "kitchen")
-                for value in settlement.get(topic, [])
-            ]
-        )
-        self.send([Send(topic, "-", value) for topic in ("outcomes", "screens") for value in settlement.get(topic, [])])
+    def release(self, name: str, key: str, releases: tuple[Release, ...]) -> None:
+        for release in releases:
+            message = {"exchange": reported(release, name), "exchange_id": release.waiting.exchange_id, "step": release.waiting.resume_step}
+            self.post("resume", key, message, again=False)
 
     def step(self) -> None:
         self.now += 1
@@ -254,29 +270,23 @@ class Shop:
                 self.settled.add(mark)
             assert stock.available >= 0
             self.stock[key] = stock
-        elif to == "dispatch":
-            exchange = Exchange(payload=value, key=key)
-            check_open(exchange)
-            self.arrive(AWAIT_PAYMENT, exchange, {})
-        elif to == "payment-answers":
-            self.complete(AWAIT_PAYMENT, PAYMENT_ANSWERS, read_answer(value, kitchen=False), None)
-        elif to == "kitchen-answers":
-            self.complete(AWAIT_KITCHEN, KITCHEN_ANSWERS, read_answer(value, kitchen=True), value["flavour"])
+        elif f"shop.{to}" in BY_SOURCE:
+            self.execute(f"shop.{to}", key, value)
         elif to.startswith("barrier:"):
             self.at_barrier(to.split(":", 1)[1], key, value)
-        elif to.startswith("resume:"):
-            self.resume(to.split(":", 1)[1], value["exchange"])
+        elif to == "resume":
+            self.run(BY_SOURCE["shop.dispatch"], Exchange.from_dict(value["exchange"]), value["exchange_id"], value["step"])
         elif to == "screens":
             report, sends = on_outcome(self.reports.get("s"), "s", value["line"], value["status"], value["reason"], value["amount_cents"])
             self.reports["s"] = report
             self.send(sends)
 
     def tick(self) -> None:
-        for (barrier, key), state in list(self.barriers.items()):
-            transition = on_tick(state, barrier, self.now, on_timeout="continue")
-            self.barriers[(barrier, key)] = transition.state
-            for release in transition.releases:
-                self.post(f"resume:{barrier}", key, {"exchange": reported(release, barrier)}, again=False)
+        for (name, key), state in list(self.barriers.items()):
+            transition = on_tick(state, name, self.now, on_timeout=BARRIERS[name].on_timeout)
+            self.barriers[(name, key)] = transition.state
+            assert not transition.failures, transition.failures
+            self.release(name, key, transition.releases)
 
 
 @PROPERTY
