@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import settings
 from app.flows import Await, Exchange, Flow, payload
+from app.settings import load_settings
 from tables.shop import DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
 
-__all__ = ["FLOWS", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
+__all__ = ["FLOWS", "describe", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
 
 #: The flows' and barriers' names (tables ``barrier-<name>``, topics ``flow.<name>.*`` and ``barrier.<name>``).
 DISPATCH = "shop-dispatch"
@@ -127,4 +127,9 @@ def _flows(timeout_ms: int) -> list[Flow]:
 
 
 #: The shop's flows: the dispatch and the two flows of answers it awaits.
-FLOWS = _flows(settings.shop_dispatch_timeout_ms)
+FLOWS = _flows(load_settings().shop_dispatch_timeout_ms)
+
+
+def describe() -> list[str]:
+    """Each flow and its steps, in order (what the demo prints)."""
+    return [f"{flow.name} (reads {flow.source}): {' -> '.join(step.name for step in flow.steps)}" for flow in FLOWS]
