@@ -66,7 +66,7 @@ test: $(STAMP) ## lint, then every test (starts the local broker itself, and sto
 	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
-	$(BIN)/pytest tests; rc=$$?; \
+	$(BIN)/pytest --durations=15 tests; rc=$$?; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -80,9 +80,9 @@ bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Str
 	$(BIN)/python -m bench.charts bench/results.json --out bench/charts
 	$(BIN)/python -m bench.barrier
 
-chaos: $(STAMP) ## long shop run: kitchen/payment workers SIGKILLed and restarted, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=20)
+chaos: $(STAMP) ## long shop run: a worker of every stage SIGKILLed and restarted in turn, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=5 VICTIMS=all)
 	scripts/broker.sh start
-	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),20)
+	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),5) --victims $(or $(VICTIMS),all)
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
 	$(BIN)/python scripts/check_compose.py docker/compose.yaml

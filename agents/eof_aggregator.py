@@ -1,4 +1,4 @@
-"""EOF aggregator: totals per flavour per client, merged once per batch id; flushes when the count is final."""
+"""EOF group-by/aggregate stage: scoops per flavour per client, merged once per batch id; flushed to the joiner when the count is final."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.eof_common import CATALOGUE, ClientStates, aggregate_topic
+from agents.eof_common import ClientStates, aggregate_topic
 from app.core import InvalidMessage, app, handle_events, now_ms
 from app.ticks import tick_every
 from tables.eof import ClientTotals, Order, on_aggregator_tick, on_batch, on_cleanup, on_finish
@@ -43,12 +43,12 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
         batch_id = message.get("batch_id")
         if not isinstance(batch_id, str) or not batch_id:
             raise InvalidMessage(f"eof aggregator: batch of client {client!r} needs a string 'batch_id', got {batch_id!r:.60}")
-        transition = on_batch(previous, client, batch_id, _orders(message, client), CATALOGUE, now)
+        transition = on_batch(previous, client, batch_id, _orders(message, client), now)
     elif kind == "finish":
         expected = message.get("expected")
         if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
             raise InvalidMessage(f"eof aggregator: 'finish' of client {client!r} needs a non-negative integer 'expected'")
-        transition = on_finish(previous, client, expected, CATALOGUE, now)
+        transition = on_finish(previous, client, expected, now)
     elif kind == "cleanup":
         transition = on_cleanup(previous, client, now)
     else:

@@ -12,9 +12,20 @@ from app.catalogue import CATALOGUE_CENTS
 from app.core import app, settings, topics
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, Output, TableStore
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS, Emit, EofConfig, OpeningHours
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, Emit, EofConfig, OpeningHours
 
-__all__ = ["batches_topic", "counter_topic", "aggregate_topic", "reports_topic", "CONFIG", "HOURS", "CATALOGUE", "outputs", "ClientStates"]
+__all__ = [
+    "batches_topic",
+    "counter_topic",
+    "aggregate_topic",
+    "join_topic",
+    "reports_topic",
+    "CONFIG",
+    "HOURS",
+    "CATALOGUE",
+    "outputs",
+    "ClientStates",
+]
 
 
 def _topic(name: str) -> faust.TopicT:
@@ -24,18 +35,19 @@ def _topic(name: str) -> faust.TopicT:
 batches_topic = _topic(TOPIC_BATCHES)
 counter_topic = _topic(TOPIC_COUNTER)
 aggregate_topic = _topic(TOPIC_AGGREGATE)
+join_topic = _topic(TOPIC_JOIN)
 reports_topic = _topic(TOPIC_REPORTS)
-topics.extra.extend([batches_topic, counter_topic, aggregate_topic, reports_topic])
+topics.extra.extend([batches_topic, counter_topic, aggregate_topic, join_topic, reports_topic])
 
 CONFIG = EofConfig(idle_timeout_ms=settings.eof_idle_timeout_ms, closed_retention_ms=settings.eof_closed_retention_ms)
 HOURS = OpeningHours()
-#: The flavour catalogue (price per scoop in cents) the filter checks and the report joins with.
+#: The flavour catalogue the filter checks orders against (the joiner prices with each client's own list).
 CATALOGUE = CATALOGUE_CENTS
 
 
 def outputs(client: str, emits: list[Emit]) -> tuple[Output, ...]:
     """The core's messages as the runtime's outputs, keyed by the client."""
-    targets = {"aggregate": aggregate_topic, "reports": reports_topic}
+    targets = {"aggregate": aggregate_topic, "join": join_topic, "reports": reports_topic}
     return tuple(Output(targets[message.to], client, message.value, what=f"the {message.to} message") for message in emits)
 
 

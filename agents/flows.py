@@ -25,6 +25,7 @@ from typing import Any
 import faust
 from faust.types import EventT, StreamT, TableT
 
+from app import metrics
 from app.aggregation import Aggregation, ItemWorker, send_split, split_messages
 from app.codec import dumps
 from app.core import (
@@ -722,6 +723,7 @@ def _barrier_change(
         if forward.result is not None:
             message["result"] = forward.result
         outputs.append(Output(compiled.topic, forward.to, message, what=f"a forwarded completion of {forward.flow!r}"))
+    metrics.barrier_settled(compiled.barrier.name, released=len(transition.releases), failed=[f.reason for f in transition.failures])
     state = transition.state
     due = state.next_due_ms() if state is not None else None
     moved = due is not None and (tick or previous is None or previous.next_due_ms() != due)

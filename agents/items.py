@@ -8,7 +8,7 @@ from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, parse_items
 from app.core import app, handle_parts, settings, topics
-from app.pipeline import STEP_RUNS_AT_ONCE, load_processor, step
+from app.pipeline import STEP_IN_PLACE, STEP_RUNS_AT_ONCE, load_processor, step
 
 __all__ = ["parse_items", "load_processor"]
 
@@ -22,6 +22,7 @@ worker = ItemWorker(
     concurrent=STEP_RUNS_AT_ONCE,
     concurrency=settings.item_concurrency,
     bundle=settings.bundle,
+    in_place=STEP_IN_PLACE,
 )
 
 

@@ -3,8 +3,8 @@
 The claim (agents/shop_reports.py) sends the order on: a capture and an open at the dispatch barrier (the
 dispatch asks the kitchen once the capture succeeded); or answers the line ``duplicate`` when an earlier line of
 the screen took the id. The line's card is the reference the screen made of it (tables/shop_cards.py); a line
-written by something else may hold the number itself: it becomes a reference here, and a dead letter of the line
-holds it masked.
+written by something else may hold the number itself: it becomes a reference here, and every dead letter of this stage
+(the line, or a record that cannot even be decoded) holds it masked.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from faust.types import EventT, StreamT
 
 from agents.shop_common import outputs, send_all, shop_topics
 from app.catalogue import CATALOGUE_CENTS
-from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
+from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, redact_dead_letters, send_dead_letter, settings
 from app.errors import describe_error
 from app.runtime.keyed import prepare_outputs, send_prepared
 from tables.shop import INVALID, Send, ShopOrder, claim_key, line_outcome, order_sends, parse_shop_order
@@ -30,11 +30,14 @@ AGENT = "shop_orders"
 CARD_KEY = settings.shop_card_key.encode() or os.urandom(32)
 
 
-def masked_value(value: bytes | None) -> bytes | None:
-    """A screen message as a dead letter may hold it: every card number in it masked."""
-    if value is None:
-        return None
-    return mask_card_numbers(value.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+def masked(raw: bytes) -> bytes:
+    """Bytes as a dead letter of this stage may hold them: every card number in them masked, other bytes as they came."""
+    return mask_card_numbers(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
+# Whatever this stage dead-letters (a line, an undecodable record written by something other than a screen, its key,
+# headers or error) is stored masked.
+redact_dead_letters(AGENT, masked)
 
 
 def parse_envelope(message: Any) -> tuple[str, str, int, str | None, dict[str, Any] | None]:
@@ -87,7 +90,7 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
     if order is None:
         # The line is dead-lettered with its reason, and still gets its one outcome (counted as invalid).
         error = f"screen {screen} line {line}: {problem}"
-        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="parse", value=masked_value(event.message.value))
+        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="parse")
         await _send_invalid(event, ticket, screen, line, str(problem))
         return
     # The gateway decides the card's fate (agents/shop_payments.py); only its reference goes on from here.
@@ -103,7 +106,7 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
         # line is dead-lettered and answered as invalid, as a line that does not parse.
         problem = f"the order cannot be forwarded: {prepared.undeliverable[0].problem}"
         error = f"screen {screen} line {line}: {problem}"
-        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="forward", value=masked_value(event.message.value))
+        await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="forward")
         await _send_invalid(event, ticket, screen, line, problem)
         return
     await send_prepared(prepared.ready[:1])  # the claim alone: it sends the rest once the id is the line's

@@ -13,7 +13,7 @@ from faust.types import EventT, StreamT
 
 from app.aggregation import ItemWorker, Keyed, aggregate_inline, encode_split, invalid_result, send_result, send_splits, split_messages
 from app.core import app, handle_part_events, handle_parts, now_ms, settings, topics
-from app.pipeline import AGGREGATOR, STEP_RUNS_AT_ONCE, step
+from app.pipeline import AGGREGATOR, STEP_IN_PLACE, STEP_RUNS_AT_ONCE, step
 from app.runtime.keyed import Output, send_checked
 from app.split import split_order
 
@@ -29,7 +29,14 @@ if settings.items_inline and settings.processing_guarantee != "exactly_once":
     )
 
 #: The item step, run here on an order's items with WEIR_ITEMS_INLINE (its outcomes are not sent on).
-_inline = ItemWorker(agent=AGENT, step=step, results=topics.aggregates, concurrent=STEP_RUNS_AT_ONCE, concurrency=settings.item_concurrency)
+_inline = ItemWorker(
+    agent=AGENT,
+    step=step,
+    results=topics.aggregates,
+    concurrent=STEP_RUNS_AT_ONCE,
+    concurrency=settings.item_concurrency,
+    in_place=STEP_IN_PLACE,
+)
 
 
 @app.agent(topics.orders)

@@ -1,9 +1,10 @@
 """Counter triggers: a batched trigger consumer keyed by parent id, and its paged safety sweep.
 
-Registrations, completions, children's final statuses and sweep ticks all travel on the ``triggers`` topic keyed by
-parent id, and every table here is keyed by parent id too: one partition owns all there is to know about a parent.
-A parent's trigger state, fired marker and statuses go through one :class:`app.runtime.keyed.KeyedState`, whose
-deadline index (walked on sweep ticks) drops each of them at the end of its retention.
+Registrations, completions and sweep ticks all travel on the ``triggers`` topic keyed by parent id, and every table
+here is keyed by parent id too: one partition owns all there is to know about a parent. A parent's trigger state and
+fired marker go through one :class:`app.runtime.keyed.KeyedState`, whose deadline index (walked on sweep ticks) drops
+each of them at the end of its retention. The sweep's source of truth is not here: it is the children's statuses,
+committed with their work in their database (app/trigger_status.py, ``WEIR_TRIGGER_STATUS_DB``).
 
 Batches under exactly_once: the agent takes a batch and handles it one source partition at a time, each part in one
 exactly-once scope (``app.core.run_parts``): one commit covers a part's offsets and all they wrote and sent.
@@ -11,6 +12,7 @@ exactly-once scope (``app.core.run_parts``): one commit covers a part's offsets 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +26,8 @@ from app.core import InvalidMessage, app, decode_event, handle_parts, now_ms, se
 from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, describe_error
 from app.runtime.keyed import Change, KeyedState, Output, Refusal, Undeliverable
-from tables.trigger_tables import SweepQueue, child_statuses, expiry_deadlines, fired_triggers, sweep_entries, trigger_states
+from app.trigger_status import StatusSource, open_status_source
+from tables.trigger_tables import SweepQueue, expiry_deadlines, fired_triggers, sweep_entries, trigger_states
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
@@ -35,12 +38,11 @@ from tables.triggers import (
     TriggerTransition,
     Wake,
     expiry_due_ms,
-    kept_statuses,
     on_completion,
     on_expiry,
     on_register,
-    on_status,
     on_sweep,
+    sweep_asks,
     sweep_due_ms,
 )
 
@@ -92,19 +94,18 @@ class CountedTable:
 
 states = CountedTable(trigger_states)
 fired_markers = CountedTable(fired_triggers)
-statuses_view = CountedTable(child_statuses)
-_counted = [states, fired_markers, statuses_view, CountedTable(sweep_entries), CountedTable(expiry_deadlines)]
+_counted = [states, fired_markers, CountedTable(sweep_entries), CountedTable(expiry_deadlines)]
 # The indexes only get, set and delete keys: the counting view stands in for the table.
-sweep_queue = SweepQueue(cast(TableT[str, Any], _counted[3]))
+sweep_queue = SweepQueue(cast(TableT[str, Any], _counted[2]))
 #: When each parent's state is due to go (fired markers and unfired state alike); the table keeps its first name.
-expiry_index = DeadlineIndex(cast(TableT[str, Any], _counted[4]))
+expiry_index = DeadlineIndex(cast(TableT[str, Any], _counted[3]))
 
 
 @dataclass
 class Stats:
     """What this worker's trigger consumer did (logged on every sweep period; the figure: state writes per event)."""
 
-    #: registrations, completions and statuses handled (sweep ticks are not counted)
+    #: registrations and completions handled (sweep ticks are not counted)
     events: int = 0
     batches: int = 0
     completions: int = 0
@@ -113,7 +114,7 @@ class Stats:
     expired: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
-        #: sets and deletes of the trigger states table, and of every trigger table (with markers, statuses, indexes)
+        #: sets and deletes of the trigger states table, and of every trigger table (with markers and indexes)
         state_writes = states.writes
         table_writes = sum(table.writes for table in _counted)
         per_event = state_writes / self.events if self.events else 0.0
@@ -145,8 +146,8 @@ def _parse(event: EventT[bytes]) -> Parsed:
     kind = message.get("kind")
     if kind == "sweep":
         return Parsed(event, kind)
-    if kind not in ("register", "completion", "status"):
-        raise InvalidMessage(f"triggers: field 'kind' must be 'register', 'completion', 'status' or 'sweep', got {kind!r}")
+    if kind not in ("register", "completion"):
+        raise InvalidMessage(f"triggers: field 'kind' must be 'register', 'completion' or 'sweep', got {kind!r}")
     parent_id = message.get("parent_id")
     if not isinstance(parent_id, str) or not parent_id:
         raise InvalidMessage(f"triggers: {kind} needs a non-empty string 'parent_id', got {parent_id!r}")
@@ -186,41 +187,34 @@ def _load_fired(parent_id: str) -> FiredState | None:
 
 @dataclass(frozen=True)
 class ParentState:
-    """A parent's keyed state: its trigger (None once fired), its fired marker (None until it fires), and its
-    children's statuses (kept only while an unfired trigger answers for them)."""
+    """A parent's keyed state: its trigger (None once fired) and its fired marker (None until it fires)."""
 
     trigger: TriggerState | None
     fired: FiredState | None
-    statuses: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, trigger: TriggerState | None, fired: FiredState | None, statuses: dict[str, str]) -> ParentState | None:
+    def of(cls, trigger: TriggerState | None, fired: FiredState | None) -> ParentState | None:
         """The parent's state, or None when nothing is left of it (the key is deleted everywhere)."""
-        kept = kept_statuses(trigger, fired, statuses)
-        return None if trigger is None and fired is None and not kept else cls(trigger, fired, kept)
+        return None if trigger is None and fired is None else cls(trigger, fired)
 
 
-def _parts(state: ParentState | None) -> tuple[TriggerState | None, FiredState | None, dict[str, str]]:
-    return (None, None, {}) if state is None else (state.trigger, state.fired, state.statuses)
+def _parts(state: ParentState | None) -> tuple[TriggerState | None, FiredState | None]:
+    return (None, None) if state is None else (state.trigger, state.fired)
 
 
 class _Parents:
-    """The triggers' :class:`app.runtime.keyed.Store`: a trigger, its fired marker and its statuses, each in its table."""
+    """The triggers' :class:`app.runtime.keyed.Store`: a trigger and its fired marker, each in its table."""
 
     def load(self, parent_id: str) -> ParentState | None:
-        trigger, fired = _load_state(parent_id), _load_fired(parent_id)
-        statuses = dict(statuses_view.get(parent_id) or {})
-        if trigger is None and fired is None and not statuses:
-            return None
-        return ParentState(trigger, fired, statuses)
+        return ParentState.of(_load_state(parent_id), _load_fired(parent_id))
 
     def encoded_size(self, parent_id: str, state: ParentState) -> int:
         trigger = len(dumps(state.trigger.to_dict())) if state.trigger is not None else 0
         fired = len(dumps(state.fired.to_dict())) if state.fired is not None else 0
-        return max(trigger, fired, len(dumps(state.statuses))) + len(parent_id.encode())
+        return max(trigger, fired) + len(parent_id.encode())
 
     def save(self, parent_id: str, previous: ParentState | None, state: ParentState | None) -> None:
-        (trigger_before, fired_before, statuses_before), (trigger, fired, statuses) = _parts(previous), _parts(state)
+        (trigger_before, fired_before), (trigger, fired) = _parts(previous), _parts(state)
         for table, before, after in (
             (states, trigger_before, trigger),
             (fired_markers, fired_before, fired),
@@ -230,11 +224,6 @@ class _Parents:
                     table[parent_id] = after.to_dict()
                 elif before is not None:
                     del table[parent_id]
-        if statuses != statuses_before:
-            if statuses:
-                statuses_view[parent_id] = statuses
-            elif statuses_before:
-                del statuses_view[parent_id]
 
 
 def _wake_topic(name: str) -> faust.TopicT:
@@ -308,15 +297,13 @@ async def _write(
 
 def _on_deadline(parent_id: str, previous: ParentState, now: int) -> Change[ParentState]:
     """The parent's expiry came (its index entry is used up): the core says what goes, and what goes unfired is dead-lettered."""
-    transition: TriggerTransition = on_expiry(previous.trigger, previous.fired, previous.statuses, now, config=CONFIG)
+    transition: TriggerTransition = on_expiry(previous.trigger, previous.fired, now, config=CONFIG)
     rejected: tuple[Refusal, ...] = ()
     if transition.expired is not None:
         expired = transition.expired
         stats.expired[expired.reason] = stats.expired.get(expired.reason, 0) + 1
         rejected = (Refusal(expired.reason, expired.error, key=parent_id, value=expired.record),)
-    elif transition.wake is not None:
-        log.info("triggers: parent %r fires at its expiry, its children all done by their statuses", parent_id)
-    updated = ParentState.of(transition.state, transition.fired, previous.statuses)
+    updated = ParentState.of(transition.state, transition.fired)
     wakes = [transition.wake] if transition.wake is not None else []
     return _change(parent_id, previous, updated, wakes, filed=False, rejected=rejected)
 
@@ -324,11 +311,10 @@ def _on_deadline(parent_id: str, previous: ParentState, now: int) -> Change[Pare
 async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, newly_waiting: list[tuple[str, int]]) -> None:
     """All messages of one parent in this batch, in arrival order, folded in memory and written once."""
     previous = parents.load(parent_id)
-    state_before, fired_before, statuses_before = _parts(previous)
+    state_before, fired_before = _parts(previous)
     state, fired = state_before, fired_before
     wakes: list[Wake] = []
     completions: list[ChildCompletion] = []
-    statuses: list[ChildCompletion] = []
 
     def count_completions() -> None:
         nonlocal state, fired
@@ -343,8 +329,6 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
         if parsed.kind == "completion":
             completions.append(ChildCompletion(child_id=body["child_id"], outcome=body["outcome"]))
             stats.completions += 1
-        elif parsed.kind == "status":
-            statuses.append(ChildCompletion(child_id=body["child_id"], outcome=body["outcome"]))
         else:
             count_completions()
             wake_topic = body.get("wake_topic", DEFAULT_WAKE_TOPIC)
@@ -356,25 +340,57 @@ async def _apply_parent(parent_id: str, messages: Sequence[Parsed], now: int, ne
             state, fired = transition.state, transition.fired
             wakes.extend([transition.wake] if transition.wake is not None else [])
     count_completions()
-    state, recorded = on_status(state, fired, statuses_before, parent_id, statuses, now)
     if state is not None and state.registered and (state_before is None or not state_before.registered):
         due = sweep_due_ms(state, CONFIG)
         if due is not None:
             newly_waiting.append((parent_id, due))
-    await _write(messages[-1].event, parent_id, previous, ParentState.of(state, fired, recorded), wakes)
+    await _write(messages[-1].event, parent_id, previous, ParentState.of(state, fired), wakes)
+
+
+_status_source: StatusSource | None = None
+
+
+def status_source() -> StatusSource | None:
+    """The children's committed statuses (``WEIR_TRIGGER_STATUS_DB``), opened at the first sweep that needs them."""
+    global _status_source
+    if _status_source is None and settings.trigger_status_db:
+        _status_source = open_status_source(settings.trigger_status_db)
+    return _status_source
+
+
+async def _committed_statuses(page: Sequence[str], now: int) -> dict[str, dict[str, str]]:
+    """What the status source says of the page's parents that the sweep may fire; nothing when it cannot answer in time
+    (the step then fires nothing, and its triggers are looked at again later)."""
+
+    def fireable(parent_id: str) -> bool:
+        trigger, fired = _parts(parents.load(parent_id))
+        return sweep_asks(trigger, fired, now, CONFIG)
+
+    asked = [parent_id for parent_id in page if fireable(parent_id)]
+    if not asked:
+        return {}
+    try:
+        source = status_source()
+        if source is None:
+            return {}
+        return await asyncio.wait_for(source.statuses(asked), timeout=settings.sweep_query_timeout_ms / 1000)
+    except Exception as error:  # the database is away or slow: the sweep is a safety net, it tries again later
+        log.warning("triggers: the status source did not answer for %d parents: %s", len(asked), describe_error(error))
+        return {}
 
 
 async def _sweep(event: EventT[bytes], now: int) -> None:
     """One sweep step of this partition: a page of triggers past their grace, then the parents whose retention ended."""
     partition = event.message.partition
+    committed = await _committed_statuses(sweep_queue.due(partition, now, settings.sweep_page_size), now)
 
     async def visit(parent_id: str) -> int | None:
         previous = parents.load(parent_id)
-        state, fired, statuses = _parts(previous)
-        transition = on_sweep(state, fired, statuses, now, config=CONFIG)
+        state, fired = _parts(previous)
+        transition = on_sweep(state, fired, committed.get(parent_id, {}), now, config=CONFIG)
         if transition.fired is not None and fired is None:
             log.info("triggers: the sweep fires parent %r (completion events were lost)", parent_id)
-            updated = ParentState.of(transition.state, transition.fired, statuses)
+            updated = ParentState.of(transition.state, transition.fired)
             await _write(event, parent_id, previous, updated, [transition.wake] if transition.wake else [])
             return None
         if transition.state is not None and transition.state.registered:
@@ -436,7 +452,7 @@ async def _handle_part(events: Sequence[EventT[bytes]]) -> None:
 
 @app.agent(triggers_topic)
 async def triggers(stream: StreamT[bytes]) -> None:
-    """Reads registrations, completions, statuses and sweep ticks keyed by parent id, in batches (``app.core.run_parts``)."""
+    """Reads registrations, completions and sweep ticks keyed by parent id, in batches (``app.core.run_parts``)."""
     await handle_parts(stream, _handle_part, size=settings.trigger_batch_size, wait_ms=settings.trigger_batch_wait_ms)
 
 

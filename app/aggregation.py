@@ -27,7 +27,7 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
-from app import metrics
+from app import engine, metrics
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -37,11 +37,12 @@ from app.core import (
     handle_part_events,
     now_ms,
     record_limit,
+    retry_policy,
     send_dead_letter,
     topic_partitions,
 )
 from app.deadlines import DeadlineIndex
-from app.errors import StepOutcome
+from app.errors import StepOutcome, run_with_retry
 from app.kafka_io import key_partition
 from app.runtime.keyed import (
     Change,
@@ -68,7 +69,7 @@ from tables.aggregates import (
     force_message,
     on_expire,
     on_force,
-    on_item,
+    on_items,
     on_late_item,
     on_open,
     on_part,
@@ -204,9 +205,22 @@ ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
 class ItemWorker:
     """The per-item stage: ``handle_part(events)`` runs ``step`` on every item of each item message."""
 
-    def __init__(self, *, agent: str, step: ItemStep, results: faust.TopicT, concurrent: bool, concurrency: int, bundle: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        agent: str,
+        step: ItemStep,
+        results: faust.TopicT,
+        concurrent: bool,
+        concurrency: int,
+        bundle: int = 1,
+        in_place: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.agent = agent
         self.step = step
+        #: ``step``'s plain sync function, tried in place before ``step`` (which then retries from the second
+        #: attempt): three coroutines per item fewer, a twentieth of an inline splitter's time
+        self.in_place = None if concurrent else in_place
         self.results = results
         #: outcome messages per record at most (:func:`send_bundled`, by :meth:`handle_part`)
         self.bundle = bundle
@@ -264,6 +278,14 @@ class ItemWorker:
         parsed = parse_items(raw)
         if self.concurrent:
             outcomes = await asyncio.gather(*(self._run(payload, index, raw) for _, index, _, _, payload in parsed))
+        elif self.in_place is not None:
+            outcomes = []
+            for _, _, _, _, payload in parsed:
+                try:
+                    outcome = StepOutcome(ok=True, value=self.in_place(payload), error=None, attempts=1)
+                except Exception as error:  # a user step may raise anything: the retry policy decides what follows
+                    outcome = await run_with_retry(retry_policy, functools.partial(self.in_place, payload), failed=error)
+                outcomes.append(outcome)
         else:
             outcomes = [await self._run(payload, index, raw) for _, index, _, _, payload in parsed]
         correlation_id, total = parsed[0][0], parsed[0][2]
@@ -388,7 +410,7 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
     partitions = topic_partitions.get(topic.get_topic_name())
     if len(outgoing) < 2 or size < 2 or not partitions:
         for key, value in outgoing:
-            await topic.send(key=key.encode(), value=value)
+            await engine.send_record(topic, key.encode(), value)
         return
     by_partition: dict[int, list[Keyed]] = {}
     for key, value in outgoing:
@@ -409,9 +431,9 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
 async def _send_piece(topic: faust.TopicT, partition: int, piece: list[Keyed]) -> None:
     key = piece[0][0].encode()
     if len(piece) == 1:
-        await topic.send(key=key, value=piece[0][1])
+        await engine.send_record(topic, key, piece[0][1])
     else:
-        await topic.send(key=key, value=_BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
+        await engine.send_record(topic, key, _BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
 
 
 #: The outputs that hand a completed group's result on: (event, correlation id, result, the open's context) -> outputs.
@@ -729,20 +751,10 @@ class Aggregation:
         state = previous
         if opened is not None:
             state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
-        rejected: list[str] = []
-        transition = GroupTransition(state=state)
-        for position, (outcome, last) in enumerate(outcomes):
-            step = on_item(state, self.config, correlation_id, outcome, total, last, now)
-            if step.rejected is not None:
-                rejected.append(step.rejected)
-                continue
-            if step.done is not None:
-                done = self._count_late(step.done, outcomes[position + 1 :])
-                transition = replace(step, done=done)
-                break
-            state = step.state
-            transition = GroupTransition(state=state)
-        change = self._change(event, correlation_id, previous, transition, tuple(rejected))
+        transition, rejected, taken = on_items(state, self.config, correlation_id, outcomes, total, now)
+        if transition.done is not None:
+            transition = replace(transition, done=self._count_late(transition.done, outcomes[taken:]))
+        change = self._change(event, correlation_id, previous, transition, rejected)
         await self._apply(event, correlation_id, change, previous)
 
     def _indexed(self, correlation_id: str) -> AggregateState | None:

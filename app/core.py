@@ -19,7 +19,7 @@ from faust.types.auth import CredentialsT
 
 from app import engine, metrics
 from app.codec import DecodeError, dumps, loads
-from app.errors import OutputFailed, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter
+from app.errors import OutputFailed, Redaction, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter, redacted_dead_letter
 from app.kafka_io import ensure_topics
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
@@ -33,6 +33,7 @@ __all__ = [
     "decode_event",
     "handle_events",
     "send_dead_letter",
+    "redact_dead_letters",
     "InvalidMessage",
     "signals",
 ]
@@ -90,8 +91,9 @@ app = faust.App(
     web_host=settings.web_host,
     web_port=settings.web_port,
     web_bind=settings.web_host,
-    # Faust's /table/<t>/<k>/ routes keys by Faust's partitioner, not weir's: app.web answers those paths instead
+    # Faust's /table/<t>/<k>/ and /router/<t>/<k>/ route keys by Faust's partitioner, not weir's: app.web answers those paths instead
     web_tables_enabled=False,
+    web_router_enabled=False,
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,
@@ -521,12 +523,35 @@ def dead_letter_key(key: bytes | None) -> bytes | None:
     return b"sha256:" + hashlib.sha256(key).hexdigest().encode()
 
 
+#: Per agent, what its dead letters go through before they are stored (:func:`redact_dead_letters`).
+_redactions: dict[str, Redaction] = {}
+
+
+def redact_dead_letters(agent: str, redact: Redaction) -> None:
+    """Every dead letter of ``agent`` stores the original key, value, header values and error only through ``redact``.
+
+    The one dead-letter path applies it (:func:`send_dead_letter`, :func:`send_dead_letter_record`), whatever failed:
+    undecodable input, invalid input, a bug, a refused or undeliverable output. The shop's orders stage masks card
+    numbers with it. ``redact`` must be pure and quick; it sees bytes that may not be UTF-8.
+    """
+    _redactions[agent] = redact
+
+
 async def send_dead_letter_record(record: dict[str, Any]) -> None:
     """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`, cut to fit a record (never dropped)."""
+    key = record["key"]["text"]
+    await _publish_dead_letter(record, key.encode() if key is not None else None)
+
+
+async def _publish_dead_letter(record: dict[str, Any], raw_key: bytes | None) -> None:
+    """The one way out for a dead letter: through the agent's redaction, logged (no payload), counted, cut to fit."""
+    redact = _redactions.get(record["agent"])
+    if redact is not None:
+        record = redacted_dead_letter(record, redact)
+        raw_key = None if raw_key is None else redact(raw_key)
+    # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
     metrics.dead_lettered(record["agent"], record["reason"])
-    key = record["key"]["text"]
-    raw_key = key.encode() if key is not None else None
     await topics.dead_letters.send(key=dead_letter_key(raw_key), value=fitted_dead_letter(record, record_limit()))
 
 
@@ -578,10 +603,7 @@ async def send_dead_letter(
         value=message.value if value is None else value,
         headers=message_headers(event),
     )
-    # Payloads stay out of INFO logs: the dead-letter topic has them.
-    log.warning("dead letter from %s/%s (%s): %s", agent, step, reason, error[:200])
-    metrics.dead_lettered(agent, reason)
-    await topics.dead_letters.send(key=dead_letter_key(key), value=fitted_dead_letter(record, record_limit()))
+    await _publish_dead_letter(record, key)
 
 
 __all__ += ["DecodeError", "Topics"]

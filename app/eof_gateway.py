@@ -1,4 +1,4 @@
-"""The EOF gateway: sends a client's data in numbered batches, says how many, and waits for its report.
+"""The EOF gateway: sends a client's price list and its data in numbered batches, says how many, and waits for its report.
 
 Usage as a library::
 
@@ -10,8 +10,9 @@ or from the shell, one client per JSON-lines file (the file's stem is the client
     python -m app.eof_gateway demo/screens/*.jsonl
 
 The gateway keeps no state of its own in Kafka: a client's batches are keyed ``<client>/<batch id>``
-(any filter worker may get any batch), the counter messages are keyed by client. When the report
-arrives it tells the controller "delivered", and the controller cleans the client up everywhere.
+(any filter worker may get any batch), its price list (to the joiner) and the counter messages are keyed
+by client. When the report arrives it tells the controller "delivered", and the controller broadcasts the
+client's cleanup to every stage that holds state for it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
 from app.jsonlines import read_lines
 from app.kafka_io import ReplyDesk
 from app.settings import load_settings
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
 __all__ = ["Gateway", "batched"]
 
@@ -67,17 +69,18 @@ class Gateway:
         await self.stop()
 
     async def start(self) -> None:
-        names = [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_REPORTS)]
+        names = [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_JOIN, TOPIC_REPORTS)]
         await self._desk.start(names, self._partitions, [self._topic(TOPIC_REPORTS)])
 
     async def stop(self) -> None:
         await self._desk.stop()
 
-    async def send(self, client: str, lines: Iterable[str], *, batch_size: int) -> int:
-        """Send the client's batches and its end; returns how many batches it sent."""
+    async def send(self, client: str, lines: Iterable[str], *, batch_size: int, prices: Mapping[str, int] | None = None) -> int:
+        """Send the client's price list (default: the catalogue's), its batches and its end; returns how many batches it sent."""
         producer = self._desk.producer
         batches = batched(lines, batch_size)
-        pending = []
+        price_list = {"kind": "prices", "client": client, "prices": dict(CATALOGUE_CENTS if prices is None else prices)}
+        pending = [await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(price_list))]
         for batch_id, batch in enumerate(batches):
             value = {"client": client, "batch_id": batch_id, "lines": batch}
             pending.append(await producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
@@ -94,10 +97,18 @@ class Gateway:
         await self._desk.producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(delivered))
         return report
 
-    async def run_client(self, client: str, lines: Iterable[str], *, batch_size: int = 20, timeout_s: float = 300.0) -> dict[str, Any]:
-        """One client end to end: its batches, its end, its report."""
+    async def run_client(
+        self,
+        client: str,
+        lines: Iterable[str],
+        *,
+        batch_size: int = 20,
+        timeout_s: float = 300.0,
+        prices: Mapping[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """One client end to end: its price list, its batches, its end, its report (priced with ``prices``, default the catalogue's)."""
         self._desk.expect(client)
-        await self.send(client, lines, batch_size=batch_size)
+        await self.send(client, lines, batch_size=batch_size, prices=prices)
         return await self.report(client, timeout_s=timeout_s)
 
 

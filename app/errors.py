@@ -6,13 +6,23 @@ import asyncio
 import base64
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from app.codec import dumps as _dumps
 
-__all__ = ["OutputFailed", "RetryPolicy", "StepOutcome", "run_with_retry", "dead_letter_record", "fitted_dead_letter", "describe_error"]
+__all__ = [
+    "OutputFailed",
+    "RetryPolicy",
+    "StepOutcome",
+    "run_with_retry",
+    "dead_letter_record",
+    "fitted_dead_letter",
+    "Redaction",
+    "redacted_dead_letter",
+    "describe_error",
+]
 
 T = TypeVar("T")
 
@@ -58,9 +68,19 @@ async def run_with_retry(
     step: Callable[[], Awaitable[T] | T],
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    failed: BaseException | None = None,
 ) -> StepOutcome:
-    """Run ``step`` until it succeeds or the policy's attempts are spent; never raises the step's error."""
+    """Run ``step`` until it succeeds or the policy's attempts are spent; never raises the step's error.
+
+    ``failed``: the error of a first attempt the caller made itself (a sync step tried in place, without a
+    coroutine: :class:`app.aggregation.ItemWorker`); the retries go on from the second attempt.
+    """
     attempt = 0
+    if failed is not None:
+        attempt = 1
+        if attempt >= policy.attempts:
+            return StepOutcome(ok=False, value=None, error=describe_error(failed), attempts=attempt)
+        await sleep(policy.delay_ms(attempt) / 1000)
     while True:
         attempt += 1
         try:
@@ -117,6 +137,42 @@ def dead_letter_record(
         "headers": [[name, _bytes_field(raw)] for name, raw in headers],
         "failed_ms": int(time.time() * 1000) if now_ms is None else now_ms,
     }
+
+
+#: What an agent's dead letters go through before they are stored: the original bytes in, what may be kept out
+#: (masking card numbers, say). It receives every original key, value and header value, and the error text's bytes.
+Redaction = Callable[[bytes], bytes]
+
+
+def _field_bytes(field: Any) -> bytes | None:
+    """The original bytes of a ``_bytes_field`` value (None for a missing one)."""
+    if not isinstance(field, Mapping):
+        return None
+    if field.get("text") is not None:
+        return str(field["text"]).encode("utf-8", "surrogatepass")
+    if field.get("base64") is not None:
+        return base64.b64decode(str(field["base64"]))
+    return None
+
+
+def redacted_dead_letter(record: Mapping[str, Any], redact: Redaction) -> dict[str, Any]:
+    """``record`` (:func:`dead_letter_record`) with its original key, value, header values and error through ``redact``.
+
+    Bytes that are not UTF-8 reach ``redact`` as they came (a card number in a binary record is masked too); what
+    it returns is stored as text when it is UTF-8, else as base64, as any dead letter's bytes.
+    """
+
+    def through(field: Any) -> Any:
+        raw = _field_bytes(field)
+        return field if raw is None else _bytes_field(redact(raw))
+
+    redacted = dict(record)
+    redacted["key"] = through(record.get("key"))
+    redacted["value"] = through(record.get("value"))
+    redacted["headers"] = [[name, through(raw)] for name, raw in record.get("headers") or []]
+    error = str(record.get("error", ""))
+    redacted["error"] = redact(error.encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+    return redacted
 
 
 #: Fixed upper bounds on what a dead letter carries besides its payload, so that the payload keeps most of the room.

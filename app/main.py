@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import importlib
 
-from app import web  # noqa: F401  (the read-only /weir/ views)
+from app import (
+    metrics,
+    web,  # noqa: F401  (the read-only /weir/ views)
+)
 from app.core import app, settings
 
 __all__ = ["app"]
 
-for _agent in settings.agents:
-    importlib.import_module(f"agents.{_agent}")
+_loaded = {agent: importlib.import_module(f"agents.{agent}") for agent in settings.agents}
+
+if "triggers" in _loaded:
+    # The trigger consumer counts its firings by cause itself (agents.triggers.stats); /metrics reads them at scrape
+    # time, so that the agent carries no metrics code of its own.
+    _trigger_stats = _loaded["triggers"].stats
+    metrics.TRIGGER_FIRES.read = lambda: dict(_trigger_stats.fired)

@@ -189,6 +189,10 @@ class Outbox(abc.ABC):
         """How many rows wait to be published."""
 
     @abc.abstractmethod
+    def oldest_pending_ms(self) -> int | None:
+        """When the oldest row that waits to be published was written (ms since the epoch); None when none waits."""
+
+    @abc.abstractmethod
     def purge_sent(self, *, sent_before_ms: int) -> int:
         """Delete rows sent before ``sent_before_ms``; returns how many."""
 
@@ -424,6 +428,10 @@ class SQLiteOutbox(Outbox):
     def pending_count(self) -> int:
         return int(self._connection().execute("SELECT count(*) FROM weir_outbox WHERE sent_ms IS NULL").fetchone()[0])
 
+    def oldest_pending_ms(self) -> int | None:
+        found = self._connection().execute("SELECT created_ms FROM weir_outbox WHERE sent_ms IS NULL ORDER BY id LIMIT 1").fetchone()
+        return None if found is None else int(found[0])
+
     def purge_sent(self, *, sent_before_ms: int) -> int:
         connection = self._connection()
         cursor = connection.execute("DELETE FROM weir_outbox WHERE sent_ms IS NOT NULL AND sent_ms < ?", (sent_before_ms,))
@@ -653,6 +661,10 @@ class PostgresOutbox(Outbox):
 
     def pending_count(self) -> int:
         return int(self._connection().execute("SELECT count(*) FROM weir_outbox WHERE sent_ms IS NULL").fetchone()[0])
+
+    def oldest_pending_ms(self) -> int | None:
+        found = self._connection().execute("SELECT created_ms FROM weir_outbox WHERE sent_ms IS NULL ORDER BY id LIMIT 1").fetchone()
+        return None if found is None else int(found[0])
 
     def purge_sent(self, *, sent_before_ms: int) -> int:
         cursor = self._connection().execute("DELETE FROM weir_outbox WHERE sent_ms IS NOT NULL AND sent_ms < %s", (sent_before_ms,))

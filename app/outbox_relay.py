@@ -38,6 +38,15 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--partitions", type=int, default=settings.partitions, help="partitions if the topic must be created (default: %(default)s)"
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=settings.outbox_metrics_port,
+        help="serve the relay's Prometheus metrics at http://HOST:PORT/metrics; 0: none (default: WEIR_OUTBOX_METRICS_PORT = %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-host", default=settings.web_host, help="the address /metrics listens on (default: WEIR_WEB_HOST = %(default)s)"
+    )
+    parser.add_argument(
         "--safety-timeout",
         type=float,
         default=30.0,
@@ -55,6 +64,13 @@ async def _run(arguments: argparse.Namespace) -> None:
         batch_size=arguments.batch,
         safety_timeout_s=arguments.safety_timeout,
     )
+    if arguments.metrics_port:
+        # Imported only here: app.metrics loads Faust's machinery (app.engine), which a relay without metrics does not need.
+        from app import metrics
+
+        metrics.watch_outbox_relay(relay)
+        metrics.serve(arguments.metrics_host, arguments.metrics_port)
+        log.info("outbox relay metrics at http://%s:%d/metrics", arguments.metrics_host, arguments.metrics_port)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.stop)

@@ -17,7 +17,7 @@ from app.core import retry_policy, settings
 from app.errors import StepOutcome, run_with_retry
 from tables.aggregates import AggregatorConfig
 
-__all__ = ["as_is", "load_processor", "make_step", "step", "STEP_IS_ASYNC", "STEP_RUNS_AT_ONCE", "AGGREGATOR"]
+__all__ = ["as_is", "load_processor", "make_step", "step", "STEP_IS_ASYNC", "STEP_RUNS_AT_ONCE", "STEP_IN_PLACE", "AGGREGATOR"]
 
 #: The item step on one item: (payload, its index, the item message) -> its outcome (``app.aggregation.ItemStep``).
 ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
@@ -77,3 +77,6 @@ _process = load_processor(settings.item_processor)
 STEP_IS_ASYNC = asyncio.iscoroutinefunction(_process)
 #: the item step (``WEIR_ITEM_PROCESSOR``), and whether a message's items run at once (async, or WEIR_ITEM_THREADS)
 step, STEP_RUNS_AT_ONCE = make_step(_process, threads=settings.item_threads)
+#: the item step's plain function when it runs in the event loop, one item after the other (sync, no threads): an
+#: :class:`app.aggregation.ItemWorker` tries it in place first, and retries through ``step`` only when it raised
+STEP_IN_PLACE = None if STEP_IS_ASYNC or settings.item_threads > 0 else _process

@@ -23,7 +23,7 @@ __all__ = [
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
-#: "eof_filter", "eof_controller", "eof_aggregator" are the end-of-stream pipeline (agents/eof_*.py);
+#: "eof_filter", "eof_controller", "eof_aggregator", "eof_joiner" are the end-of-stream pipeline (agents/eof_*.py);
 #: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "shop_*" are the
 #: ice-cream shop's stages (agents/shop_*.py; "shop_dispatch" is the flows agent set running the shop's flows).
 OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
@@ -31,6 +31,7 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "eof_filter",
     "eof_controller",
     "eof_aggregator",
+    "eof_joiner",
     "triggers",
     "shop_orders",
     "shop_payments",
@@ -247,13 +248,22 @@ class Settings:
     sweep_grace_ms: int = 10_000
     sweep_page_size: int = 200
     #: WEIR_TRIGGER_ORPHAN_RETENTION_MS: how long a counter trigger's state that has not fired is kept after the last
-    #: event that changed it (completions or statuses of a parent that never registered, a registration whose
+    #: event that changed it (completions of a parent that never registered, a registration whose
     #: children never all end); then it goes to the dead letters (``orphan-completions``, ``never-fired``).
     trigger_orphan_retention_ms: int = 3_600_000
+    #: WEIR_TRIGGER_STATUS_DB: the database whose table ``weir_trigger_status`` holds the children's final statuses,
+    #: committed with their work (app/trigger_status.py): a SQLite path or a postgresql:// URL, usually the children's
+    #: outbox (WEIR_OUTBOX_DB). The safety sweep's source of truth; empty: no source, the sweep fires nothing.
+    trigger_status_db: str = ""
+    #: WEIR_SWEEP_QUERY_TIMEOUT_MS: how long one sweep step waits for the status source's answer; a step without it
+    #: fires nothing and looks at its triggers again later.
+    sweep_query_timeout_ms: int = 5_000
     #: WEIR_OUTBOX_DB: the outbox database (SQLite file path, or a postgresql:// URL).
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
     outbox_batch: int = 500
+    #: WEIR_OUTBOX_METRICS_PORT: the port of the relay process's /metrics (on WEIR_WEB_HOST); 0: none.
+    outbox_metrics_port: int = 0
     #: WEIR_SHOP_CARD_REJECT_RATE: probability that the payment gateway rejects a card at capture.
     shop_card_reject_rate: float = 0.05
     #: WEIR_SHOP_SEED: seed of the payment gateway's draw (a card's fate is a function of seed, screen, line and order id).
@@ -432,8 +442,11 @@ def load_settings() -> Settings:
         sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
         trigger_orphan_retention_ms=_env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
+        trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
+        sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
+        outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),
         shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
         shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
         shop_card_key=_env_str("WEIR_SHOP_CARD_KEY", defaults.shop_card_key),

@@ -24,7 +24,7 @@ from app.kafka_io import key_partition
 from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
 from tables.aggregates import DoneState, GroupState
 from tables.barrier import BarrierState
-from tables.eof import ClientTotals, ControllerState, EofConfig
+from tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from tables.triggers import OK, FiredState, TriggerState
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "weir_partition",
     "due_in_text",
     "error_body",
+    "faust_route_refusal",
     "wants_json",
     "decode_dead_letter",
     "dead_letter_reader",
@@ -64,7 +65,7 @@ __all__ = [
 #                                       ``?before=`` the previous page's ``next`` for the older page
 #
 # - ``/metrics``                        this worker's Prometheus metrics, in the text format (:mod:`app.metrics`)
-# - ``/table/...``                      Faust's table routes, turned off: a JSON 404 whose ``see`` names the view above
+# - ``/table/...``, ``/router/...``    Faust's table and router routes, turned off: a JSON 404 whose ``see`` names the view above
 #
 # Every URL under ``/weir/`` answers JSON with ``?format=json`` or ``Accept: application/json`` (and HTML otherwise). Errors are
 # ``{"error": ..., "table": ..., "key": ...}`` with a proper status. Only GET and HEAD are served.
@@ -242,6 +243,19 @@ def summarize_eof_totals(value: Any, now_ms: int) -> dict[str, Any]:
     }
 
 
+def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
+    """Table ``eof_joins``: one client's price list and totals, and whether their join went out (tables.eof.ClientJoin)."""
+    state = ClientJoin.from_dict(value)
+    return {
+        "has_prices": state.prices is not None,
+        "has_totals": state.totals is not None,
+        "batches": None if state.totals is None else state.totals.batches,
+        "orders": None if state.totals is None else state.totals.orders,
+        "reported": state.reported,
+        "closed": state.closed_ms is not None,
+    }
+
+
 register_view("aggregates", summarize=summarize_open_group, title="open aggregations")
 register_view("aggregates_done", summarize=summarize_done_group, title="completed aggregations", group_by=lambda value: value["status"])
 register_view("barrier-*", summarize=summarize_barrier, title="waiting barriers")
@@ -259,7 +273,13 @@ register_view(
     title="EOF per client (controller)",
     group_by=lambda value: value.get("outcome") or ("finishing" if value.get("finish_sent") else "open"),
 )
-register_view("eof_totals", summarize=summarize_eof_totals, title="EOF per client (aggregator)")
+register_view("eof_totals", summarize=summarize_eof_totals, title="EOF per client (group-by/aggregate)")
+register_view(
+    "eof_joins",
+    summarize=summarize_eof_joins,
+    title="EOF per client (joiner)",
+    group_by=lambda value: "closed" if value.get("closed_ms") is not None else ("reported" if value.get("reported") else "joining"),
+)
 
 # ---------------------------------------------------------------------------------------- pure helpers
 
@@ -929,12 +949,23 @@ class MetricsView(web.View):
         return self.bytes(metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-# Faust's own ``/table/`` routes are off (``web_tables_enabled=False`` in app.core): its key route asks the worker
-# that owns the partition of the table's *serialized* key (JSON, ``'"o-1"'``), hashed by Faust's partitioner, while
-# weir's tables are partitioned like their source topics, by the raw key; so it asked the wrong worker, which
-# answered 404 for keys that exist. Tables keyed by partition (the deadline indexes) have no owner by key at
-# all. Routing Faust's view by weir's partitioner would be a second, weaker copy of ``KeyView``; its paths answer
-# a JSON 404 that names weir's view of the same table or key instead.
+# Faust's own ``/table/`` and ``/router/`` routes are off (``web_tables_enabled=False``, ``web_router_enabled=False`` in
+# app.core): their key routes find the worker that owns the partition of the table's *serialized* key (JSON, ``'"o-1"'``),
+# hashed by Faust's partitioner, while weir's tables are partitioned like their source topics, by the raw key; so
+# ``/table/<t>/<k>/`` asked the wrong worker, which answered 404 for keys that exist, and ``/router/<t>/<k>/`` named the
+# wrong worker's URL. Tables keyed by partition (the deadline indexes) have no owner by key at all. Routing Faust's
+# views by weir's partitioner would be a second, weaker copy of ``KeyView`` (whose answer names the worker that owns the
+# key, ``worker``); their paths answer a JSON 404 that names weir's view of the same table or key instead.
+
+
+def faust_route_refusal(route: str, rest: str) -> Problem:
+    """The answer to Faust's ``/<route>/<rest>`` (``table`` or ``router``): a 404 whose ``see`` names weir's view of the same."""
+    name, _, key = rest.removesuffix("/").partition("/")
+    if route == "router" and name == "topics" and not key:
+        name = ""  # /router/topics: the routes of external topics, which weir's index lists with the workers
+    see = key_path(name, key) if key else table_path(name) if name else f"{PREFIX}/"
+    message = f"Faust's /{route}/ views are off on weir workers (they route keys by Faust's partitioner, not weir's): see {see}"
+    return Problem(404, message, table=name or None, key=key or None, see=see)
 
 
 @app.page("/table/{rest:.*}", name="weir-faust-tables")
@@ -942,11 +973,18 @@ class FaustTablesView(WeirView):
     """Faust's ``/table/``, ``/table/<table>/``, ``/table/<table>/<key>/``: a 404 naming weir's view of the same."""
 
     async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
-        rest = match["rest"]
-        name, _, key = rest.removesuffix("/").partition("/")
-        see = key_path(name, key) if key else table_path(name) if name else f"{PREFIX}/"
-        message = f"Faust's /table/ views are off on weir workers (they route keys by Faust's partitioner, not weir's): see {see}"
-        raise Problem(404, message, table=name or None, key=key or None, see=see)
+        raise faust_route_refusal("table", match["rest"])
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        raise NotImplementedError  # data() always raises
+
+
+@app.page("/router/{rest:.*}", name="weir-faust-router")
+class FaustRouterView(WeirView):
+    """Faust's ``/router/``, ``/router/topics``, ``/router/<table>/``, ``/router/<table>/<key>/``: a 404 naming weir's view."""
+
+    async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
+        raise faust_route_refusal("router", match["rest"])
 
     def render(self, data: Mapping[str, Any]) -> str:
         raise NotImplementedError  # data() always raises

@@ -137,14 +137,14 @@ def audit(bootstrap: str, topic: Any) -> tuple[Counter[str], Counter[tuple[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--orders", type=int, default=2000, help="orders over the 3 screens (default 2000)")
-    parser.add_argument("--kill-every", type=float, default=20.0, help="seconds between SIGKILLs, about (default 20)")
+    parser.add_argument("--kill-every", type=float, default=5.0, help="seconds between SIGKILLs, about (default 5)")
     parser.add_argument("--bad-inputs", type=int, default=300, help="garbage messages injected during the run (default 300)")
     parser.add_argument("--seed", type=int, default=8, help="seed of the order files and of the chaos")
     parser.add_argument(
         "--victims",
-        default="shop_kitchen,shop_payments",
-        help="comma list of the stages whose workers are SIGKILLed (default: shop_kitchen,shop_payments; 'all': every stage,"
-        " the orders+reports and dispatch workers included)",
+        default="all",
+        help="comma list of the stages whose workers are SIGKILLed (default 'all': every stage, the orders+reports and"
+        " dispatch workers included; e.g. shop_kitchen,shop_payments for those two only)",
     )
     parser.add_argument(
         "--guarantee",

@@ -23,10 +23,10 @@ bench/results.json, which bench.charts draws):
   the children's completions shuffled across parents, sent at once; completion events/s until every parent's
   wake is read (read_committed), and state writes per event: the records the trigger tables' changelogs gained
   meanwhile (committed ones, read with a read_committed consumer: no transaction markers), per registration or
-  completion, for the trigger states table and for all 5 trigger tables;
+  completion, for the trigger states table and for all 4 trigger tables;
 - weir's end of stream per client (agents/eof_*.py, clients through app.eof_gateway.Gateway, all at once): the
   filter stage alone (a deployment of one filter process, timed to its last report on the counter topic), the
-  full pipeline (one filter, one controller, one aggregator process; timed to the last client's report),
+  full pipeline (one filter, one controller, one group-by/aggregate, one joiner process; timed to the last client's report),
   batches/s of both, report latency after the client's last batch (p50/p99), and the EOF overhead ratio: full
   time / filter-alone time;
 - weir's barrier (bench/barrier.py's steps, a new flows worker each run): exchanges/s arriving to wait, bytes
@@ -103,7 +103,7 @@ INLINE_STAGES = {"splitter-1": "splitter", "splitter-2": "splitter"}
 #: Its backlog runs are this many times --orders: it goes through 2,000 orders in about half a second.
 INLINE_BACKLOG = 5
 #: The counter trigger's tables (tables/trigger_tables.py); each has the changelog ``<prefix><table>-changelog``.
-TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_child_status", "trigger_sweep", "trigger_fired_deadlines")
+TRIGGER_TABLES = ("triggers", "triggers_fired", "trigger_sweep", "trigger_fired_deadlines")
 EOF_LINES_PER_BATCH = 20
 
 
@@ -718,7 +718,7 @@ def run_triggers(ctx: Context, parents: int, children: int) -> None:
     backlog = f"backlog of {parents:,} parents, {children} children each"
     rate = ctx.figure("weir triggers", f"{backlog}: completion events/s", "events/s")
     states = ctx.figure("weir triggers", f"{backlog}: state writes per event, trigger states table", "records", "{:.3f}")
-    tables = ctx.figure("weir triggers", f"{backlog}: state writes per event, all 5 trigger tables", "records", "{:.3f}")
+    tables = ctx.figure("weir triggers", f"{backlog}: state writes per event, all 4 trigger tables", "records", "{:.3f}")
     workers = {"triggers": _weir_worker(ctx, "triggers", "triggers", env)}
     try:
         workers["triggers"].wait_ready()
@@ -813,7 +813,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
     filter_seconds: list[float] = []
     phases = {
         "filter alone": {"filter": "eof_filter"},
-        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator"},
+        "full": {"filter": "eof_filter", "controller": "eof_controller", "aggregator": "eof_aggregator", "joiner": "eof_joiner"},
     }
     for phase, stages in phases.items():
         tag = "alone" if phase == "filter alone" else "full"
@@ -1015,7 +1015,7 @@ def main() -> None:
         "raw": lambda: run_raw(ctx, raw_messages),
         "faust": lambda: run_faust(ctx, faust_messages),
         "weir": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds),
-        "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, inline=True),
+        "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds, inline=True),
         "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
         "quix-inline": lambda: run_quix(ctx, "inline", orders, args.rate, light_seconds),
         "quix-chunks": lambda: run_quix(ctx, "chunks", orders, args.rate, light_seconds),
@@ -1060,11 +1060,12 @@ def main() -> None:
         " 10 s of grace (the defaults). Completion events/s: completions / time from the first send to the last wake's arrival at a"
         " read_committed consumer. State writes per event: changelog records of committed transactions over that interval (transaction"
         " markers and aborted writes not counted; sweep writes after the last wake not counted) / events (registrations + completions);"
-        " 'all 5 trigger tables' adds the fired markers, child statuses, sweep queue and fired-marker deadline index to the states"
+        " 'all 4 trigger tables' adds the fired markers, sweep queue and fired-marker deadline index to the states"
         " table. A parent is written once per batch: the figure falls as its children arrive closer together (fewer parents in flight).",
         "eof": "weir EOF: exactly_once; every client sends its batches and its end at once. Filter alone: one filter process on its own"
         " topics, timed from the first send to the last filter report ('filtered', counter topic) at a read_committed consumer. Full:"
-        " one filter, one controller, one aggregator process, timed to the last client's report. Report latency: report's arrival"
+        " one filter, one controller, one group-by/aggregate and one joiner process, timed to the last client's report. Report latency:"
+        " report's arrival"
         " at a read_committed consumer - broker's ack of the client's last batch and end (all clients send at once: mostly the wait"
         " behind the others' batches). EOF overhead ratio: full / filter-alone time"
         " of the same run number, i.e. how much counting, the end-of-stream handshake and aggregation stretch the time to push the same"
@@ -1082,7 +1083,7 @@ def main() -> None:
     print()
     for line in alike + lines + notes:
         print(line)
-    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *alike, *lines, *notes]) + "\n")
+    args.output.write_text("\n".join([*(f"    {line}" for line in intro), "", *alike, *lines, *notes, *_changes()]) + "\n")
     figures_path = args.output.with_suffix(".json")
     pipelines = [
         {"work": row.work, "system": row.system, "processes": list(row.workers), "settings": row.settings}
@@ -1097,6 +1098,12 @@ def main() -> None:
     }
     figures_path.write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2) + b"\n")
     print(f"\nwritten to {args.output} and {figures_path}")
+
+
+def _changes() -> list[str]:
+    """bench/changes.md, what each change to weir's hot path bought (A/B runs of ``bench.ab``), after the figures."""
+    path = ROOT / "bench" / "changes.md"
+    return ["", *path.read_text().splitlines()] if path.exists() else []
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +17,7 @@ __all__ = [
     "GroupTransition",
     "on_open",
     "on_item",
+    "on_items",
     "on_expire",
     "on_late_item",
     "on_force",
@@ -306,6 +307,72 @@ def on_item(
     return GroupTransition(state=updated)
 
 
+def on_items(
+    state: GroupState | None,
+    config: AggregatorConfig,
+    correlation_id: str,
+    outcomes: Sequence[tuple[ItemOutcome, bool]],
+    total: int | None,
+    now_ms: int,
+) -> tuple[GroupTransition, tuple[str, ...], int]:
+    """:func:`on_item` on each of ``outcomes`` (with its ``last`` flag) in order, in one step: the group is copied
+    once, not once per outcome (the fold's copies were a fifth of an inline splitter's time).
+
+    Returns the transition (``done`` when an outcome completed the group), the problems of the outcomes refused
+    (each leaves the group as it was; a refused outcome of no group makes none), and how many outcomes were
+    taken: those after the one that completed the group were not (the caller counts them late). The same as
+    folding :func:`on_item`, by a property test.
+    """
+    counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
+    group = state
+    expected = None if state is None else state.expected_count
+    last_index = None if state is None else state.last_index
+    duplicates = 0 if state is None else state.duplicates
+    received: dict[int, ItemOutcome] | None = None  # the group's outcomes, copied at the first merge
+    rejected: list[str] = []
+    touched = merged = False
+    for position, (outcome, last) in enumerate(outcomes):
+        index = outcome.index
+        current: Mapping[int, ItemOutcome] = received if received is not None else {} if group is None else group.received
+        problem = _item_problem(
+            correlation_id if group is None else group.correlation_id, expected, last_index, current, config, index, counted_total, last
+        )
+        if problem is not None:
+            rejected.append(problem)
+            continue
+        touched = True
+        if group is None:
+            group = GroupState(correlation_id=correlation_id, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms)
+        if index in current:
+            duplicates += 1  # merged once already
+            continue
+        if expected is None and counted_total is not None:
+            expected = counted_total
+        if last:
+            last_index = index
+            if COMPLETE_BY_FLAG in config.complete_by:
+                expected = index + 1
+        if received is None:
+            received = dict(current)
+        received[index] = outcome
+        merged = True
+        if expected is not None and len(received) >= expected and all(number in received for number in range(expected)):
+            updated = replace(
+                group, expected_count=expected, last_index=last_index, received=received, updated_ms=now_ms, duplicates=duplicates
+            )
+            reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
+            return _complete(updated, config, "complete", reason, now_ms), tuple(rejected), position + 1
+    if not touched or group is None:
+        return GroupTransition(state=state), tuple(rejected), len(outcomes)
+    if merged:
+        group = replace(
+            group, expected_count=expected, last_index=last_index, received=received or {}, updated_ms=now_ms, duplicates=duplicates
+        )
+    else:
+        group = replace(group, duplicates=duplicates)
+    return GroupTransition(state=group), tuple(rejected), len(outcomes)
+
+
 def complete_at_once(
     config: AggregatorConfig,
     correlation_id: str,
@@ -321,13 +388,8 @@ def complete_at_once(
     complete the group (not every index of ``total``) leave it open: the transition then has no result.
     """
     state = on_open(None, correlation_id, total, deadline_ms, now_ms, config=config).state
-    transition = GroupTransition(state=state)
-    for outcome, last in outcomes:
-        transition = on_item(state, config, correlation_id, outcome, total, last, now_ms)
-        if transition.done is not None or transition.rejected is not None:
-            return transition
-        state = transition.state
-    return transition
+    transition, rejected, _ = on_items(state, config, correlation_id, outcomes, total, now_ms)
+    return replace(transition, rejected=rejected[0]) if rejected and transition.done is None else transition
 
 
 def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
@@ -475,20 +537,33 @@ def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: 
 
 
 def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: int | None, last: bool) -> str | None:
-    where = f"aggregator {config.name!r}: item {index} of group {state.correlation_id!r}"
+    return _item_problem(state.correlation_id, state.expected_count, state.last_index, state.received, config, index, total, last)
+
+
+def _item_problem(
+    correlation_id: str,
+    expected_count: int | None,
+    last_index: int | None,
+    received: Mapping[int, ItemOutcome],
+    config: AggregatorConfig,
+    index: int,
+    total: int | None,
+    last: bool,
+) -> str | None:
+    where = f"aggregator {config.name!r}: item {index} of group {correlation_id!r}"
     if index < 0:
         return f"{where} has a negative index"
     if total is not None and total <= 0:
         return f"{where} has total {total}, but a group has at least one item"
-    if total is not None and state.expected_count is not None and total != state.expected_count:
-        return f"{where} has total {total}, but the group expects {state.expected_count}"
-    expected = state.expected_count if state.expected_count is not None else total
+    if total is not None and expected_count is not None and total != expected_count:
+        return f"{where} has total {total}, but the group expects {expected_count}"
+    expected = expected_count if expected_count is not None else total
     if expected is not None and index >= expected:
         return f"{where} is out of range: the group expects {expected} items (indexes 0..{expected - 1})"
-    if last and state.last_index is not None and state.last_index != index:
-        return f"{where} is flagged last, but item {state.last_index} was already flagged last"
+    if last and last_index is not None and last_index != index:
+        return f"{where} is flagged last, but item {last_index} was already flagged last"
     if last and COMPLETE_BY_FLAG in config.complete_by:
-        beyond = [received for received in state.received if received > index]
+        beyond = [merged for merged in received if merged > index]
         if beyond:
             return f"{where} is flagged last, but items {beyond} with higher indexes already arrived"
     return None

@@ -1,15 +1,17 @@
 """End-of-stream per client: the typed values of the controller and aggregator tables and their pure cores.
 
-The protocol (seed 000). A gateway numbers a client's batches 0..N-1 and sends them to the filter stage,
-then tells the controller "sent N". Filter workers run in parallel; for every input batch they report to
-the controller how many batches they forwarded (0 when they drop it, several when they split it), with
-deterministic ids ``<batch>.<k>``. The controller counts reports *by batch id*, so a redelivered report
-is not counted twice. Once the reports cover batches 0..N-1 the number of batches reaching the
-aggregator is final: the controller sends the aggregator "finish, expect M". The aggregator merges
-batches by id and flushes the client's report to the gateway when it holds M of them. When the gateway
-has the report it says "delivered"; the controller broadcasts a cleanup and every stage drops the
-client's keys, keeping only a small tombstone for a retention period so that late duplicates are
-absorbed. A client idle for too long is reported abandoned and cleaned up the same way.
+The protocol (seed 000). A gateway sends a client's price list to the joiner, numbers the client's batches
+0..N-1 and sends them to the filter stage, then tells the controller "sent N". Filter workers run in
+parallel; for every input batch they report to the controller how many batches they forwarded (0 when
+they drop it, several when they split it), with deterministic ids ``<batch>.<k>``. The controller counts
+reports *by batch id*, so a redelivered report is not counted twice. Once the reports cover batches
+0..N-1 the number of batches reaching the group-by/aggregate stage is final: the controller sends it
+"finish, expect M". The aggregator merges batches by id (scoops per flavour) and, holding M of them,
+flushes the client's totals to the joiner; the joiner joins them with the client's price list and sends
+the report to the gateway. When the gateway has the report it says "delivered"; the controller
+broadcasts a cleanup to every stage that keeps per-client state (:data:`CLIENT_STATE_STAGES`), and each
+drops the client's key, keeping only a small tombstone for a retention period so that late duplicates
+are absorbed. A client idle for too long is reported abandoned and cleaned up the same way.
 
 No Kafka, no clock: every function takes the state and ``now_ms`` and returns the new state (``None``:
 delete the key) and the messages to send.
@@ -26,7 +28,9 @@ __all__ = [
     "TOPIC_BATCHES",
     "TOPIC_COUNTER",
     "TOPIC_AGGREGATE",
+    "TOPIC_JOIN",
     "TOPIC_REPORTS",
+    "CLIENT_STATE_STAGES",
     "OpeningHours",
     "Order",
     "FilterOutcome",
@@ -46,6 +50,17 @@ __all__ = [
     "on_finish",
     "on_cleanup",
     "on_aggregator_tick",
+    "cleanup_emits",
+    "Totals",
+    "ClientJoin",
+    "JoinTransition",
+    "on_prices",
+    "on_totals",
+    "on_join_cleanup",
+    "on_joiner_tick",
+    "join_report",
+    "parse_prices",
+    "is_count",
     "reference_report",
 ]
 
@@ -53,10 +68,17 @@ __all__ = [
 TOPIC_BATCHES = "eof-batches"
 #: gateway and filters -> controller, keyed by client: ``sent``, ``filtered``, ``delivered``, ticks
 TOPIC_COUNTER = "eof-counter"
-#: filters and controller -> aggregator, keyed by client: ``batch``, ``finish``, ``cleanup``, ticks
+#: filters and controller -> group-by/aggregate stage, keyed by client: ``batch``, ``finish``, ``cleanup``, ticks
 TOPIC_AGGREGATE = "eof-aggregate"
-#: aggregator and controller -> gateway, keyed by client: the end-of-day report
+#: gateway, aggregator and controller -> joiner, keyed by client: ``prices``, ``totals``, ``cleanup``, ticks
+TOPIC_JOIN = "eof-join"
+#: joiner and controller -> gateway, keyed by client: the end-of-day report
 TOPIC_REPORTS = "eof-reports"
+
+#: The stages that keep state per client (besides the controller itself), by the name their input goes to:
+#: the cleanup is broadcast to each of them. Every one keys its table by client, like its input topic, so
+#: the one message keyed by the client reaches the one partition that may hold the client's state.
+CLIENT_STATE_STAGES: tuple[str, ...] = ("aggregate", "join")
 
 STATUS_COMPLETE = "complete"
 STATUS_ABANDONED = "abandoned"
@@ -172,7 +194,7 @@ class EofConfig:
 
 @dataclass(frozen=True)
 class Emit:
-    """A message to send: ``to`` is "aggregate" or "reports" (keyed by the client)."""
+    """A message to send: ``to`` is "aggregate", "join" or "reports" (keyed by the client)."""
 
     to: str
     value: dict[str, Any]
@@ -279,15 +301,20 @@ def on_report(previous: ControllerState | None, client: str, batch_id: int, forw
 
 
 def _close(state: ControllerState, now_ms: int, outcome: str) -> ControllerState:
-    return replace(state, reported={}, closed_ms=now_ms, outcome=outcome)
+    """The client's tombstone: how it ended and when, nothing of its counts."""
+    return ControllerState(client=state.client, last_activity_ms=now_ms, closed_ms=now_ms, outcome=outcome)
+
+
+def cleanup_emits(client: str) -> list[Emit]:
+    """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client."""
+    return [Emit(stage, {"kind": "cleanup", "client": client}) for stage in CLIENT_STATE_STAGES]
 
 
 def on_delivered(previous: ControllerState | None, client: str, now_ms: int) -> ControllerTransition:
     """The gateway holds the client's report: every stage drops the client's keys."""
     if previous is None or previous.closed_ms is not None:
         return ControllerTransition(previous)
-    cleanup = {"kind": "cleanup", "client": client}
-    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), [Emit("aggregate", cleanup)])
+    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), cleanup_emits(client))
 
 
 def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -> ControllerTransition:
@@ -296,7 +323,7 @@ def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -
         return ControllerTransition(state)
     if state.closed_ms is not None:
         return ControllerTransition(None)
-    emits = [Emit("aggregate", {"kind": "cleanup", "client": state.client})]
+    emits = cleanup_emits(state.client)
     if not state.finish_sent:
         report = {
             "client": state.client,
@@ -309,7 +336,7 @@ def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -
     return ControllerTransition(_close(state, now_ms, STATUS_EXPIRED if state.finish_sent else STATUS_ABANDONED), emits)
 
 
-# ----------------------------------------------------------------------------------------- aggregator
+# ---------------------------------------------------------------------------------- group-by/aggregate
 
 
 @dataclass(frozen=True)
@@ -328,10 +355,7 @@ class ClientTotals:
     def deadline_ms(self, config: EofConfig) -> int:
         if self.closed_ms is not None:
             return self.closed_ms + config.closed_retention_ms
-        # The controller cleans up an idle client (it hears of every batch a filter forwards, in the same
-        # transaction). This only drops a stray client it never heard of, long after: expiring here a
-        # client that waits for a late finish would lose its report.
-        return self.last_activity_ms + 10 * config.idle_timeout_ms + config.closed_retention_ms
+        return _stray_deadline_ms(self.last_activity_ms, config)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -359,6 +383,13 @@ class ClientTotals:
         )
 
 
+def _stray_deadline_ms(last_activity_ms: int, config: EofConfig) -> int:
+    # The controller cleans up an idle client (it hears of every batch a filter forwards, in the same
+    # transaction). This only drops a stray client it never heard of, long after: expiring here a
+    # client that waits for a late finish would lose its report.
+    return last_activity_ms + 10 * config.idle_timeout_ms + config.closed_retention_ms
+
+
 @dataclass(frozen=True)
 class AggregatorTransition:
     state: ClientTotals | None
@@ -366,31 +397,17 @@ class AggregatorTransition:
     rejected: str | None = None
 
 
-def _report(state: ClientTotals, catalogue: Mapping[str, int]) -> dict[str, Any]:
-    """The end-of-day report: totals per flavour joined with the catalogue's prices."""
-    flavours = {
-        flavour: {"scoops": scoops, "revenue_cents": scoops * catalogue.get(flavour, 0)} for flavour, scoops in sorted(state.scoops.items())
-    }
-    return {
-        "client": state.client,
-        "status": STATUS_COMPLETE,
-        "batches": len(state.seen),
-        "orders": state.orders,
-        "flavours": flavours,
-        "revenue_cents": sum(entry["revenue_cents"] for entry in flavours.values()),
-    }
-
-
-def _maybe_flush(state: ClientTotals, catalogue: Mapping[str, int]) -> AggregatorTransition:
+def _maybe_flush(state: ClientTotals) -> AggregatorTransition:
     if state.flushed or state.expected is None or len(state.seen) < state.expected:
         return AggregatorTransition(state)
-    return AggregatorTransition(replace(state, flushed=True), [Emit("reports", _report(state, catalogue))])
+    totals = Totals(batches=len(state.seen), orders=state.orders, scoops=dict(state.scoops))
+    return AggregatorTransition(
+        replace(state, flushed=True), [Emit("join", {"kind": "totals", "client": state.client, **totals.to_dict()})]
+    )
 
 
-def on_batch(
-    previous: ClientTotals | None, client: str, batch_id: str, orders: Iterable[Order], catalogue: Mapping[str, int], now_ms: int
-) -> AggregatorTransition:
-    """Merge one forwarded batch, once per batch id."""
+def on_batch(previous: ClientTotals | None, client: str, batch_id: str, orders: Iterable[Order], now_ms: int) -> AggregatorTransition:
+    """Merge one forwarded batch (group by flavour, sum the scoops), once per batch id."""
     state = previous if previous is not None else ClientTotals(client=client, last_activity_ms=now_ms)
     if state.closed_ms is not None or batch_id in state.seen:
         return AggregatorTransition(state)  # a late or redelivered batch
@@ -407,10 +424,10 @@ def on_batch(
     if merged.expected is not None and len(merged.seen) > merged.expected:
         error = f"eof aggregator: client {client!r} expects {merged.expected} batches, batch {batch_id!r} is one more"
         return AggregatorTransition(state, rejected=error)
-    return _maybe_flush(merged, catalogue)
+    return _maybe_flush(merged)
 
 
-def on_finish(previous: ClientTotals | None, client: str, expected: int, catalogue: Mapping[str, int], now_ms: int) -> AggregatorTransition:
+def on_finish(previous: ClientTotals | None, client: str, expected: int, now_ms: int) -> AggregatorTransition:
     """The controller's word: ``expected`` batches will reach this client's aggregate, no more."""
     state = previous if previous is not None else ClientTotals(client=client, last_activity_ms=now_ms)
     if state.closed_ms is not None:
@@ -421,7 +438,7 @@ def on_finish(previous: ClientTotals | None, client: str, expected: int, catalog
     if len(state.seen) > expected:
         error = f"eof aggregator: client {client!r} holds {len(state.seen)} batches, more than the {expected} expected"
         return AggregatorTransition(state, rejected=error)
-    return _maybe_flush(replace(state, expected=expected, last_activity_ms=max(state.last_activity_ms, now_ms)), catalogue)
+    return _maybe_flush(replace(state, expected=expected, last_activity_ms=max(state.last_activity_ms, now_ms)))
 
 
 def on_cleanup(previous: ClientTotals | None, client: str, now_ms: int) -> AggregatorTransition:
@@ -437,14 +454,168 @@ def on_aggregator_tick(state: ClientTotals, config: EofConfig, now_ms: int) -> A
     return AggregatorTransition(None)
 
 
-def reference_report(client: str, lines: Iterable[str], catalogue: Mapping[str, int], hours: OpeningHours) -> dict[str, Any]:
-    """The report computed sequentially, without the protocol (what tests compare against); ``batches`` left out."""
-    state = ClientTotals(client=client, last_activity_ms=0)
+# --------------------------------------------------------------------------------------------- joiner
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What the group-by/aggregate stage flushes for a client: batches merged, orders, scoops per flavour."""
+
+    batches: int
+    orders: int
+    scoops: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "orders": self.orders, "scoops": dict(sorted(self.scoops.items()))}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Totals:
+        return cls(int(raw["batches"]), int(raw["orders"]), {str(flavour): int(count) for flavour, count in raw["scoops"].items()})
+
+
+#: The largest count or price a message may carry: integers any JSON reader holds exactly.
+MAX_EXACT = 2**53
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer a JSON reader holds exactly (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_EXACT
+
+
+def parse_prices(raw: Any) -> dict[str, int] | None:
+    """A price list (flavour -> cents per scoop, non-negative integers), or None when ``raw`` is not one."""
+    if not isinstance(raw, dict):
+        return None
+    if not all(isinstance(flavour, str) and is_count(cents) for flavour, cents in raw.items()):
+        return None
+    return dict(raw)
+
+
+@dataclass(frozen=True)
+class ClientJoin:
+    """One client in table ``eof_joins``: its price list (from the gateway) and its totals (from the aggregator)."""
+
+    client: str
+    last_activity_ms: int
+    prices: dict[str, int] | None = None
+    totals: Totals | None = None
+    reported: bool = False
+    closed_ms: int | None = None
+
+    def deadline_ms(self, config: EofConfig) -> int:
+        if self.closed_ms is not None:
+            return self.closed_ms + config.closed_retention_ms
+        return _stray_deadline_ms(self.last_activity_ms, config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "client": self.client,
+            "last_activity_ms": self.last_activity_ms,
+            "prices": None if self.prices is None else dict(sorted(self.prices.items())),
+            "totals": None if self.totals is None else self.totals.to_dict(),
+            "reported": self.reported,
+            "closed_ms": self.closed_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ClientJoin:
+        prices, totals = raw.get("prices"), raw.get("totals")
+        return cls(
+            client=str(raw["client"]),
+            last_activity_ms=int(raw["last_activity_ms"]),
+            prices=None if prices is None else {str(flavour): int(cents) for flavour, cents in prices.items()},
+            totals=None if totals is None else Totals.from_dict(totals),
+            reported=bool(raw.get("reported")),
+            closed_ms=raw.get("closed_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class JoinTransition:
+    state: ClientJoin | None
+    emits: list[Emit] = field(default_factory=list)
+    rejected: str | None = None
+
+
+def join_report(client: str, totals: Totals, prices: Mapping[str, int]) -> dict[str, Any]:
+    """The end-of-day report: the client's totals per flavour joined with its price list.
+
+    A flavour sold but missing from the price list is counted at 0 cents and named in ``unpriced``.
+    """
+    flavours = {
+        flavour: {"scoops": scoops, "revenue_cents": scoops * prices.get(flavour, 0)} for flavour, scoops in sorted(totals.scoops.items())
+    }
+    return {
+        "client": client,
+        "status": STATUS_COMPLETE,
+        "batches": totals.batches,
+        "orders": totals.orders,
+        "flavours": flavours,
+        "revenue_cents": sum(entry["revenue_cents"] for entry in flavours.values()),
+        "unpriced": sorted(flavour for flavour in totals.scoops if flavour not in prices),
+    }
+
+
+def _maybe_join(state: ClientJoin) -> JoinTransition:
+    if state.reported or state.prices is None or state.totals is None:
+        return JoinTransition(state)
+    return JoinTransition(replace(state, reported=True), [Emit("reports", join_report(state.client, state.totals, state.prices))])
+
+
+def _joining(previous: ClientJoin | None, client: str, now_ms: int) -> ClientJoin:
+    return previous if previous is not None else ClientJoin(client=client, last_activity_ms=now_ms)
+
+
+def on_prices(previous: ClientJoin | None, client: str, prices: Mapping[str, int], now_ms: int) -> JoinTransition:
+    """The gateway's price list for the client (one per client: the same list again changes nothing)."""
+    state = _joining(previous, client, now_ms)
+    if state.closed_ms is not None:
+        return JoinTransition(state)  # late duplicate of a finished client
+    if state.prices is not None:
+        if state.prices != dict(prices):
+            return JoinTransition(state, rejected=f"eof joiner: client {client!r} already has a price list, a different one arrived")
+        return JoinTransition(state)
+    return _maybe_join(replace(state, prices=dict(prices), last_activity_ms=max(state.last_activity_ms, now_ms)))
+
+
+def on_totals(previous: ClientJoin | None, client: str, totals: Totals, now_ms: int) -> JoinTransition:
+    """The aggregator's totals for the client, flushed once its count was final (again: changes nothing)."""
+    state = _joining(previous, client, now_ms)
+    if state.closed_ms is not None:
+        return JoinTransition(state)
+    if state.totals is not None:
+        if state.totals != totals:
+            error = f"eof joiner: client {client!r} was flushed with {state.totals.batches} batches, then totals of {totals.batches} came"
+            return JoinTransition(state, rejected=error)
+        return JoinTransition(state)
+    return _maybe_join(replace(state, totals=totals, last_activity_ms=max(state.last_activity_ms, now_ms)))
+
+
+def on_join_cleanup(previous: ClientJoin | None, client: str, now_ms: int) -> JoinTransition:
+    """Drop the client's price list and totals, keeping a tombstone that absorbs late messages for the retention."""
+    if previous is not None and previous.closed_ms is not None:
+        return JoinTransition(previous)
+    return JoinTransition(ClientJoin(client=client, last_activity_ms=now_ms, closed_ms=now_ms))
+
+
+def on_joiner_tick(state: ClientJoin, config: EofConfig, now_ms: int) -> JoinTransition:
+    if now_ms < state.deadline_ms(config):
+        return JoinTransition(state)
+    return JoinTransition(None)
+
+
+def reference_report(
+    client: str, lines: Iterable[str], catalogue: Mapping[str, int], hours: OpeningHours, prices: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The report computed sequentially, without the protocol (what tests compare against); ``batches`` left out.
+
+    ``prices`` is the client's price list (default: the catalogue's prices).
+    """
     orders = [order for order, _ in (parse_order(line, catalogue, hours) for line in lines) if order is not None]
     scoops: dict[str, int] = {}
     for order in orders:
         for flavour, number in order.items:
             scoops[flavour] = scoops.get(flavour, 0) + number
-    report = _report(replace(state, orders=len(orders), scoops=scoops), catalogue)
+    report = join_report(client, Totals(0, len(orders), scoops), catalogue if prices is None else prices)
     del report["batches"]
     return report

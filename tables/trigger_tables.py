@@ -9,7 +9,7 @@ from faust.types import TableT
 
 from app.core import json_table
 
-__all__ = ["trigger_states", "fired_triggers", "child_statuses", "sweep_entries", "expiry_deadlines", "SweepQueue"]
+__all__ = ["trigger_states", "fired_triggers", "sweep_entries", "expiry_deadlines", "SweepQueue"]
 
 
 trigger_states = json_table(
@@ -22,11 +22,6 @@ fired_triggers = json_table(
     "triggers_fired",
     "Fired triggers by parent id, kept for the done retention so that redelivered or late completions never fire "
     "them twice; counts the completions absorbed (value: tables.triggers.FiredState).",
-)
-child_statuses = json_table(
-    "trigger_child_status",
-    "Children's final statuses by parent id (child id -> outcome): the source of truth the safety sweep checks when "
-    "completion events were lost; dropped when the parent's trigger fires or expires.",
 )
 sweep_entries = json_table(
     "trigger_sweep",
@@ -98,6 +93,23 @@ class SweepQueue:
             return False
         following = self.table.get(f"{partition}:{number}")
         return following is None or int(following[1]) <= now_ms
+
+    def due(self, partition: int, now_ms: int, page_size: int) -> list[str]:
+        """The parent ids the next :meth:`step` will visit (read only): the page a step reads, to be looked up at once."""
+        head = self.table.get(f"{partition}:head") or 0
+        tail = self.table.get(f"{partition}:tail") or 0
+        found: list[str] = []
+        for number in range(head, tail):
+            if len(found) >= page_size:
+                break
+            entry = self.table.get(f"{partition}:{number}")
+            if entry is None:
+                continue
+            parent_id, due_ms = entry
+            if due_ms > now_ms:
+                break
+            found.append(str(parent_id))
+        return found
 
     def waiting(self, partition: int) -> int:
         """How many entries are filed and not read yet in ``partition``."""

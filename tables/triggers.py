@@ -20,12 +20,10 @@ __all__ = [
     "TriggerTransition",
     "on_register",
     "on_completion",
-    "on_status",
     "on_sweep",
     "on_expiry",
-    "merge_statuses",
-    "kept_statuses",
     "sweep_due_ms",
+    "sweep_asks",
     "expiry_due_ms",
     "NEVER_FIRED",
     "ORPHAN_COMPLETIONS",
@@ -34,11 +32,10 @@ __all__ = [
     "DEFAULT_WAKE_TOPIC",
     "registration_message",
     "completion_message",
-    "status_message",
     "publish_trigger_messages",
 ]
 
-#: The topic (without the prefix) of registrations, completions, child statuses and sweep ticks, keyed by parent id.
+#: The topic (without the prefix) of registrations, completions and sweep ticks, keyed by parent id.
 TRIGGERS_TOPIC = "triggers"
 #: Where a fired trigger wakes its parent unless the registration names another topic or a flow.
 DEFAULT_WAKE_TOPIC = "trigger-fired"
@@ -87,8 +84,8 @@ class ChildCompletion:
 class TriggerState:
     """A trigger in table ``triggers``: registered (waiting for ``expected_count`` children) or not yet.
 
-    An unregistered state only remembers the children that completed (or recorded a status) before the parent
-    registered. Either kind is dropped ``orphan_retention_ms`` after ``last_event_ms`` unless it fires first.
+    An unregistered state only remembers the children that completed before the parent registered. Either kind is
+    dropped ``orphan_retention_ms`` after ``last_event_ms`` unless it fires first.
     """
 
     parent_id: str
@@ -227,6 +224,15 @@ def sweep_due_ms(state: TriggerState, config: TriggerConfig) -> int | None:
     return state.registered_ms + config.sweep_grace_ms
 
 
+def sweep_asks(state: TriggerState | None, fired: FiredState | None, now_ms: int, config: TriggerConfig) -> bool:
+    """Whether the sweep asks the children's committed statuses about this parent: a registered trigger, not fired,
+    past its grace period. :func:`on_sweep` fires nothing else, so the sweep asks about nothing else."""
+    if fired is not None or state is None or state.expected_count is None:
+        return False
+    due = sweep_due_ms(state, config)
+    return due is not None and now_ms >= due
+
+
 def on_register(
     state: TriggerState | None,
     fired: FiredState | None,
@@ -300,27 +306,6 @@ def on_completion(
     return TriggerTransition(state=replace(current, children=children, last_event_ms=now_ms))
 
 
-def on_status(
-    state: TriggerState | None,
-    fired: FiredState | None,
-    recorded: Mapping[str, str] | None,
-    parent_id: str,
-    statuses: Sequence[ChildCompletion],
-    now_ms: int,
-) -> tuple[TriggerState | None, dict[str, str]]:
-    """Children's final statuses (in arrival order): the trigger's state and its statuses afterwards.
-
-    Ignored once the trigger fired (the marker answers for the parent). Otherwise recorded, the first final status
-    of a child staying, and the trigger's state (created unregistered if need be) notes the event: statuses live as
-    long as the unfired state they answer for, and expire with it.
-    """
-    merged = merge_statuses(recorded, statuses)
-    if fired is not None or merged == dict(recorded or {}):
-        return state, kept_statuses(state, fired, recorded or {})
-    current = state or TriggerState(parent_id=parent_id, first_seen_ms=now_ms)
-    return replace(current, last_event_ms=now_ms), merged
-
-
 def on_sweep(
     state: TriggerState | None,
     fired: FiredState | None,
@@ -329,33 +314,18 @@ def on_sweep(
     *,
     config: TriggerConfig,
 ) -> TriggerTransition:
-    """The safety sweep looks at a trigger with its children's final statuses (the source of truth).
+    """The safety sweep looks at a trigger with its children's final statuses, as their own transactions committed
+    them (the source of truth: app/trigger_status.py).
 
     A registered trigger past its grace period whose children are all done fires, though completion events
     were lost; the statuses win over the completions where both name a child. Anything else stays as it is.
     """
-    if fired is not None or state is None or not state.registered or state.expected_count is None:
+    if state is None or state.expected_count is None or not sweep_asks(state, fired, now_ms, config):
         return TriggerTransition(state=state, fired=fired)
-    due = sweep_due_ms(state, config)
-    if due is None or now_ms < due:
-        return TriggerTransition(state=state)
     children = {**state.children, **statuses}
     if len(children) < state.expected_count:
         return TriggerTransition(state=state)
     return _fire(state, config, FIRED_BY_SWEEP, children, now_ms)
-
-
-def merge_statuses(recorded: Mapping[str, str] | None, statuses: Sequence[ChildCompletion]) -> dict[str, str]:
-    """A parent's child-status view after ``statuses`` (in arrival order): a final status is final, the first one stays."""
-    merged = dict(recorded or {})
-    for status in statuses:
-        merged.setdefault(status.child_id, status.outcome)
-    return merged
-
-
-def kept_statuses(state: TriggerState | None, fired: FiredState | None, statuses: Mapping[str, str]) -> dict[str, str]:
-    """The statuses a parent keeps: only while an unfired trigger state answers for them (dropped when it fires or expires)."""
-    return {} if fired is not None or state is None else dict(statuses)
 
 
 def expiry_due_ms(state: TriggerState | None, fired: FiredState | None, config: TriggerConfig) -> int | None:
@@ -371,16 +341,15 @@ def expiry_due_ms(state: TriggerState | None, fired: FiredState | None, config: 
 def on_expiry(
     state: TriggerState | None,
     fired: FiredState | None,
-    statuses: Mapping[str, str],
     now_ms: int,
     *,
     config: TriggerConfig,
 ) -> TriggerTransition:
     """A tick at or after the parent's expiry (:func:`expiry_due_ms`): what it kept goes.
 
-    A fired marker is deleted (events after it start afresh). An unfired state first gets the sweep's check once more
-    (its children may all be done by their statuses) and otherwise is dropped with its statuses, described in
-    ``expired``: ``never-fired`` for a registered trigger, ``orphan-completions`` for a parent that never registered.
+    A fired marker is deleted (events after it start afresh). An unfired state is dropped, described in ``expired``:
+    ``never-fired`` for a registered trigger, ``orphan-completions`` for a parent that never registered. (The sweep
+    looked at a registered one, with its children's committed statuses, every period until then.)
     """
     due = expiry_due_ms(state, fired, config)
     if due is None or now_ms < due:
@@ -388,11 +357,8 @@ def on_expiry(
     if fired is not None:
         return TriggerTransition(state=state)  # the marker's retention is over (a fired trigger keeps no other state)
     assert state is not None  # a due time means a state or a marker
-    swept = on_sweep(state, None, statuses, now_ms, config=config)
-    if swept.wake is not None:
-        return swept
     idle = f"nothing changed for {now_ms - state.last_active_ms} ms (retention {config.orphan_retention_ms} ms)"
-    done = f"{len(state.children)} completions and {len(statuses)} statuses"
+    done = f"{len(state.children)} completions"
     if state.registered:
         reason = NEVER_FIRED
         error = (
@@ -409,7 +375,6 @@ def on_expiry(
         "reason": reason,
         "expired_ms": now_ms,
         "state": state.to_dict(),
-        "statuses": dict(sorted(statuses.items())),
     }
     return TriggerTransition(state=None, expired=Expired(reason=reason, error=error, record=record))
 
@@ -460,13 +425,13 @@ def registration_message(
 
 
 def completion_message(parent_id: str, child_id: str, outcome: str = OK) -> Message:
-    """A child of ``parent_id`` ended with ``outcome`` (published after the child committed its work; may be lost)."""
+    """A child of ``parent_id`` ended with ``outcome``.
+
+    Send it in the transaction that commits the child's work: a weir agent's Kafka transaction, or the child's
+    database transaction through the outbox (:func:`app.trigger_status.child_done`, which also records the status
+    the sweep reads). One published after a commit elsewhere may be lost, and the sweep cannot see that child.
+    """
     return parent_id, {"kind": "completion", "parent_id": parent_id, "child_id": child_id, "outcome": outcome}
-
-
-def status_message(parent_id: str, child_id: str, outcome: str = OK) -> Message:
-    """A child's final status, recorded with its work: the source of truth the safety sweep reads."""
-    return parent_id, {"kind": "status", "parent_id": parent_id, "child_id": child_id, "outcome": outcome}
 
 
 async def publish_trigger_messages(bootstrap: str, topic_prefix: str, messages: Iterable[Message]) -> int:

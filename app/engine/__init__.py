@@ -61,7 +61,8 @@ are replaced by :func:`install`; ``App(Table=..., Topic=...)`` names the table a
    batch's part use that part's partition and transaction.
 8. ``faust.tables.recovery.Recovery.need_recovery`` is wrapped (:mod:`~app.engine.restore`); it reads and sets
    ``active_offsets`` / ``active_highwaters``. Why: a changelog ending in transaction markers took two
-   5-second timeouts to be seen restored.
+   5-second timeouts to be seen restored. ``Recovery._set_recovery_started`` and ``_set_recovery_ended`` are
+   wrapped (``time_restores``; they read ``in_recovery``). Why: the restore time of /metrics (:mod:`app.metrics`).
 9. ``take_ready`` (:mod:`~app.engine.streams`) uses ``Stream._enable_passive`` and ``Stream._processors``. Why:
    Faust's ``noack_take`` waits its timer even when no further event is ready.
 10. The web views read Faust's RocksDB ``Store._dbs``, ``_visible_items``, ``_encode_key``, ``_decode_key``,
@@ -104,12 +105,12 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from app.engine import config as _config
 from app.engine import fetcher, kip447, restore
-from app.engine.commit import observe_commits
+from app.engine.commit import observe_aborts, observe_commits
 from app.engine.config import EngineConfig, worker_slot
 from app.engine.delivery import WeirConsumer, ack_handled, first_delivery, to_process
 from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
-from app.engine.overlay import WeirTable, WeirTopic
-from app.engine.restore import wipe_local_tables
+from app.engine.overlay import WeirTable, WeirTopic, send_record
+from app.engine.restore import observe_restores, wipe_local_tables
 from app.engine.scopes import batch_scope, event_scope, gate, part_scope
 from app.engine.stores import by_partition, partition_get, partition_items
 from app.engine.streams import take_ready
@@ -122,6 +123,7 @@ __all__ = [
     "install",
     "WeirTable",
     "WeirTopic",
+    "send_record",
     "gate",
     "batch_scope",
     "event_scope",
@@ -134,6 +136,8 @@ __all__ = [
     "describe_consumer",
     "committed_offsets",
     "observe_commits",
+    "observe_aborts",
+    "observe_restores",
     "take_ready",
     "by_partition",
     "partition_items",
@@ -181,3 +185,4 @@ def install(config: EngineConfig) -> None:
     kip447.install(per_worker=config.worker_transaction is not None)
     fetcher.note_skipped_offsets()
     restore.end_restores_at_markers()
+    restore.time_restores()

@@ -26,7 +26,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
 from aiokafka.errors import CommitFailedError, ProducerFenced
@@ -36,7 +36,16 @@ from faust.types import TP
 from app.engine.diagnostics import trace, tracing
 from app.engine.scopes import await_deliveries, gate, take_deferred
 
-__all__ = ["force_commit", "commit_transactions", "commit_one", "CommitBudget", "CommitObserver", "observe_commits"]
+__all__ = [
+    "force_commit",
+    "commit_transactions",
+    "commit_one",
+    "CommitBudget",
+    "CommitObserver",
+    "observe_commits",
+    "AbortObserver",
+    "observe_aborts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,20 @@ def observe_commits(observer: CommitObserver) -> None:
     """Tell ``observer`` of every exactly-once commit from now on (once, however often it is passed)."""
     if observer not in _commit_observers:
         _commit_observers.append(observer)
+
+
+#: Told of every commit of :func:`commit_transactions` that did not commit: (its outcome, "failed" or "fenced";
+#: the source partitions whose handled records it held). weir never commits such a transaction: the broker aborts
+#: it (at the next producer of its transactional id, or at its timeout) and those records are handled again from
+#: the committed offset. For metrics: must not raise.
+AbortObserver = Callable[[str, Iterable[TP]], None]
+_abort_observers: list[AbortObserver] = []
+
+
+def observe_aborts(observer: AbortObserver) -> None:
+    """Tell ``observer`` of every exactly-once commit that ended its transaction without committing it (once per observer)."""
+    if observer not in _abort_observers:
+        _abort_observers.append(observer)
 
 
 async def force_commit(
@@ -101,6 +124,9 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
     finally:
         for observer in _commit_observers:
             observer(time.monotonic() - began, outcome)
+        if outcome != "committed" and offsets:
+            for abort_observer in _abort_observers:
+                abort_observer(outcome, offsets.keys())
         if tracing():
             took = f"{1000 * (began - gate.commit_asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
             trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ from faust.types import TP
 from app.engine import fetcher, kip447
 from app.engine.config import installed
 
-__all__ = ["changelog_ends", "end_restores_at_markers", "wipe_local_tables"]
+__all__ = ["changelog_ends", "end_restores_at_markers", "time_restores", "RestoreObserver", "observe_restores", "wipe_local_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,55 @@ def end_restores_at_markers() -> None:
 
     Recovery.need_recovery = need_recovery  # type: ignore[method-assign]
     Recovery._weir_ends_at_markers = True  # type: ignore[attr-defined]
+
+
+#: Told of every restore of this worker's tables when it ends: the seconds from its start (the recovery that followed
+#: a partition assignment) until the tables were up to date with their changelogs. For metrics: must not raise.
+RestoreObserver = Callable[[float], None]
+_restore_observers: list[RestoreObserver] = []
+
+
+def observe_restores(observer: RestoreObserver) -> None:
+    """Tell ``observer`` how long each restore took, from now on (once, however often it is passed)."""
+    if observer not in _restore_observers:
+        _restore_observers.append(observer)
+
+
+def time_restores() -> None:
+    """Time each restore from its start to its end, as Faust's recovery marks them, and tell the restore observers.
+
+    Wraps ``faust.tables.recovery.Recovery._set_recovery_started`` and ``_set_recovery_ended``, which read and set
+    ``in_recovery``. Faust marks a start twice per restore (before it asks the changelogs' ends, and again when
+    there is something to read) and an end twice (when the changelogs are read, and when the restore completes);
+    a restore here runs from the first start to the first end, so a restore that a new rebalance restarted counts
+    once, with the time until the tables were up to date at last. A restore with nothing to read counts too (its
+    time is the changelogs' ends asked of the broker).
+    """
+    from faust.tables.recovery import Recovery
+
+    if getattr(Recovery, "_weir_timed", False):
+        return
+    started: Any = Recovery._set_recovery_started
+    ended: Any = Recovery._set_recovery_ended
+
+    def _set_recovery_started(self: Any) -> None:
+        if not self.in_recovery:
+            self._weir_restore_began = time.monotonic()
+        started(self)
+
+    def _set_recovery_ended(self: Any) -> None:
+        began = getattr(self, "_weir_restore_began", None) if self.in_recovery else None
+        ended(self)
+        if began is not None:
+            self._weir_restore_began = None
+            took = time.monotonic() - began
+            log.info("tables restored in %.3f s", took)
+            for observer in _restore_observers:
+                observer(took)
+
+    Recovery._set_recovery_started = _set_recovery_started  # type: ignore[method-assign]
+    Recovery._set_recovery_ended = _set_recovery_ended  # type: ignore[method-assign]
+    Recovery._weir_timed = True  # type: ignore[attr-defined]
 
 
 def wipe_local_tables(tabledir: Path) -> None:

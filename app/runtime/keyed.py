@@ -35,7 +35,7 @@ import faust
 from aiokafka.errors import IllegalOperation, ProducerFenced
 from faust.types import EventT, TableT
 
-from app import metrics
+from app import engine, metrics
 from app.codec import dumps
 from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
 from app.core import now_ms as wall_clock_ms
@@ -167,10 +167,7 @@ async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
         key = output.key.encode() if output.key is not None else None
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
-                if output.headers:
-                    await output.topic.send(key=key, value=value, headers=list(output.headers))
-                else:
-                    await output.topic.send(key=key, value=value)
+                await engine.send_record(output.topic, key, value, list(output.headers) if output.headers else None)
                 break
             except asyncio.CancelledError:
                 raise

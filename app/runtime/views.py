@@ -9,9 +9,11 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Summarize", "GroupBy", "PatternView", "register_view", "view_for"]
+__all__ = ["Summarize", "GroupBy", "PatternView", "register_view", "view_for", "best_match"]
+
+T = TypeVar("T")
 
 Summarize = Callable[[Any, int], Mapping[str, Any]]
 GroupBy = Callable[[Any], str]
@@ -46,8 +48,15 @@ def register_view(table_name: str, *, summarize: Summarize, title: str | None = 
 
 def view_for(table_name: str) -> PatternView | None:
     """The view registered for ``table_name``: its exact name, else the longest matching pattern."""
-    exact = _views.get(table_name)
-    if exact is not None:
-        return exact
-    matching = [view for pattern, view in _views.items() if "*" in pattern and fnmatch.fnmatchcase(table_name, pattern)]
-    return max(matching, key=lambda view: len(view.pattern), default=None)
+    return best_match(table_name, _views)
+
+
+def best_match(table_name: str, registered: Mapping[str, T]) -> T | None:
+    """What ``registered`` holds for ``table_name``: under its exact name, else under the longest ``*`` pattern it matches.
+
+    The one rule by which a table finds what its pattern registered (its view here, its gauge in :mod:`app.metrics`).
+    """
+    if table_name in registered:
+        return registered[table_name]
+    matching = [pattern for pattern in registered if "*" in pattern and fnmatch.fnmatchcase(table_name, pattern)]
+    return registered[max(matching, key=len)] if matching else None

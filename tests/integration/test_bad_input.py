@@ -62,6 +62,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
         "batch_id": 0,
         "orders": [{"order_id": "a", "time": "12:00", "items": [["vanilla", 1]]}],
     },
+    "eof-join": {"kind": "totals", "client": "c-1", "batches": 1, "orders": 1, "scoops": {"vanilla": 1}},
     "shop.orders": {"ticket": "d/s/1", "screen": "d/s", "line": 1, "text": SHOP_LINE},
     "shop.payments": {
         "kind": "capture",
@@ -88,7 +89,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
 #: Each agent set (one worker each) and the input topics its agents read.
 AGENT_SETS: dict[str, tuple[str, ...]] = {
     "all": ("orders", "items", "item-results"),
-    "eof_filter,eof_controller,eof_aggregator": ("eof-batches", "eof-counter", "eof-aggregate"),
+    "eof_filter,eof_controller,eof_aggregator,eof_joiner": ("eof-batches", "eof-counter", "eof-aggregate", "eof-join"),
     "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": (
         "shop.orders",
         "shop.payments",
@@ -280,7 +281,7 @@ def _check_triggers(pipeline: Pipeline) -> None:
 
 VALID_AFTERWARDS: dict[str, Callable[[Pipeline], None]] = {
     "all": _check_split_aggregate,
-    "eof_filter,eof_controller,eof_aggregator": _check_eof,
+    "eof_filter,eof_controller,eof_aggregator,eof_joiner": _check_eof,
     "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": _check_shop,
     "triggers": _check_triggers,
 }

@@ -1,4 +1,4 @@
-"""End-of-stream per client end to end: gateway, parallel filter processes, controller, aggregator, cleanup."""
+"""End-of-stream per client end to end: gateway, parallel filter processes, controller, group-by/aggregate, joiner, cleanup."""
 
 from __future__ import annotations
 
@@ -7,16 +7,27 @@ import json
 import random
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
 from app.eof_gateway import Gateway, batched
 from app.kafka_io import produce, read_topic
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS, OpeningHours, filter_batch, reference_report
+from tables.eof import (
+    TOPIC_AGGREGATE,
+    TOPIC_BATCHES,
+    TOPIC_COUNTER,
+    TOPIC_JOIN,
+    TOPIC_REPORTS,
+    OpeningHours,
+    filter_batch,
+    reference_report,
+)
 from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -25,6 +36,10 @@ HOURS = OpeningHours()
 BATCH_SIZE = 5
 MAX_BATCH_ORDERS = 3  # the filter splits batches with more valid orders than this
 FLAVOURS = sorted(CATALOGUE_CENTS)
+#: Every stage's table that keeps state per client: the cleanup broadcast must reach each of them.
+CLIENT_TABLES = ("eof_counters", "eof_totals", "eof_joins")
+#: A client's own price list, without one flavour it sells (that flavour is reported unpriced).
+SHOP_PRICES = {flavour: 100 + 10 * number for number, flavour in enumerate(FLAVOURS[1:])}
 
 
 def client_lines(rng: random.Random, client: str, batches: int, drop_rate: float) -> list[str]:
@@ -67,18 +82,21 @@ def start_eof_workers(pipeline: Pipeline, **env: Any) -> dict[str, Any]:
         "filter-b": pipeline.start_worker("eof_filter", **common),
         "controller": pipeline.start_worker("eof_controller", **common),
         "aggregator": pipeline.start_worker("eof_aggregator", **common),
+        "joiner": pipeline.start_worker("eof_joiner", **common),
     }
     for worker in workers.values():
         worker.wait_ready()
     return workers
 
 
-def assert_reports_exact(reports: dict[str, dict[str, Any]], clients: dict[str, list[str]]) -> None:
+def assert_reports_exact(
+    reports: dict[str, dict[str, Any]], clients: dict[str, list[str]], prices: dict[str, dict[str, int]] | None = None
+) -> None:
     wrong = {}
     for client, lines in clients.items():
         report = dict(reports[client])
         report.pop("batches", None)
-        expected = reference_report(client, lines, CATALOGUE_CENTS, HOURS)
+        expected = reference_report(client, lines, CATALOGUE_CENTS, HOURS, prices=(prices or {}).get(client))
         if report != expected:
             wrong[client] = (report, expected)
     assert not wrong, f"{len(wrong)} reports differ from the sequential reference, e.g. {next(iter(wrong.items()))}"
@@ -90,42 +108,81 @@ def last_values(pipeline: Pipeline, table: str) -> dict[str, Any]:
     return {orjson.loads(record.key): (orjson.loads(record.value) if record.value is not None else None) for record in records}
 
 
+#: What a stage's value holds of a client besides the bookkeeping a tombstone keeps (client, times, closed).
+CLIENT_DATA = {
+    "eof_counters": ("sent_total", "reported", "finish_sent"),
+    "eof_totals": ("seen", "orders", "scoops", "expected", "flushed"),
+    "eof_joins": ("prices", "totals", "reported"),
+}
+
+
+def assert_every_stage_held_and_dropped(pipeline: Pipeline, clients: list[str], timeout_s: float = 60.0) -> None:
+    """The cleanup broadcast reached every stage with per-client state: each client's last value in every such table
+    (read_committed, from the changelog) holds none of its data any more (a tombstone or nothing), and every table
+    did hold data of each client before (else the check would prove nothing)."""
+    deadline = time.monotonic() + timeout_s
+    holding: dict[str, list[str]] = {}
+    while time.monotonic() < deadline:
+        holding = {}
+        for table, fields in CLIENT_DATA.items():
+            values = last_values(pipeline, table)
+            holding[table] = [c for c in clients if values.get(c) is not None and any(values[c].get(f) for f in fields)]
+        if not any(holding.values()):
+            break
+        time.sleep(1.0)
+    else:
+        raise AssertionError(f"clients whose data a stage still holds after the report and {timeout_s}s: {holding}")
+    for table, fields in CLIENT_DATA.items():
+        records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda _: False, timeout_s=2.0))
+        held = {orjson.loads(r.key) for r in records if r.value is not None and any(orjson.loads(r.value).get(f) for f in fields)}
+        never = [client for client in clients if client not in held]
+        assert not never, f"{table} never held data of {never}: the cleanup check proves nothing there"
+
+
 def assert_cleaned_up(pipeline: Pipeline, timeout_s: float = 30.0) -> None:
     """No table keeps a finished client's keys once the tombstones' retention passed."""
     deadline = time.monotonic() + timeout_s
     left: dict[str, list[str]] = {}
     while time.monotonic() < deadline:
-        left = {
-            table: [key for key, value in last_values(pipeline, table).items() if value is not None]
-            for table in ("eof_counters", "eof_totals")
-        }
+        left = {table: [key for key, value in last_values(pipeline, table).items() if value is not None] for table in CLIENT_TABLES}
         if not any(left.values()):
             return
         time.sleep(1.0)
     raise AssertionError(f"client keys still in the tables after {timeout_s}s: {left}")
 
 
-async def run_all(pipeline: Pipeline, clients: dict[str, list[str]], timeout_s: float = 240.0) -> dict[str, dict[str, Any]]:
+async def run_all(
+    pipeline: Pipeline, clients: dict[str, list[str]], timeout_s: float = 240.0, prices: dict[str, dict[str, int]] | None = None
+) -> dict[str, dict[str, Any]]:
     async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
         results = await asyncio.gather(
-            *(gateway.run_client(c, lines, batch_size=BATCH_SIZE, timeout_s=timeout_s) for c, lines in clients.items())
+            *(
+                gateway.run_client(c, lines, batch_size=BATCH_SIZE, timeout_s=timeout_s, prices=(prices or {}).get(c))
+                for c, lines in clients.items()
+            )
         )
     return {report["client"]: report for report in results}
 
 
 def test_twenty_clients_get_exact_reports_and_are_cleaned_up(pipeline: Pipeline) -> None:
     clients = make_clients(seed=20, count=20)
-    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
+    # Two clients price with their own lists (one flavour missing: reported unpriced); the others with the catalogue.
+    prices = {"screen-1": SHOP_PRICES, "screen-5": SHOP_PRICES}
+    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000, WEIR_EOF_CLOSED_RETENTION_MS=20_000)
     started = time.monotonic()
-    reports = asyncio.run(run_all(pipeline, clients))
+    reports = asyncio.run(run_all(pipeline, clients, prices=prices))
     elapsed = time.monotonic() - started
     batches = sum(len(batched(lines, BATCH_SIZE)) for lines in clients.values())
     print(f"\n20 clients, {batches} batches, {sum(map(len, clients.values()))} lines: all reports in {elapsed:.1f}s")
-    assert_reports_exact(reports, clients)
+    assert_reports_exact(reports, clients, prices)
     assert reports["screen-0"]["orders"] == 0
     assert reports["screen-0"]["status"] == "complete"
     assert all(report["status"] == "complete" for report in reports.values())
-    assert_cleaned_up(pipeline)
+    assert reports["screen-1"]["unpriced"] == [FLAVOURS[0]]
+    assert all(report["unpriced"] == [] for client, report in reports.items() if client not in prices)
+    # The tombstones' retention (20 s) outlasts this check: what it sees is the cleanup broadcast, not the expiry.
+    assert_every_stage_held_and_dropped(pipeline, list(clients), timeout_s=15.0)
+    assert_cleaned_up(pipeline, timeout_s=60.0)
 
 
 def test_idle_client_is_reported_abandoned(pipeline: Pipeline) -> None:
@@ -148,13 +205,61 @@ def test_idle_client_is_reported_abandoned(pipeline: Pipeline) -> None:
     assert_cleaned_up(pipeline)
 
 
-def test_duplicated_counter_reports_and_batches_change_nothing(pipeline: Pipeline) -> None:
+def client_totals(lines: list[str]) -> dict[str, Any]:
+    """The totals the group-by/aggregate stage flushes for a client's lines (what the joiner receives)."""
+    forwarded = [
+        chunk
+        for number, batch in enumerate(batched(lines, BATCH_SIZE))
+        for chunk in filter_batch(number, batch, CATALOGUE_CENTS, HOURS, MAX_BATCH_ORDERS).forwarded
+    ]
+    scoops: Counter[str] = Counter()
+    for _, orders in forwarded:
+        for order in orders:
+            for flavour, count in order.items:
+                scoops[flavour] += count
+    return {"batches": len(forwarded), "orders": sum(len(orders) for _, orders in forwarded), "scoops": dict(scoops)}
+
+
+async def produce_at(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
+    """Send records; their (partition, offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, key=key, value=value) for key, value in records]
+        return [(metadata.partition, metadata.offset) for metadata in await asyncio.gather(*sent)]
+    finally:
+        await producer.stop()
+
+
+def wait_until_committed(trace: Path, topic: str, positions: list[tuple[int, int]], timeout_s: float) -> None:
+    """Until a worker committed every position of ``topic`` (WEIR_TRACE_FILE), under exactly_once with what it sent."""
+    deadline = time.monotonic() + timeout_s
+    pending = positions
+    while time.monotonic() < deadline:
+        committed: dict[int, int] = {}
+        for line in trace.read_text().splitlines() if trace.exists() else []:
+            _, _, what, name, partition, offset = line.split()
+            if what == "commit" and name == topic:
+                committed[int(partition)] = max(committed.get(int(partition), -1), int(offset))
+        pending = [(partition, offset) for partition, offset in positions if committed.get(partition, -1) <= offset]
+        if not pending:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{len(pending)} records of {topic} not committed after {timeout_s}s, e.g. {pending[:3]}")
+
+
+def test_duplicated_counter_reports_batches_price_lists_and_totals_change_nothing(pipeline: Pipeline, tmp_path: Path) -> None:
     clients = make_clients(seed=7, count=8)
-    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
+    trace = tmp_path / "trace.txt"
+    # Tombstones outlast the test's late duplicates: a duplicate after the retention would open a stray key.
+    start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000, WEIR_EOF_CLOSED_RETENTION_MS=15_000, WEIR_TRACE_FILE=trace)
+    late_totals: list[tuple[int, int]] = []
 
     async def scenario() -> dict[str, dict[str, Any]]:
         duplicates_batches: list[tuple[bytes, bytes]] = []
         duplicates_reports: list[tuple[bytes, bytes]] = []
+        # The joiner gets each client's price list before the gateway sends it (the same list: nothing changes).
+        duplicates_prices = [(c.encode(), dumps({"kind": "prices", "client": c, "prices": CATALOGUE_CENTS})) for c in clients]
         for client, lines in clients.items():
             for batch_id, batch in enumerate(batched(lines, BATCH_SIZE)):
                 if batch_id % 3:
@@ -168,20 +273,37 @@ def test_duplicated_counter_reports_and_batches_change_nothing(pipeline: Pipelin
                 for out_id, orders in outcome.forwarded:
                     forwarded = {"kind": "batch", "client": client, "batch_id": out_id, "orders": [order.to_dict() for order in orders]}
                     duplicates_batches.append((client.encode(), dumps(forwarded)))
-        # Reports and forwarded batches injected *before* the real ones, then the input batches again.
+        # Reports, forwarded batches and price lists injected *before* the real ones, then the input batches again.
+        await produce(pipeline.bootstrap, pipeline.topic(TOPIC_JOIN), duplicates_prices)
         await produce(pipeline.bootstrap, pipeline.topic(TOPIC_COUNTER), duplicates_reports)
         await produce(
             pipeline.bootstrap, pipeline.topic(TOPIC_AGGREGATE), [record for record in duplicates_batches if b"/" not in record[0]]
         )
         await produce(pipeline.bootstrap, pipeline.topic(TOPIC_BATCHES), [record for record in duplicates_batches if b"/" in record[0]])
-        reports = await run_all(pipeline, clients)
-        return reports
+
+        async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
+
+            async def run_then_redeliver_totals(client: str, lines: list[str]) -> dict[str, Any]:
+                report = await gateway.run_client(client, lines, batch_size=BATCH_SIZE, timeout_s=240)
+                # The aggregator's totals again, twice, once the report is out: the joiner (reported, or a tombstone
+                # by then) sends no second report.
+                totals = (client.encode(), dumps({"kind": "totals", "client": client, **client_totals(lines)}))
+                late_totals.extend(await produce_at(pipeline.bootstrap, pipeline.topic(TOPIC_JOIN), [totals, totals]))
+                return report
+
+            results = await asyncio.gather(*(run_then_redeliver_totals(client, lines) for client, lines in clients.items()))
+        return {report["client"]: report for report in results}
 
     reports = asyncio.run(scenario())
     assert_reports_exact(reports, clients)
+    # Once the joiner committed the redelivered totals, a second report would be on the topic.
+    wait_until_committed(trace, pipeline.topic(TOPIC_JOIN), late_totals, timeout_s=60)
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(TOPIC_REPORTS), until=lambda _: False, timeout_s=3.0))
+    assert Counter(orjson.loads(record.value)["client"] for record in records) == dict.fromkeys(clients, 1)
+    assert_cleaned_up(pipeline, timeout_s=60.0)
 
 
-def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pipeline: Pipeline) -> None:
+def test_sigkill_of_controller_joiner_and_a_filter_mid_run_keeps_every_report_exact(pipeline: Pipeline) -> None:
     clients = make_clients(seed=11, count=12)
     workers = start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=60_000)
 
@@ -200,15 +322,17 @@ def test_sigkill_of_controller_and_a_filter_mid_run_keeps_every_report_exact(pip
             )
             workers["controller"].kill()
             workers["filter-a"].kill()
+            workers["joiner"].kill()
             killed_at_ms.append(int(time.time() * 1000))
-            print("\nSIGKILLed the controller and filter-a mid-run")
+            print("\nSIGKILLed the controller, the joiner and filter-a mid-run")
             await asyncio.sleep(1.0)
-            pipeline.start_worker(
-                "eof_controller",
-                WEIR_EOF_MAX_BATCH_ORDERS=MAX_BATCH_ORDERS,
-                WEIR_EOF_CLOSED_RETENTION_MS=2000,
-                WEIR_EOF_IDLE_TIMEOUT_MS=60_000,
-            )
+            for agents in ("eof_controller", "eof_joiner"):
+                pipeline.start_worker(
+                    agents,
+                    WEIR_EOF_MAX_BATCH_ORDERS=MAX_BATCH_ORDERS,
+                    WEIR_EOF_CLOSED_RETENTION_MS=2000,
+                    WEIR_EOF_IDLE_TIMEOUT_MS=60_000,
+                )
             results = await asyncio.gather(*runs)
         return {report["client"]: report for report in results}
 

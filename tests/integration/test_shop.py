@@ -4,6 +4,7 @@ number in any record, and no reservation for a rejected card."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import random
 import re
@@ -17,7 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.catalogue import CATALOGUE_CENTS
-from app.kafka_io import read_topic
+from app.kafka_io import produce, read_topic
 from app.shop_demo import STAGES, run_shop
 from scripts.make_shop_orders import order_lines
 from tables.shop import decision_key, gateway_decision, parse_shop_order
@@ -221,6 +222,28 @@ CARD_LINES = [
 ]
 
 
+#: Records written straight to the orders topic, not by a screen, that cannot even be decoded: dead-lettered as they
+#: came, but for their card numbers (the orders stage's dead-letter redaction). Their keys name no ticket.
+RAW_RECORDS = [
+    (b"raw-1", b"\xff\xfe binary, card 4929 1234 5678 9012 inside"),  # not UTF-8: its dead letter holds base64
+    (b"raw-2 card 4485275742308327", b"card=4485275742308327; not json"),  # in the key too
+]
+
+
+def _dead_letter_bytes(record: Any) -> bytes:
+    """A dead letter's original key, value, header values and error as bytes (base64 fields decoded)."""
+    try:
+        letter = orjson.loads(record.value)
+    except orjson.JSONDecodeError:
+        return b""
+    fields = [letter.get("key"), letter.get("value"), *(raw for _, raw in letter.get("headers") or [])]
+    found = [str(letter.get("error", "")).encode()]
+    for field in fields:
+        if isinstance(field, dict) and field.get("base64"):
+            found.append(base64.b64decode(field["base64"]))
+    return b"|".join(found)
+
+
 def _card_numbers(screens: dict[str, list[str]]) -> set[str]:
     """Every card number in the input, as digits: the cards of the orders and the numbers on the other lines."""
     found = set()
@@ -252,17 +275,34 @@ def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pip
     screens["screen-1"] = [*screens["screen-1"], *CARD_LINES]
     numbers = _card_numbers(screens)
     assert len(numbers) > 80, "the input holds the cards of the orders and of the bad lines"
+    raw_numbers = _card_numbers({"raw": [(key + b" " + value).decode("utf-8", "replace") for key, value in RAW_RECORDS]})
+    assert len(raw_numbers) == 2
+    numbers |= raw_numbers
     start_shop(pipeline)
     result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
     assert_invariants(result, screens)
+    # then, with the shop still open, records no screen wrote (no ticket, so no line's outcome: a dead letter only)
+    asyncio.run(produce(pipeline.bootstrap, pipeline.topic("shop.orders"), RAW_RECORDS))
 
+    def raw_letters(rows: list[Any]) -> list[Any]:
+        return [row for row in rows if row.value and orjson.loads(row.value)["agent"] == "shop_orders" and b"raw-" in (row.key or b"")]
+
+    dead = asyncio.run(
+        read_topic(pipeline.bootstrap, pipeline.topic("dead-letters"), until=lambda rows: len(raw_letters(rows)) >= 2, timeout_s=30)
+    )
+    assert {orjson.loads(row.value)["reason"] for row in raw_letters(dead)} == {"undecodable"}, "each raw record is dead-lettered"
     records = asyncio.run(_every_record(pipeline.bootstrap, pipeline.prefix))
     assert pipeline.topic("dead-letters") in records
     assert pipeline.topic("shop.orders") in records
     leaks = []
     for name, topic_records in records.items():
         for record in topic_records:
-            text = re.sub(rb"[ -]", b"", (record.key or b"") + b"|" + (record.value or b"")).decode("utf-8", "replace")
+            if name == pipeline.topic("shop.orders") and (record.key, record.value) in RAW_RECORDS:
+                continue  # what the test itself wrote there, numbers and all
+            raw = (record.key or b"") + b"|" + (record.value or b"")
+            if name == pipeline.topic("dead-letters"):
+                raw += b"|" + _dead_letter_bytes(record)
+            text = re.sub(rb"[ -]", b"", raw).decode("utf-8", "replace")
             leaks += [(name, number) for number in numbers if number in text]
     assert not leaks, f"{len(leaks)} card numbers in records, e.g. {leaks[:5]}"
     assert sum(len(topic_records) for topic_records in records.values()) > 1000, "the scan read the day's records"

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from app.kafka_io import ensure_topics, read_topic
+from app.outbox import OutboxRelay, open_outbox, write
+from app.trigger_status import child_done
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
@@ -22,7 +27,6 @@ from tables.triggers import (
     outcome_summary,
     publish_trigger_messages,
     registration_message,
-    status_message,
 )
 from tests.integration.conftest import Pipeline
 
@@ -133,7 +137,7 @@ def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_comp
     elapsed = max(wake["fired_ms"] for wake in wakes) / 1000 - started
     assert_woken_once(wakes, parents, pipeline)
     fired_by = Counter(wake["fired_by"] for wake in wakes)
-    assert fired_by["sweep"] == 0, "no completion was lost and no status recorded: the sweep has nothing to fire"
+    assert fired_by["sweep"] == 0, "no completion was lost and no status source is set: the sweep has nothing to fire"
     assert fired_by["registration"] > 0, "some parents registered after all their children ended"
     events = len(completions) + len(registrations)
     stats = trigger_stats(pipeline, events=events)
@@ -143,8 +147,9 @@ def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_comp
     assert stats["state_writes"] < events, "trigger state must be written once per parent per batch, not once per event"
 
 
-def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipeline: Pipeline) -> None:
+def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipeline: Pipeline, tmp_path: Path) -> None:
     create_topics(pipeline)
+    children_db = str(tmp_path / "children.sqlite")
     interval_ms, grace_ms = 500, 1000
     rng = random.Random(23)
     parents = make_parents(200, seed=9)
@@ -153,17 +158,28 @@ def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipe
     lost: set[str] = set()
     for parent, children in parents.items():
         for child, outcome in children.items():
-            children_messages.append(status_message(parent, child, outcome))  # recorded with the child's work, never lost
             if rng.random() < 0.05:
                 lost.add(parent)  # the completion event of this child never reaches the broker
             else:
                 children_messages.append(completion_message(parent, child, outcome))
     rng.shuffle(children_messages)
     assert 20 < len(lost) < 200
-    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_SWEEP_PAGE_SIZE=16)
+    outbox = open_outbox(children_db)
+    worker = pipeline.start_worker(
+        "triggers",
+        WEIR_SWEEP_INTERVAL_MS=interval_ms,
+        WEIR_SWEEP_GRACE_MS=grace_ms,
+        WEIR_SWEEP_PAGE_SIZE=16,
+        WEIR_TRIGGER_STATUS_DB=children_db,
+    )
     worker.wait_ready()
     started = time.monotonic()
     publish(pipeline, registrations)
+    with write(outbox, notify=lambda _: None) as tx:  # every child commits its status (its outbox rows are never relayed)
+        for parent, children in parents.items():
+            for child, outcome in children.items():
+                child_done(tx, parent, child, outcome, topic_prefix=pipeline.prefix)
+    outbox.close()
     publish(pipeline, children_messages)
     sent_ms = int(time.time() * 1000)
     wakes = read_wakes(pipeline, expected=len(parents), timeout_s=120, settle_s=2 * (interval_ms + grace_ms) / 1000 + 1)
@@ -172,11 +188,11 @@ def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipe
     by_parent = {wake["parent_id"]: wake for wake in wakes}
     swept = {parent for parent, wake in by_parent.items() if wake["fired_by"] == "sweep"}
     assert lost <= swept, f"parents whose completions were lost must be fired by the sweep: {sorted(lost - swept)[:10]}"
-    # A parent whose completions were all sent may be swept too when its statuses were processed and its grace
-    # passed before its completions were: all its children were done, so that firing is right (and still the only one).
+    # A parent whose completions were all sent may be swept too when its grace passed before its completions were
+    # processed: all its children had committed, so that firing is right (and still the only one).
     overtaken = swept - lost
     # Due at registration + grace, looked at on the next sweep tick (every interval); a trigger whose statuses were
-    # not all recorded yet at its first look is looked at again after max(grace, interval).
+    # not all committed yet at its first look is looked at again after max(grace, interval).
     late_ms = [by_parent[parent]["fired_ms"] - max(by_parent[parent]["registered_ms"] + grace_ms, sent_ms) for parent in lost]
     print(
         f"\n[sweep] {len(lost)} parents lost a completion; woken {min(late_ms)}..{max(late_ms)} ms after due (grace {grace_ms} ms); "
@@ -227,11 +243,11 @@ def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after
     )
     worker.wait_ready()
     # "orphan" never registers; "fired" does and fires, so its marker expires too, and it must not be dead-lettered.
-    publish(pipeline, [completion_message("orphan", "a"), status_message("orphan", "b"), completion_message("orphan", "a", "failed")])
+    publish(pipeline, [completion_message("orphan", "a"), completion_message("orphan", "b"), completion_message("orphan", "a", "failed")])
     publish(pipeline, [registration("fired", {"x": OK}), completion_message("fired", "x")])
     wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=0)
     assert [wake["parent_id"] for wake in wakes] == ["fired"]
-    tables = ("triggers", "triggers_fired", "trigger_child_status")
+    tables = ("triggers", "triggers_fired")
     deadline = time.monotonic() + 60
     seen: dict[str, set[str]] = {}
     left: dict[str, set[str]] = {}
@@ -244,14 +260,113 @@ def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after
         if letters and not left:
             break
         time.sleep(0.5)
-    held = {("triggers", "orphan"), ("trigger_child_status", "orphan"), ("triggers_fired", "fired")}
+    held = {("triggers", "orphan"), ("triggers_fired", "fired")}
     assert all(key in seen.get(table, set()) for table, key in held), f"the tables never held the state checked: {seen}"
     assert not left, f"state left after the retention: {left}"
     [letter] = letters
     assert (letter["reason"], letter["agent"]) == ("orphan-completions", "triggers"), letter
     assert letter["key"]["text"] == "orphan"
     held = orjson.loads(letter["value"]["text"])
-    assert held["state"]["children"] == {"a": OK}, "a child is counted once, its first completion"
-    assert held["statuses"] == {"b": OK}
+    assert held["state"]["children"] == {"a": OK, "b": OK}, "a child is counted once, its first completion"
     time.sleep(2 * retention_ms / 1000)
     assert len(dead_letters(pipeline)) == 1, "one dead letter, once"
+
+
+# The child of the seed's case: it commits its work and its status in one database transaction through the outbox,
+# then waits to be killed; nothing of it is published (no relay runs).
+CHILD = """
+import sys, time
+from app.outbox import open_outbox, write
+from app.trigger_status import child_done
+location, prefix, parent_id, child_id = sys.argv[1:5]
+outbox = open_outbox(location)
+mark = "%s" if location.startswith("postgres") else "?"
+with write(outbox) as tx:
+    tx.connection.execute("CREATE TABLE IF NOT EXISTS child_work (child_id TEXT PRIMARY KEY)")
+print("ready", flush=True)
+sys.stdin.readline()
+with write(outbox) as tx:
+    tx.connection.execute(f"INSERT INTO child_work VALUES ({mark})", (child_id,))
+    child_done(tx, parent_id, child_id, "failed", topic_prefix=prefix)
+print("committed", time.time_ns() // 1_000_000, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def children_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The children's database: a SQLite file, or a fresh schema on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "children.sqlite")
+    return str(request.getfixturevalue("postgres_schema")())
+
+
+def fired_marker(pipeline: Pipeline, parent_id: str) -> dict[str, Any] | None:
+    """The parent's fired marker as the committed changelog of ``triggers_fired`` holds it last."""
+    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("triggers_fired-changelog"), until=lambda _: False, timeout_s=2.0))
+    latest = {orjson.loads(record.key): record.value for record in records}
+    value = latest.get(parent_id)
+    return None if value is None else dict(orjson.loads(value))
+
+
+def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_parent_once(pipeline: Pipeline, children_db: str) -> None:
+    create_topics(pipeline)
+    interval_ms, grace_ms = 1000, 2000
+    worker = pipeline.start_worker(
+        "triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_TRIGGER_STATUS_DB=children_db
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, children_db, pipeline.prefix, "parent", "killed"],
+        env=pipeline.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        worker.wait_ready()
+        publish(pipeline, [registration("parent", {"heard": OK, "killed": "failed"})])
+        publish(pipeline, [completion_message("parent", "heard")])  # the other child ends as usual
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        word, committed_ms = child.stdout.readline().split()
+        assert word == "committed"
+        child.kill()  # SIGKILL: its completion is an outbox row no relay has published
+    finally:
+        child.kill()
+        child.wait()
+    outbox = open_outbox(children_db)
+    try:
+        assert outbox.pending_count() == 1, "the killed child published nothing"
+        wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=2 * (interval_ms + grace_ms) / 1000)
+        [wake] = wakes
+        assert (wake["parent_id"], wake["fired_by"]) == ("parent", "sweep")
+        assert wake["summary"] == outcome_summary({"heard": OK, "killed": "failed"})
+        # Due at registration + grace (the first look), or at the next look after the commit if it came later.
+        due_ms = max(wake["registered_ms"] + grace_ms, int(committed_ms))
+        late_ms = wake["fired_ms"] - due_ms
+        kind = "postgresql" if children_db.startswith("postgres") else "sqlite"
+        print(f"\n[sweep from {kind}] woken {late_ms} ms after due (interval {interval_ms} ms, grace {grace_ms} ms)")
+        # 2.5 s of slack for processing and producing on a shared two-core machine
+        assert late_ms <= max(interval_ms, grace_ms) + interval_ms + 2500, f"the sweep fired {late_ms} ms after due"
+
+        # The relay publishes the dead child's completion at last: counted late on the fired marker, no second wake.
+        async def relay_until_drained() -> None:
+            relay = OutboxRelay(
+                outbox, bootstrap=pipeline.bootstrap, topic=pipeline.topic("outbox"), batch_size=10, on_sleep=lambda _: relay.stop()
+            )
+            await relay.run()
+
+        asyncio.run(relay_until_drained())
+        assert outbox.pending_count() == 0
+        deadline = time.monotonic() + 30
+        while (marker := fired_marker(pipeline, "parent")) is None or marker["late_completions"] < 1:
+            assert time.monotonic() < deadline, f"the late completion was never absorbed: {marker}"
+            time.sleep(0.5)
+        time.sleep(2 * interval_ms / 1000)
+        assert len(read_wakes(pipeline, expected=1, timeout_s=10, settle_s=0)) == 1, "the parent was woken once"
+        assert not dead_letters(pipeline)
+    finally:
+        outbox.close()

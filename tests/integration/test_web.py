@@ -20,6 +20,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from app.kafka_io import ensure_topics, produce, produce_json
+from app.web import weir_partition
 from tests.conftest import ROOT
 from tests.integration.conftest import Pipeline
 
@@ -294,6 +295,29 @@ def test_faust_table_routes_point_to_the_weir_views(deployment: Pipeline) -> Non
             assert found["key"] == key
         assert get(f"{url}/table/aggregates/")[1]["see"] == "/weir/tables/aggregates/"
         assert get(f"{url}/table/")[1]["see"] == "/weir/"
+
+
+def test_faust_router_routes_point_to_the_weir_view_that_names_the_owner(deployment: Pipeline) -> None:
+    first, second = deployment.workers
+    owner_of_partition = {partition: base(worker) for worker in (first, second) for partition in owned(worker, "aggregates")}
+    owners = set()
+    for key in OPEN_GROUPS:
+        owner = owner_of_partition[weir_partition(key, 4)]  # the worker whose partition holds the key, by weir's partitioner
+        owners.add(owner)
+        for worker in (first, second):
+            status, body, _ = get(f"{base(worker)}/router/aggregates/{quote(key, safe='')}/")
+            see = f"/weir/tables/aggregates/{quote(key, safe='')}/"
+            assert status == 404, body
+            assert (body["table"], body["key"], body["see"]) == ("aggregates", key, see)
+            assert body["error"].startswith("Faust's /router/ views are off on weir workers")
+            status, found, _ = get(base(worker) + body["see"])
+            assert status == 200, found
+            assert (found["key"], found["worker"]) == (key, owner), "weir's view names the worker that owns the key"
+    assert owners == {base(first), base(second)}, "the keys are spread over both workers"
+    for worker in (first, second):
+        assert get(f"{base(worker)}/router/aggregates/")[1]["see"] == "/weir/tables/aggregates/"
+        assert get(f"{base(worker)}/router/")[1]["see"] == "/weir/"
+        assert get(f"{base(worker)}/router/topics")[1]["see"] == "/weir/"
 
 
 # ------------------------------------------------------------------------------------------ Chromium

@@ -50,8 +50,9 @@ def _exported() -> dict[str, set[str]]:
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
             labels_of[value._name] = set(value._labelnames)  # no public accessor for a metric's label names
-    for family in metrics.COLLECTOR.describe():
-        labels_of[family.name] = set(getattr(family, "_labelnames", ()))
+    for collector in (metrics.COLLECTOR, metrics.OUTBOX_COLLECTOR):
+        for family in collector.describe():
+            labels_of[family.name] = set(getattr(family, "_labelnames", ()))
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"), "gauge": ("",)}
     names: dict[str, set[str]] = {}
     for family in metrics.REGISTRY.collect():

@@ -72,3 +72,67 @@ def test_a_failing_sync_step_in_a_pool_is_retried_and_reported() -> None:
     assert not outcome.ok
     assert "ValueError: no" in (outcome.error or "")
     assert len(calls) == outcome.attempts >= 2
+
+
+class _Flaky:
+    """A sync step that raises its first ``failures`` calls for each payload, then doubles it."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: dict[Any, int] = {}
+
+    def __call__(self, payload: Any) -> Any:
+        self.calls[payload] = self.calls.get(payload, 0) + 1
+        if self.calls[payload] <= self.failures:
+            raise ValueError(f"call {self.calls[payload]} of {payload!r}")
+        return payload * 2
+
+
+def _outcomes(function: _Flaky, payloads: list[int]) -> list[Any]:
+    """The item worker's outcomes for one item message, its step tried in place first (as the pipeline's sync step is)."""
+    from app.aggregation import ItemWorker
+
+    async def step(payload: Any, index: int, message: dict[str, Any]) -> Any:
+        raise AssertionError("a sync step in place is not run through the coroutine step")
+
+    worker = ItemWorker(agent="items", step=step, results=None, concurrent=False, concurrency=1, in_place=function)  # type: ignore[arg-type]
+    message = {
+        "kind": "items",
+        "correlation_id": "o-1",
+        "total": len(payloads),
+        "items": [{"index": index, "last": index == len(payloads) - 1, "payload": payload} for index, payload in enumerate(payloads)],
+    }
+
+    async def run() -> Any:
+        return await worker.outcomes(None, message)  # type: ignore[arg-type]
+
+    _, outcome_message = asyncio.run(run())
+    return list(outcome_message["items"]) if outcome_message["kind"] == "items" else [outcome_message]
+
+
+def test_a_sync_step_tried_in_place_gives_each_items_result_with_one_attempt() -> None:
+    function = _Flaky(failures=0)
+    items = _outcomes(function, [1, 2, 3])
+    assert [(item["ok"], item["result"], item["attempts"]) for item in items] == [(True, 2, 1), (True, 4, 1), (True, 6, 1)]
+    assert function.calls == {1: 1, 2: 1, 3: 1}
+
+
+def test_a_sync_step_tried_in_place_that_raises_is_retried_by_the_policy_from_its_second_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app import aggregation
+    from app.errors import RetryPolicy
+
+    monkeypatch.setattr(aggregation, "retry_policy", RetryPolicy(attempts=3, backoff_ms=1, max_backoff_ms=1))
+    dead: list[dict[str, Any]] = []
+
+    async def dead_letter(event: Any, **fields: Any) -> None:
+        dead.append(fields)
+
+    monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
+    once = _Flaky(failures=1)
+    assert [(item["ok"], item["result"], item["attempts"]) for item in _outcomes(once, [5])] == [(True, 10, 2)]
+    assert once.calls == {5: 2}
+    always = _Flaky(failures=99)
+    [item] = _outcomes(always, [7])
+    assert (item["ok"], item["attempts"], item["error"]) == (False, 3, "ValueError: call 3 of 7")
+    assert always.calls == {7: 3}, "the policy's three attempts in all, the first in place"
+    assert [(fields["reason"], fields["attempts"]) for fields in dead] == [("failed", 3)], "the failed item is dead-lettered alone"

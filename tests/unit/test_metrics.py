@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,12 +14,29 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import core, engine, metrics
-from app.engine import commit, delivery
+from app.engine import commit, delivery, restore
+from app.outbox import RelayStats, SQLiteOutbox, write
 from app.runtime import keyed
 from app.runtime.keyed import Change, KeyedState, Output, Refusal
+from tables.barrier import BarrierState, Waiting
+from tables.eof import ControllerState
+from tables.triggers import TriggerState
 
 #: The only label names a weir metric may have: all bounded (never a key or a correlation id).
-BOUNDED_LABELS = {"agent", "topic", "partition", "reason", "table", "outcome", "aggregator", "status"}
+BOUNDED_LABELS = {
+    "agent",
+    "topic",
+    "partition",
+    "reason",
+    "table",
+    "outcome",
+    "aggregator",
+    "status",
+    "barrier",
+    "fired_by",
+    "outbox",
+    "cause",
+}
 
 
 def value(name: str, **labels: str) -> float:
@@ -159,8 +178,8 @@ def test_the_lag_is_the_end_less_the_committed_offset_where_both_are_known() -> 
 class _State:
     """Stands in for the running worker that :class:`app.metrics.WorkerState` reads."""
 
-    def __init__(self, committed: Mapping[TP, int], ends: Mapping[TP, int | None], keys: list[tuple[str, int, int]]) -> None:
-        self.committed, self.ends, self.keys = committed, ends, keys
+    def __init__(self, committed: Mapping[TP, int], ends: Mapping[TP, int | None], values: list[tuple[str, int, list[Any]]]) -> None:
+        self.committed, self.ends, self.values = committed, ends, values
 
     def committed_offsets(self) -> Mapping[TP, int]:
         return self.committed
@@ -171,8 +190,8 @@ class _State:
     def source_partitions(self) -> set[TP]:
         return set(self.committed) | set(self.ends)
 
-    def table_keys(self) -> Iterator[tuple[str, int, int]]:
-        return iter(self.keys)
+    def table_partitions(self) -> Iterator[tuple[str, int, Iterator[Any]]]:
+        return ((table, partition, iter(values)) for table, partition, values in self.values)
 
 
 @pytest.fixture
@@ -180,7 +199,7 @@ def worker_state(monkeypatch: pytest.MonkeyPatch) -> _State:
     state = _State(
         committed={TP("t.orders", 0): 7, TP("t.orders", 1): 2, TP("t.items", 0): 0},
         ends={TP("t.orders", 0): 9, TP("t.orders", 1): 2},
-        keys=[("aggregates", 0, 3), ("aggregates", 2, 0)],
+        values=[("aggregates", 0, [{}, {}, {}]), ("aggregates", 2, [])],
     )
     monkeypatch.setattr(metrics.COLLECTOR, "state", state)
     return state
@@ -255,3 +274,147 @@ def test_install_wires_the_rebalance_count_and_the_scrape(monkeypatch: pytest.Mo
     before = value("weir_rebalances_total")
     asyncio.run(metrics.count_rebalance(app, assigned=set()))
     assert value("weir_rebalances_total") - before == 1
+
+
+def _waiting(exchange_id: str) -> Waiting:
+    return Waiting(exchange_id, "audit", arrived_ms=1, deadline_ms=2, awaited=("orders",), exchange={}, resume_step=1)
+
+
+def test_the_patterns_table_gauges_count_what_each_partition_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    barrier_values = [
+        BarrierState("k1", waiting=(_waiting("a"), _waiting("b"))).to_dict(),  # release-all: two exchanges on one key
+        BarrierState("k2", waiting=(_waiting("c"),)).to_dict(),
+        BarrierState("k3").to_dict(),  # only remembered completions
+    ]
+    triggers = [TriggerState("p1", 1, expected_count=3).to_dict(), TriggerState("p2", 1).to_dict(), TriggerState("p3", 1, 2).to_dict()]
+    clients = [ControllerState("c1", 1).to_dict(), ControllerState("c2", 1, closed_ms=5).to_dict(), {"not": "a client"}]
+    state = _State(
+        committed={},
+        ends={},
+        values=[
+            ("barrier-await-order", 1, barrier_values),
+            ("barrier-await-order-deadlines", 1, [{"a": 1}]),  # the barrier's deadline index: no gauge
+            ("triggers", 0, triggers),
+            ("eof_counters", 3, clients),
+        ],
+    )
+    monkeypatch.setattr(metrics.COLLECTOR, "state", state)
+    families = scraped()
+
+    def samples(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {tuple(sorted(sample.labels.items())): sample.value for sample in families[name].samples}
+
+    assert samples("weir_barrier_waiting_exchanges") == {(("barrier", "await-order"), ("partition", "1")): 3}
+    assert samples("weir_trigger_parents_pending") == {(("partition", "0"),): 2}, "registered parents only"
+    assert samples("weir_eof_clients_in_flight") == {(("partition", "3"),): 1}, "tombstones and unreadable values left out"
+    keys = samples("weir_table_keys")
+    assert keys[(("partition", "1"), ("table", "barrier-await-order"))] == 3, "keys, not exchanges"
+    assert keys[(("partition", "3"), ("table", "eof_counters"))] == 3
+    assert metrics.table_gauge_for("barrier-await-order-deadlines") is None
+    assert metrics.table_gauge_for("aggregates") is None
+    with pytest.raises(ValueError, match="has no single"):
+        metrics.register_table_gauge("stock", metrics.TableGauge("weir_stock", "a label without a pattern", len, label="flavour"))
+
+
+def test_trigger_fires_are_read_from_the_trigger_consumer_at_scrape_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics.TRIGGER_FIRES, "read", None)
+    assert scraped()["weir_trigger_fires"].samples == [], "a process without the trigger consumer shows none"
+    fired = {"count": 4, "sweep": 1}
+    monkeypatch.setattr(metrics.TRIGGER_FIRES, "read", lambda: fired)
+    assert value("weir_trigger_fires_total", fired_by="count") == 4
+    assert value("weir_trigger_fires_total", fired_by="sweep") == 1
+    fired["sweep"] = 2
+    assert value("weir_trigger_fires_total", fired_by="sweep") == 2
+
+
+def test_barrier_transitions_count_releases_and_failures_by_reason() -> None:
+    released = value("weir_barrier_releases_total", barrier="metrics-barrier")
+    timeouts = value("weir_barrier_failures_total", barrier="metrics-barrier", reason="timeout")
+    metrics.barrier_settled("metrics-barrier", released=2, failed=["timeout", "timeout"])
+    metrics.barrier_settled("metrics-barrier")
+    assert value("weir_barrier_releases_total", barrier="metrics-barrier") - released == 2
+    assert value("weir_barrier_failures_total", barrier="metrics-barrier", reason="timeout") - timeouts == 2
+
+
+def test_a_commit_that_does_not_commit_counts_an_abort_per_source_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(commit, "_abort_observers", [])
+    engine.observe_aborts(metrics.transaction_aborted)
+    engine.observe_aborts(metrics.transaction_aborted)
+    assert commit._abort_observers == [metrics.transaction_aborted]
+
+    async def broken_flush() -> None:
+        raise RuntimeError("the producer is gone")
+
+    async def flush() -> None:
+        pass
+
+    offsets = {TP("metrics-aborts", 0): 5, TP("metrics-aborts", 2): 9}
+    before = {
+        partition: value("weir_transaction_aborts_total", topic="metrics-aborts", partition=partition, outcome="failed")
+        for partition in "012"
+    }
+    broken = SimpleNamespace(app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=broken_flush))))
+    with pytest.raises(RuntimeError, match="the producer is gone"):
+        asyncio.run(commit.commit_transactions(broken, offsets))
+    after = {
+        partition: value("weir_transaction_aborts_total", topic="metrics-aborts", partition=partition, outcome="failed")
+        for partition in "012"
+    }
+    assert {partition: after[partition] - before[partition] for partition in "012"} == {"0": 1, "1": 0, "2": 1}
+    healthy = SimpleNamespace(app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=flush)), consumer_generation_id=1))
+    assert asyncio.run(commit.commit_transactions(healthy, {}))
+    assert value("weir_transaction_aborts_total", topic="metrics-aborts", partition="0", outcome="failed") == after["0"]
+
+
+def test_a_restore_is_timed_once_from_its_first_start_to_its_first_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    from faust.tables.recovery import Recovery
+
+    engine.restore.time_restores()  # engine.install did it already: idempotent
+    seen: list[float] = []
+    monkeypatch.setattr(restore, "_restore_observers", [])
+    engine.observe_restores(seen.append)
+    engine.observe_restores(metrics.restore_observed)
+    recovery: Any = Recovery.__new__(Recovery)
+    recovery.app = SimpleNamespace(in_recovery=False)
+    recovery.in_recovery = False
+    recovery._active_events_received_at, recovery._standby_events_received_at = {}, {}
+    recovery._processing_times = deque()
+    restores = value("weir_restore_duration_seconds_count")
+    recovery._set_recovery_started()  # before the changelogs' ends are asked
+    recovery._set_recovery_started()  # again when there is something to read: the same restore
+    recovery._set_recovery_ended()  # the changelogs are read
+    recovery._set_recovery_ended()  # the restore completes: no second restore
+    assert len(seen) == 1
+    assert seen[0] >= 0
+    assert value("weir_restore_duration_seconds_count") - restores == 1
+    assert recovery.app.in_recovery is False, "Faust's own bookkeeping still runs"
+
+
+def test_an_outbox_relay_shows_its_counters_and_the_rows_pending_and_their_wait(tmp_path: Path) -> None:
+    outbox = SQLiteOutbox(tmp_path / "metrics.sqlite", source="metrics-outbox", clock_ms=lambda: 1_000_000)
+    with write(outbox, notify=lambda _: None) as transaction:
+        transaction.add(b"1", key=b"k", topic="t")
+        transaction.add(b"2", key=b"k", topic="t")
+    stats = RelayStats(rounds=3, rows_published=7, signal_wakes=2, safety_wakes=1, publish_failures=1)
+    relay = SimpleNamespace(outbox=outbox, stats=stats)
+    collector = metrics.OutboxCollector(clock=lambda: 1_004.5)
+    assert {family.name for family in collector.describe()} >= {"weir_outbox_rows_pending", "weir_outbox_relay_lag_seconds"}
+    collector.relays.append(relay)
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value for family in collector.collect() for sample in family.samples
+    }
+    source = (("outbox", "metrics-outbox"),)
+    assert samples[("weir_outbox_rows_pending", source)] == 2
+    assert samples[("weir_outbox_relay_lag_seconds", source)] == 4.5, "the oldest pending row was written 4.5 s ago"
+    assert samples[("weir_outbox_rows_relayed_total", source)] == 7
+    assert samples[("weir_outbox_relay_rounds_total", source)] == 3
+    assert samples[("weir_outbox_publish_failures_total", source)] == 1
+    assert samples[("weir_outbox_relay_wakes_total", (("cause", "safety"), *source))] == 1
+    assert samples[("weir_outbox_relay_wakes_total", (("cause", "signal"), *source))] == 2
+    outbox.mark_sent([1, 2], now_ms=1_000_100)
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value for family in collector.collect() for sample in family.samples
+    }
+    assert samples[("weir_outbox_rows_pending", source)] == 0
+    assert samples[("weir_outbox_relay_lag_seconds", source)] == 0
+    outbox.close()

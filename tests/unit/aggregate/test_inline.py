@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,8 +24,17 @@ from app import aggregation, core
 from app.aggregation import ItemWorker, split_messages
 from app.errors import StepOutcome
 from app.pipeline import AGGREGATOR
-from tables.aggregates import ItemOutcome, complete_at_once
+from tables.aggregates import (
+    COMPLETE_BY_COUNT,
+    COMPLETE_BY_FLAG,
+    AggregatorConfig,
+    GroupTransition,
+    ItemOutcome,
+    complete_at_once,
+    on_open,
+)
 from tests.unit.aggregate.test_aggregation_shell import _stage
+from tests.unit.aggregate.test_on_items import fold
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -104,3 +114,47 @@ def test_items_inline_refuses_to_start_under_at_least_once() -> None:
     done = subprocess.run([sys.executable, "-c", "import agents.splitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "WEIR_ITEMS_INLINE=1 needs WEIR_GUARANTEE=exactly_once" in done.stderr
+
+
+_configs = st.sampled_from(
+    [
+        AGGREGATOR,
+        AggregatorConfig(name="flag-only", timeout_ms=None, complete_by=frozenset({COMPLETE_BY_FLAG})),
+        AggregatorConfig(name="count-only", timeout_ms=None, complete_by=frozenset({COMPLETE_BY_COUNT})),
+    ]
+)
+
+
+@st.composite
+def _arrivals(draw: st.DrawFn) -> tuple[int, list[tuple[ItemOutcome, bool]]]:
+    """Outcomes as the inline path has them (every index once, the highest flagged last), or disturbed: shuffled,
+    repeated, missing, out of range, flagged last elsewhere or twice."""
+    total = draw(st.integers(1, 8))
+    indexes = list(range(total))
+    if draw(st.booleans()):
+        indexes = draw(st.permutations(indexes))
+    if draw(st.booleans()):
+        indexes = draw(st.lists(st.integers(-1, total + 1), min_size=0, max_size=total + 2))
+    flags = draw(st.sampled_from(["highest", "none", "random"]))
+    outcomes = []
+    for index in indexes:
+        ok = draw(st.booleans())
+        last = index == total - 1 if flags == "highest" else False if flags == "none" else draw(st.booleans())
+        outcomes.append((ItemOutcome(index=index, ok=ok, result={"i": index} if ok else None, error=None if ok else "e"), last))
+    return total, outcomes
+
+
+def _folded(config: AggregatorConfig, total: int, outcomes: list[tuple[ItemOutcome, bool]]) -> GroupTransition:
+    """What the aggregate stage does with these outcomes after the open (tests/unit/aggregate/test_on_items.py's
+    fold of on_item); the first refusal named when they did not complete the group."""
+    opened = on_open(None, "o-1", total, 10**13, 1_000, config=config).state
+    transition, rejected, _ = fold(opened, config, outcomes, total)
+    return replace(transition, rejected=rejected[0]) if rejected and transition.done is None else transition
+
+
+@given(_configs, _arrivals())
+def test_completing_at_once_is_the_aggregate_stages_fold_in_one_step(
+    config: AggregatorConfig, arrivals: tuple[int, list[tuple[ItemOutcome, bool]]]
+) -> None:
+    total, outcomes = arrivals
+    assert complete_at_once(config, "o-1", total, outcomes, 10**13, 1_000) == _folded(config, total, outcomes)

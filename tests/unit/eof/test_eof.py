@@ -10,12 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tables.eof import (
+    CLIENT_STATE_STAGES,
+    ClientJoin,
     ClientTotals,
     ControllerState,
     Emit,
     EofConfig,
     OpeningHours,
     Order,
+    Totals,
     filter_batch,
     on_aggregator_tick,
     on_batch,
@@ -23,9 +26,14 @@ from tables.eof import (
     on_controller_tick,
     on_delivered,
     on_finish,
+    on_join_cleanup,
+    on_joiner_tick,
+    on_prices,
     on_report,
     on_sent,
+    on_totals,
     parse_order,
+    parse_prices,
     reference_report,
 )
 
@@ -98,18 +106,27 @@ def test_controller_rejects_contradictions() -> None:
 def test_empty_client_finishes_with_zero_batches_and_gets_an_empty_report() -> None:
     finish = on_sent(None, "c", 0, now_ms=0).emits
     assert finish == [Emit("aggregate", {"kind": "finish", "client": "c", "expected": 0, "batches_sent": 0})]
-    flushed = on_finish(None, "c", 0, CATALOGUE, now_ms=1)
-    assert flushed.emits[0].value == {"client": "c", "status": "complete", "batches": 0, "orders": 0, "flavours": {}, "revenue_cents": 0}
+    flushed = on_finish(None, "c", 0, now_ms=1)
+    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 0, "orders": 0, "scoops": {}})]
+    joined = on_totals(on_prices(None, "c", CATALOGUE, now_ms=2).state, "c", Totals(0, 0, {}), now_ms=3)
+    assert joined.emits[0].value == {
+        "client": "c",
+        "status": "complete",
+        "batches": 0,
+        "orders": 0,
+        "flavours": {},
+        "revenue_cents": 0,
+        "unpriced": [],
+    }
 
 
 def test_delivered_cleans_up_and_tombstone_absorbs_late_duplicates_until_retention() -> None:
     state = on_report(on_sent(None, "c", 1, now_ms=0).state, "c", 0, 1, now_ms=0).state
     transition = on_delivered(state, "c", now_ms=100)
-    assert transition.emits == [Emit("aggregate", {"kind": "cleanup", "client": "c"})]
+    assert transition.emits == [Emit("aggregate", {"kind": "cleanup", "client": "c"}), Emit("join", {"kind": "cleanup", "client": "c"})]
     closed = transition.state
     assert closed is not None
-    assert closed.closed_ms == 100
-    assert closed.reported == {}
+    assert closed == ControllerState("c", 100, closed_ms=100, outcome="complete")  # a tombstone: nothing of the counts
     assert on_report(closed, "c", 0, 1, now_ms=200).state == closed
     assert on_delivered(closed, "c", now_ms=200).emits == []
     assert on_controller_tick(closed, CONFIG, now_ms=100 + CONFIG.closed_retention_ms - 1).state == closed
@@ -121,32 +138,77 @@ def test_idle_client_is_reported_abandoned_and_cleaned_up() -> None:
     assert state is not None
     assert on_controller_tick(state, CONFIG, now_ms=1_000 + CONFIG.idle_timeout_ms - 1).emits == []
     transition = on_controller_tick(state, CONFIG, now_ms=1_000 + CONFIG.idle_timeout_ms)
-    assert [emit.to for emit in transition.emits] == ["reports", "aggregate"]
+    assert [emit.to for emit in transition.emits] == ["reports", "aggregate", "join"]
     assert transition.emits[0].value["status"] == "abandoned"
     assert transition.emits[0].value["batches_reported"] == 1
     assert transition.state is not None
     assert transition.state.outcome == "abandoned"
 
 
-def test_aggregator_counts_batches_by_id_and_rejects_one_too_many() -> None:
-    order = Order("o", "12:00", (("lemon", 3),))
-    state = on_batch(None, "c", "0.0", [order], CATALOGUE, now_ms=0).state
-    assert on_batch(state, "c", "0.0", [order], CATALOGUE, now_ms=1).state == state
-    flushed = on_finish(state, "c", 1, CATALOGUE, now_ms=2)
-    assert flushed.emits[0].value["flavours"] == {"lemon": {"scoops": 3, "revenue_cents": 690}}
-    assert "then batch '1.0' arrived" in (on_batch(flushed.state, "c", "1.0", [], CATALOGUE, now_ms=3).rejected or "")
-    told = on_finish(None, "d", 1, CATALOGUE, now_ms=0).state
-    assert "now 2" in (on_finish(told, "d", 2, CATALOGUE, now_ms=1).rejected or "")
+def test_aggregator_groups_by_flavour_counts_batches_by_id_and_rejects_one_too_many() -> None:
+    order = Order("o", "12:00", (("lemon", 3), ("mint", 1)))
+    state = on_batch(None, "c", "0.0", [order, Order("p", "12:01", (("lemon", 2),))], now_ms=0).state
+    assert on_batch(state, "c", "0.0", [order], now_ms=1).state == state
+    flushed = on_finish(state, "c", 1, now_ms=2)
+    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 1, "orders": 2, "scoops": {"lemon": 5, "mint": 1}})]
+    assert "then batch '1.0' arrived" in (on_batch(flushed.state, "c", "1.0", [], now_ms=3).rejected or "")
+    told = on_finish(None, "d", 1, now_ms=0).state
+    assert "now 2" in (on_finish(told, "d", 2, now_ms=1).rejected or "")
 
 
 def test_aggregator_cleanup_leaves_a_tombstone_that_expires() -> None:
-    state = on_batch(None, "c", "0.0", [], CATALOGUE, now_ms=0).state
+    state = on_batch(None, "c", "0.0", [], now_ms=0).state
     closed = on_cleanup(state, "c", now_ms=50).state
     assert closed is not None
     assert closed.seen == frozenset()
     assert closed.closed_ms == 50
-    assert on_batch(closed, "c", "3.0", [], CATALOGUE, now_ms=60).state == closed
+    assert on_batch(closed, "c", "3.0", [], now_ms=60).state == closed
     assert on_aggregator_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms).state is None
+
+
+def test_joiner_joins_totals_with_the_clients_prices_once_whichever_comes_first() -> None:
+    totals = Totals(batches=2, orders=3, scoops={"lemon": 3, "durian": 1})
+    prices = {"lemon": 100, "vanilla": 7}
+    expected = {
+        "client": "c",
+        "status": "complete",
+        "batches": 2,
+        "orders": 3,
+        "flavours": {"durian": {"scoops": 1, "revenue_cents": 0}, "lemon": {"scoops": 3, "revenue_cents": 300}},
+        "revenue_cents": 300,
+        "unpriced": ["durian"],
+    }
+    first = on_totals(None, "c", totals, now_ms=0)
+    assert first.emits == []
+    joined = on_prices(first.state, "c", prices, now_ms=1)
+    assert joined.emits == [Emit("reports", expected)]
+    other_way = on_totals(on_prices(None, "c", prices, now_ms=0).state, "c", totals, now_ms=1)
+    assert other_way.emits == joined.emits
+    assert other_way.state == joined.state
+    assert on_totals(joined.state, "c", totals, now_ms=2).emits == []  # redelivered: nothing again
+    assert on_prices(joined.state, "c", prices, now_ms=2).emits == []
+    assert "a different one" in (on_prices(joined.state, "c", {"lemon": 1}, now_ms=2).rejected or "")
+    assert "then totals of 9" in (on_totals(joined.state, "c", Totals(9, 3, {}), now_ms=2).rejected or "")
+
+
+def test_joiner_cleanup_leaves_a_tombstone_that_absorbs_late_messages_and_expires() -> None:
+    state = on_prices(None, "c", CATALOGUE, now_ms=0).state
+    closed = on_join_cleanup(state, "c", now_ms=50).state
+    assert closed == ClientJoin("c", 50, closed_ms=50)
+    assert on_totals(closed, "c", Totals(1, 1, {"lemon": 1}), now_ms=60) == on_totals(closed, "c", Totals(1, 1, {}), now_ms=60)
+    assert on_totals(closed, "c", Totals(1, 1, {"lemon": 1}), now_ms=60).state == closed
+    assert on_prices(closed, "c", CATALOGUE, now_ms=60).state == closed
+    assert on_joiner_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms - 1).state == closed
+    assert on_joiner_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms).state is None
+    stray = on_prices(None, "s", CATALOGUE, now_ms=0).state
+    assert stray is not None
+    assert on_joiner_tick(stray, CONFIG, now_ms=stray.deadline_ms(CONFIG)).state is None
+
+
+def test_parse_prices_accepts_only_non_negative_integer_cents() -> None:
+    assert parse_prices({"lemon": 0, "mint": 255}) == {"lemon": 0, "mint": 255}
+    for bad in [None, [], {"lemon": -1}, {"lemon": 1.5}, {"lemon": True}, {"lemon": "1"}, {"lemon": 2**53}, {1: 5}]:
+        assert parse_prices(bad) is None, bad
 
 
 def test_states_round_trip_through_json() -> None:
@@ -154,6 +216,8 @@ def test_states_round_trip_through_json() -> None:
     assert ControllerState.from_dict(json.loads(json.dumps(controller.to_dict()))) == controller
     totals = ClientTotals("c", 5, seen=frozenset({"0.0", "1.1"}), orders=3, scoops={"mint": 2}, expected=4)
     assert ClientTotals.from_dict(json.loads(json.dumps(totals.to_dict()))) == totals
+    join = ClientJoin("c", 5, prices={"mint": 2}, totals=Totals(2, 3, {"mint": 4}), reported=True)
+    assert ClientJoin.from_dict(json.loads(json.dumps(join.to_dict()))) == join
 
 
 clients = st.lists(
@@ -166,12 +230,23 @@ clients = st.lists(
 )
 
 
+prices_lists = st.dictionaries(st.sampled_from(sorted(CATALOGUE)), st.integers(min_value=0, max_value=500), max_size=len(CATALOGUE))
+
+
 @PROPERTY
-@given(batches=clients, seed=st.integers(min_value=0, max_value=2**32 - 1), max_batch_orders=st.integers(min_value=1, max_value=4))
-def test_any_order_and_duplication_gives_the_sequential_report_exactly_once(
-    batches: list[tuple[int, float]], seed: int, max_batch_orders: int
+@given(
+    batches=clients,
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    max_batch_orders=st.integers(min_value=1, max_value=4),
+    prices=prices_lists,
+)
+def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_the_cleanup_empties_every_stage(
+    batches: list[tuple[int, float]], seed: int, max_batch_orders: int, prices: dict[str, int]
 ) -> None:
-    """The protocol end to end: shuffled, duplicated reports and batches; exactly one report, equal to the reference."""
+    """The protocol end to end through every stage (controller, group-by/aggregate, joiner): shuffled, duplicated
+    reports, batches, totals and price lists give exactly one report, equal to the reference; then the cleanup
+    broadcast, duplicated and mixed with late messages, leaves every stage's key a tombstone, and the retention
+    none at all."""
     rng = random.Random(seed)
     flavours = sorted(CATALOGUE)
     input_batches: list[list[str]] = []
@@ -207,19 +282,73 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once(
     rng.shuffle(aggregator_inbox)
 
     totals: ClientTotals | None = None
-    reports: list[dict[str, Any]] = []
+    joiner_inbox: list[tuple[str, Any]] = [("prices", prices), ("prices", prices)]  # the gateway's, sent twice
     for kind, payload in aggregator_inbox:
         now += 1
-        if kind == "finish":
-            step = on_finish(totals, "c", payload, CATALOGUE, now)
-        else:
-            step = on_batch(totals, "c", payload[0], payload[1], CATALOGUE, now)
+        step = on_finish(totals, "c", payload, now) if kind == "finish" else on_batch(totals, "c", payload[0], payload[1], now)
         assert step.rejected is None
         totals = step.state
-        reports.extend(emit.value for emit in step.emits)
+        for emit in step.emits:
+            assert emit.to == "join"
+            joiner_inbox += [("totals", Totals.from_dict(emit.value))] * rng.randint(1, 2)
+    assert sum(1 for kind, _ in joiner_inbox if kind == "totals") >= 1
+    rng.shuffle(joiner_inbox)
 
-    expected = reference_report("c", [line for lines in input_batches for line in lines], CATALOGUE, HOURS)
+    join: ClientJoin | None = None
+    reports: list[dict[str, Any]] = []
+    for kind, payload in joiner_inbox:
+        now += 1
+        joined = on_prices(join, "c", payload, now) if kind == "prices" else on_totals(join, "c", payload, now)
+        assert joined.rejected is None
+        join = joined.state
+        reports.extend(emit.value for emit in joined.emits if emit.to == "reports")
+
+    lines = [line for lines in input_batches for line in lines]
+    expected = reference_report("c", lines, CATALOGUE, HOURS, prices=prices)
     assert len(reports) == 1
     report = dict(reports[0])
     assert report.pop("batches") == len({forwarded[0] for kind, forwarded in aggregator_inbox if kind == "batch"})
     assert report == expected
+
+    # The gateway says "delivered" (twice): the controller broadcasts one cleanup per stage with per-client state.
+    delivered = on_delivered(controller, "c", now)
+    controller = delivered.state
+    assert on_delivered(controller, "c", now + 1).emits == []
+    cleanups = [emit for emit in delivered.emits if emit.value["kind"] == "cleanup"]
+    assert sorted(emit.to for emit in cleanups) == sorted(CLIENT_STATE_STAGES)
+    late_for_aggregator = [*[("cleanup", None)] * 2, *rng.sample(aggregator_inbox, k=min(3, len(aggregator_inbox)))]
+    late_for_joiner = [*[("cleanup", None)] * 2, *joiner_inbox[:3]]
+    rng.shuffle(late_for_aggregator)
+    rng.shuffle(late_for_joiner)
+    # Late messages may come before the cleanup too; what counts is what is left once the cleanup was applied.
+    for kind, payload in late_for_aggregator:
+        now += 1
+        if kind == "cleanup":
+            totals = on_cleanup(totals, "c", now).state
+        elif kind == "finish":
+            totals = on_finish(totals, "c", payload, now).state
+        else:
+            totals = on_batch(totals, "c", payload[0], payload[1], now).state
+    for kind, payload in late_for_joiner:
+        now += 1
+        if kind == "cleanup":
+            step_join = on_join_cleanup(join, "c", now)
+        elif kind == "prices":
+            step_join = on_prices(join, "c", payload, now)
+        else:
+            step_join = on_totals(join, "c", payload, now)
+        assert not [emit for emit in step_join.emits if emit.to == "reports"], "a second report"
+        join = step_join.state
+    assert controller is not None
+    assert totals is not None
+    assert join is not None
+    assert controller.reported == {}
+    assert controller.closed_ms is not None
+    assert totals.closed_ms is not None
+    assert totals == ClientTotals("c", totals.last_activity_ms, closed_ms=totals.closed_ms)  # no batch, no scoops left
+    assert join.closed_ms is not None
+    assert join == ClientJoin("c", join.last_activity_ms, closed_ms=join.closed_ms)  # no prices, no totals left
+    later = now + CONFIG.closed_retention_ms + 10
+    assert on_controller_tick(controller, CONFIG, later).state is None
+    assert on_aggregator_tick(totals, CONFIG, later).state is None
+    assert on_joiner_tick(join, CONFIG, later).state is None

@@ -235,6 +235,19 @@ def test_business_rows_and_outbox_rows_commit_together(outbox: Outbox) -> None:
     assert batch.rows[1].headers == (("trace", b"\x00\xff"),)
 
 
+def test_the_oldest_pending_row_is_the_lowest_id_not_yet_sent(outbox: Outbox) -> None:
+    assert outbox.oldest_pending_ms() is None
+    for value in (b"first", b"second"):
+        with write(outbox, notify=lambda _: None) as transaction:
+            transaction.add(value, key="o-1")
+    first, second = outbox.fetch_batch(10).rows
+    assert outbox.oldest_pending_ms() == first.created_ms
+    outbox.mark_sent([first.id], now_ms=second.created_ms + 1)
+    assert outbox.oldest_pending_ms() == second.created_ms
+    outbox.mark_sent([second.id], now_ms=second.created_ms + 2)
+    assert (outbox.oldest_pending_ms(), outbox.pending_count()) == (None, 0)
+
+
 def test_a_failed_transaction_leaves_neither_rows_nor_signal(outbox: Outbox) -> None:
     signalled: list[int] = []
 

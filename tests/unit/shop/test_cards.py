@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+from types import SimpleNamespace
+from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents import shop_orders
+from app import core
+from app.errors import redacted_dead_letter
 from tables.shop import (
     CARD_DECLINED,
     CARD_INVALID,
@@ -153,3 +162,47 @@ def test_a_timeout_waiting_for_the_kitchen_voids_and_releases_what_was_asked() -
     sends = settle(ORDER, _answered(True), kitchen)
     assert [(send.to, send.key) for send in sends[:3]] == [("payments", "t"), ("kitchen", "mint"), ("kitchen", "vanilla")]
     assert sends[-1].value["reason"] == "timeout waiting for kitchen"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The orders stage's dead letters go through its redaction (app.core.redact_dead_letters): any record, however broken.
+
+
+def test_every_dead_letter_of_the_orders_stage_is_masked_whatever_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[bytes | None, bytes]] = []
+
+    async def send(*, key: bytes | None, value: bytes) -> None:
+        sent.append((key, value))
+
+    monkeypatch.setattr(core.topics.dead_letters, "send", send)
+    card, other = "4539578763621486", "5555 5555 5555 4444"
+    records = [
+        (b"day/s/1", f"pay with {card}".encode()),  # not JSON
+        (f"raw-{card}".encode(), b"\xff\xfe not utf-8 " + card.encode()),  # not UTF-8: stored as base64
+        (b"day/s/2", orjson.dumps({"ticket": "day/s/2", "card": other})),  # JSON, not a screen's message
+    ]
+    for offset, (key, value) in enumerate(records):
+        message = SimpleNamespace(topic="shop.orders", partition=0, offset=offset, key=key, value=value, headers=[("h", card.encode())])
+        event = SimpleNamespace(message=message)
+        asyncio.run(core.send_dead_letter(event, reason="undecodable", error=f"bad record {card}", agent=shop_orders.AGENT, step="decode"))
+    assert len(sent) == len(records)
+    for key, value in sent:
+        letter = orjson.loads(value)
+        stored = (key or b"") + b"|" + b"|".join(field_bytes for field_bytes in _bytes_of(letter))
+        for number in (card, other.replace(" ", "")):
+            assert number.encode() not in stored.replace(b" ", b""), letter
+        assert b"1486" in stored or b"4444" in stored, "the last four digits stay"
+    # another agent's dead letters are not touched
+    plain = redacted_dead_letter({"key": {"text": "k"}, "value": {"text": card}, "headers": [], "error": ""}, lambda raw: raw)
+    assert plain["value"] == {"text": card, "base64": None}
+
+
+def _bytes_of(letter: dict[str, Any]) -> list[bytes]:
+    fields = [letter["key"], letter["value"], *(raw for _, raw in letter["headers"])]
+    found = [letter["error"].encode()]
+    for field in fields:
+        if field.get("text") is not None:
+            found.append(field["text"].encode("utf-8", "surrogatepass"))
+        elif field.get("base64") is not None:
+            found.append(base64.b64decode(field["base64"]))
+    return found

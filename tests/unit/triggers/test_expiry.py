@@ -1,7 +1,8 @@
 """Property tests of the counter trigger's retention: every piece of a parent's state goes in bounded time.
 
-A virtual clock drives the core the way the shell does (``agents/triggers.py``): events change the state, ticks run
-the sweep and, once the expiry is due, ``on_expiry``. Nothing here sleeps or touches Kafka.
+A virtual clock drives the core the way the shell does (``agents/triggers.py``): events change the state, children
+commit their statuses to their database (which the trigger's state never holds), ticks run the sweep over those
+statuses and, once the expiry is due, ``on_expiry``. Nothing here sleeps or touches Kafka.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from tables.triggers import (
     TriggerTransition,
     Wake,
     expiry_due_ms,
-    kept_statuses,
     on_completion,
     on_expiry,
     on_register,
-    on_status,
     on_sweep,
 )
 
@@ -48,7 +47,8 @@ class Parent:
     now: int = 0
     state: TriggerState | None = None
     fired: FiredState | None = None
-    statuses: dict[str, str] = field(default_factory=dict)
+    #: the children's statuses as their database holds them (app/trigger_status.py): not the trigger's state
+    committed: dict[str, str] = field(default_factory=dict)
     #: episode number -> the inputs it took ("register", or a child id)
     episodes: dict[int, list[str]] = field(default_factory=lambda: {0: []})
     #: episode number -> how it ended: ("wake", Wake) or ("dead", Expired)
@@ -61,7 +61,6 @@ class Parent:
 
     def _take(self, transition: TriggerTransition) -> None:
         self.state, self.fired = transition.state, transition.fired
-        self.statuses = kept_statuses(self.state, self.fired, self.statuses)
         ending: tuple[str, Wake | Expired] | None = None
         if transition.wake is not None:
             ending = ("wake", transition.wake)
@@ -84,27 +83,27 @@ class Parent:
         self._input(child)
         self._take(on_completion(self.state, self.fired, PARENT, [ChildCompletion(child, OK)], self.now, config=CONFIG))
 
-    def status(self, child: str) -> None:
-        self._input(child)
-        self.state, self.statuses = on_status(self.state, self.fired, self.statuses, PARENT, [ChildCompletion(child, OK)], self.now)
+    def commit(self, child: str) -> None:
+        """The child's transaction commits its status (its completion event is lost)."""
+        self.committed.setdefault(child, OK)
 
     def tick(self) -> None:
         """The shell's tick: the sweep looks at a registered trigger, then the expiry of a key that is due."""
         if self.state is not None and self.state.registered:
-            self._take(on_sweep(self.state, self.fired, self.statuses, self.now, config=CONFIG))
+            self._take(on_sweep(self.state, self.fired, self.committed, self.now, config=CONFIG))
         due = expiry_due_ms(self.state, self.fired, CONFIG)
         if due is not None and due <= self.now:
-            self._take(on_expiry(self.state, self.fired, self.statuses, self.now, config=CONFIG))
+            self._take(on_expiry(self.state, self.fired, self.now, config=CONFIG))
 
     @property
     def empty(self) -> bool:
-        return self.state is None and self.fired is None and not self.statuses
+        return self.state is None and self.fired is None
 
 
 events = st.one_of(
     st.tuples(st.just("register"), st.integers(min_value=1, max_value=3)),
     st.tuples(st.just("completion"), st.sampled_from(["a", "b", "c"])),
-    st.tuples(st.just("status"), st.sampled_from(["a", "b", "c"])),
+    st.tuples(st.just("commit"), st.sampled_from(["a", "b", "c"])),
     st.tuples(st.just("tick"), st.just(0)),
 )
 #: gaps between events: mostly short, sometimes past a grace, a retention, or both
@@ -120,8 +119,8 @@ def run(script: list[tuple[tuple[str, Any], int]]) -> Parent:
             parent.register(value)
         elif kind == "completion":
             parent.complete(value)
-        elif kind == "status":
-            parent.status(value)
+        elif kind == "commit":
+            parent.commit(value)
         else:
             parent.tick()
     return parent
@@ -140,7 +139,7 @@ def test_after_the_last_event_and_the_retentions_and_a_tick_nothing_is_left(scri
     parent.tick()
     parent.now += CONFIG.done_retention_ms
     parent.tick()
-    assert parent.empty, (parent.state, parent.fired, parent.statuses)
+    assert parent.empty, (parent.state, parent.fired)
 
 
 @PROPERTY
@@ -163,7 +162,7 @@ def test_every_episode_ends_once_and_what_never_fired_is_in_exactly_one_dead_let
             continue
         assert isinstance(what, Expired)
         held = what.record["state"]
-        children = set(held["children"]) | set(what.record["statuses"])
+        children = set(held["children"])
         assert children == {item for item in inputs if item != "register"}, "the dead letter holds every child it dropped"
         if "register" in inputs:
             assert what.reason == NEVER_FIRED
@@ -180,7 +179,7 @@ def test_a_tick_before_the_expiry_changes_nothing_a_sweep_would_not(script: list
     parent = run(script)
     before = (parent.state, parent.fired)
     due = expiry_due_ms(parent.state, parent.fired, CONFIG)
-    transition = on_expiry(parent.state, parent.fired, parent.statuses, parent.now + wait_ms, config=CONFIG)
+    transition = on_expiry(parent.state, parent.fired, parent.now + wait_ms, config=CONFIG)
     if due is None or parent.now + wait_ms < due:
         assert (transition.state, transition.fired) == before
         assert transition.expired is None
@@ -191,7 +190,7 @@ def test_completions_of_a_parent_that_never_registers_go_to_one_dead_letter() ->
     parent = Parent()
     parent.complete("a")
     parent.now += 3_000
-    parent.status("b")
+    parent.complete("b")
     parent.complete("a")  # redelivered: changes nothing, so it does not push the expiry back
     parent.now = 3_000 + CONFIG.orphan_retention_ms - 1
     parent.tick()
@@ -203,8 +202,7 @@ def test_completions_of_a_parent_that_never_registers_go_to_one_dead_letter() ->
     assert how == "dead"
     assert isinstance(expired, Expired)
     assert expired.reason == ORPHAN_COMPLETIONS
-    assert expired.record["state"]["children"] == {"a": OK}
-    assert expired.record["statuses"] == {"b": OK}
+    assert expired.record["state"]["children"] == {"a": OK, "b": OK}
     assert "never registered" in expired.error
 
 
@@ -218,7 +216,7 @@ def test_completions_after_the_fired_mark_expired_and_a_repeated_registration_ex
     assert parent.empty, "the fired mark goes at the end of the done retention"
     parent.complete("a")  # late: its mark is gone, so it starts a new, unregistered state
     parent.register(2)  # a repeat of the first registration, too late to be recognised
-    parent.status("a")
+    parent.commit("a")
     parent.now += CONFIG.orphan_retention_ms
     parent.tick()
     assert parent.empty
@@ -229,16 +227,17 @@ def test_completions_after_the_fired_mark_expired_and_a_repeated_registration_ex
     assert "registered for 2 children" in expired.error
 
 
-def test_a_registered_trigger_whose_statuses_are_all_in_fires_at_expiry_instead_of_dying() -> None:
+def test_a_registered_trigger_whose_children_all_committed_is_woken_by_the_sweep_not_dropped() -> None:
     parent = Parent()
     parent.register(2)
-    parent.status("a")
-    parent.status("b")
+    parent.commit("a")
+    parent.commit("b")
     parent.now += CONFIG.orphan_retention_ms
-    transition = on_expiry(parent.state, parent.fired, parent.statuses, parent.now, config=CONFIG)
-    assert transition.expired is None
-    assert transition.wake is not None
-    assert transition.wake.record["fired_by"] == "sweep"
+    parent.tick()
+    [(how, wake)] = parent.endings[0]
+    assert how == "wake"
+    assert isinstance(wake, Wake)
+    assert wake.record["fired_by"] == "sweep"
 
 
 def test_old_states_without_a_last_event_expire_from_their_first_sighting() -> None:

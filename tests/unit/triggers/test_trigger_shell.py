@@ -7,8 +7,10 @@ keyed by the parent. The clock is an argument; nothing sleeps or touches Kafka.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,8 +18,10 @@ import orjson
 import pytest
 
 from agents import triggers
+from app.outbox import SQLiteOutbox, write
 from app.runtime import keyed
-from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, registration_message, status_message
+from app.trigger_status import SQLiteStatusSource, child_done
+from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, registration_message
 
 CONFIG = replace(triggers.CONFIG, sweep_grace_ms=1_000, done_retention_ms=5_000, orphan_retention_ms=8_000)
 
@@ -81,12 +85,8 @@ class Shell:
         asyncio.run(triggers._handle_partition([self._event(None, {"kind": "sweep"})], self.now))
 
     def keys_of(self, parent_id: str) -> dict[str, Any]:
-        """What the parent's own tables (states, fired markers, statuses) hold for it."""
-        return {
-            name: table[parent_id]
-            for name, table in zip(("states", "fired", "statuses"), self.dicts[:3], strict=True)
-            if parent_id in table
-        }
+        """What the parent's own tables (states, fired markers) hold for it."""
+        return {name: table[parent_id] for name, table in zip(("states", "fired"), self.dicts[:2], strict=True) if parent_id in table}
 
 
 @pytest.fixture
@@ -97,8 +97,8 @@ def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
 
 
 def test_a_parent_that_never_registers_leaves_nothing_and_one_dead_letter(shell: Shell) -> None:
-    shell.send(completion_message("orphan", "a"), status_message("orphan", "b"), completion_message("orphan", "a"))
-    assert set(shell.keys_of("orphan")) == {"states", "statuses"}
+    shell.send(completion_message("orphan", "a"), completion_message("orphan", "b"), completion_message("orphan", "a"))
+    assert set(shell.keys_of("orphan")) == {"states"}
     shell.tick(shell.now + CONFIG.orphan_retention_ms - 1_000)
     assert shell.keys_of("orphan"), "kept for its whole retention"
     shell.tick(shell.now + 1_000)
@@ -107,17 +107,16 @@ def test_a_parent_that_never_registers_leaves_nothing_and_one_dead_letter(shell:
     assert letter["reason"] == "orphan-completions"
     assert letter["key"] == b"orphan"
     held = orjson.loads(letter["value"])
-    assert held["state"]["children"] == {"a": "ok"}
-    assert held["statuses"] == {"b": "ok"}
+    assert held["state"]["children"] == {"a": "ok", "b": "ok"}
     shell.tick(shell.now + 10 * CONFIG.orphan_retention_ms)
     assert len(shell.dead_letters) == 1
     assert not shell.wakes.sent
 
 
 def test_a_fired_mark_expires_and_what_comes_after_it_expires_as_never_fired(shell: Shell) -> None:
-    shell.send(registration_message("p", 1), completion_message("p", "a"), status_message("p", "a"))
+    shell.send(registration_message("p", 1), completion_message("p", "a"))
     assert len(shell.wakes.sent) == 1
-    assert set(shell.keys_of("p")) == {"fired"}, "statuses go when the trigger fires"
+    assert set(shell.keys_of("p")) == {"fired"}, "a fired trigger keeps only its marker"
     fired_at = shell.now
     shell.tick(fired_at + CONFIG.done_retention_ms)
     assert shell.keys_of("p") == {}
@@ -130,3 +129,71 @@ def test_a_fired_mark_expires_and_what_comes_after_it_expires_as_never_fired(she
     # the sweep queue drained too: no entry waits for a parent that is gone
     shell.tick(shell.now + 60_000)
     assert triggers.sweep_queue.waiting(0) == 0
+
+
+def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(
+    shell: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = SQLiteOutbox(tmp_path / "children.sqlite")
+    source = SQLiteStatusSource(tmp_path / "children.sqlite")
+    monkeypatch.setattr(triggers, "_status_source", source)
+    try:
+        shell.send(registration_message("p", 2), registration_message("q", 1))
+        shell.send(completion_message("p", "a"))  # p's first child was heard; its second committed and died
+        with write(outbox, notify=lambda _: None) as tx:
+            child_done(tx, "p", "a", topic_prefix="weir.")
+            child_done(tx, "p", "b", "failed", topic_prefix="weir.")
+        with contextlib.suppress(RuntimeError), write(outbox, notify=lambda _: None) as tx:
+            child_done(tx, "q", "x", topic_prefix="weir.")
+            raise RuntimeError("the child's transaction rolled back: no status, no completion")
+        shell.tick(shell.now + CONFIG.sweep_grace_ms - 1)
+        assert not shell.wakes.sent, "within the grace period the sweep does not look"
+        shell.tick(shell.now + 1)
+        [(key, wake)] = shell.wakes.sent
+        assert (key, wake["fired_by"], wake["summary"]["failed"]) == (b"p", "sweep", ["b"])
+        # the relay publishes the completions later: they change nothing
+        shell.send(completion_message("p", "b", "failed"), completion_message("p", "a"))
+        shell.tick(shell.now + 3 * CONFIG.sweep_grace_ms)
+        assert len(shell.wakes.sent) == 1
+        assert set(shell.keys_of("q")) == {"states"}, "q's child never committed: q waits"
+        assert outbox.pending_count() == 2, "the completions are outbox rows, published by the relay"
+    finally:
+        source.close()
+        outbox.close()
+
+
+def test_a_status_message_is_no_longer_a_source_of_truth_but_a_dead_letter(shell: Shell) -> None:
+    shell.send(registration_message("p", 1), ("p", {"kind": "status", "parent_id": "p", "child_id": "a", "outcome": "ok"}))
+    shell.tick(shell.now + 2 * CONFIG.sweep_grace_ms)
+    assert not shell.wakes.sent
+    assert [letter["reason"] for letter in shell.dead_letters] == ["invalid"]
+
+
+def test_a_status_source_that_fails_fires_nothing_and_the_sweep_looks_again(
+    shell: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = SQLiteOutbox(tmp_path / "children.sqlite")
+    source = SQLiteStatusSource(tmp_path / "children.sqlite")
+    answers: list[str] = []
+
+    async def away(parent_ids: Any) -> dict[str, dict[str, str]]:
+        answers.append("away")
+        raise OSError("database unreachable")
+
+    monkeypatch.setattr(triggers, "_status_source", source)
+    monkeypatch.setattr(triggers, "RECHECK_MS", 2_000)
+    try:
+        shell.send(registration_message("p", 1))
+        with write(outbox, notify=lambda _: None) as tx:
+            child_done(tx, "p", "a", topic_prefix="weir.")
+        with monkeypatch.context() as patched:
+            patched.setattr(source, "statuses", away)
+            shell.tick(shell.now + CONFIG.sweep_grace_ms)
+        assert answers == ["away"]
+        assert not shell.wakes.sent
+        assert not shell.dead_letters, "a source that cannot answer is not a dead letter"
+        shell.tick(shell.now + triggers.RECHECK_MS)
+        assert [wake["fired_by"] for _, wake in shell.wakes.sent] == ["sweep"]
+    finally:
+        source.close()
+        outbox.close()

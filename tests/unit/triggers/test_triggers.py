@@ -21,12 +21,12 @@ from tables.triggers import (
     TriggerState,
     Wake,
     completion_message,
-    merge_statuses,
     on_completion,
     on_register,
     on_sweep,
     outcome_summary,
     registration_message,
+    sweep_asks,
 )
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -239,11 +239,6 @@ def test_sweep_never_fires_an_unregistered_trigger() -> None:
     assert fold.state is not None
 
 
-def test_statuses_keep_the_first_final_status() -> None:
-    merged = merge_statuses({"a": OK}, [ChildCompletion("a", "failed"), ChildCompletion("b", "failed"), ChildCompletion("b", OK)])
-    assert merged == {"a": OK, "b": "failed"}
-
-
 states = st.builds(
     TriggerState,
     parent_id=st.text(min_size=1, max_size=8),
@@ -317,3 +312,77 @@ def test_sweep_queue_reads_one_page_per_step_resumes_from_its_cursor_and_stops_a
     assert queue.waiting(0) == 1
     assert queue.waiting(1) == 1
     assert len([key for key in table if key.startswith("0:") and key not in ("0:head", "0:tail")]) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sweep's source of truth: statuses committed with the children's work (app/trigger_status.py), read by the
+# sweep at any time, with completion events lost, late or repeated.
+
+
+@st.composite
+def committed_timelines(draw: st.DrawFn) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Children with outcomes and a timeline: each child commits (its status row) once, then its completion comes
+    0 to 2 times (0: lost with the child); the registration anywhere; sweeps anywhere, each some time after the last."""
+    expected = draw(st.integers(min_value=1, max_value=6))
+    outcomes = {f"c{index}": draw(st.sampled_from([OK, "failed"])) for index in range(expected)}
+    timeline: list[tuple[str, str]] = [("register", "")]
+    for child in outcomes:
+        position = draw(st.integers(min_value=0, max_value=len(timeline)))
+        timeline.insert(position, ("commit", child))
+        for _ in range(draw(st.integers(min_value=0, max_value=2))):
+            later = draw(st.integers(min_value=position + 1, max_value=len(timeline)))
+            timeline.insert(later, ("completion", child))
+    for _ in range(draw(st.integers(min_value=0, max_value=6))):
+        timeline.insert(draw(st.integers(min_value=0, max_value=len(timeline))), ("sweep", str(draw(st.integers(0, 1_500)))))
+    return outcomes, timeline
+
+
+@PROPERTY
+@given(committed_timelines())
+def test_the_committed_statuses_wake_the_parent_once_never_before_every_child_committed(
+    scenario: tuple[dict[str, str], list[tuple[str, str]]],
+) -> None:
+    outcomes, timeline = scenario
+    fold = Fold(len(outcomes))
+    committed: dict[str, str] = {}  # the status table: what the children's transactions committed so far
+    delivered: set[str] = set()
+    for kind, argument in timeline:
+        wakes_before = len(fold.wakes)
+        if kind == "register":
+            fold.register()
+        elif kind == "commit":
+            committed[argument] = outcomes[argument]
+        elif kind == "completion":
+            delivered.add(argument)
+            fold.complete([ChildCompletion(argument, outcomes[argument])])
+        else:
+            fold.now += int(argument)
+            fold.sweep(dict(committed))
+        if len(fold.wakes) > wakes_before:
+            assert set(committed) == set(outcomes), "woken before every child had committed its work"
+            if fold.wakes[-1].record["fired_by"] == "sweep":
+                assert delivered != set(outcomes), "the sweep fired a parent whose completions had all come"
+    # Later: the sweep after the grace period reads every child's committed status.
+    fold.now += CONFIG.sweep_grace_ms
+    fold.sweep(dict(committed))
+    assert len(fold.wakes) == 1, f"woken {len(fold.wakes)} times"
+    assert fold.wakes[0].record["summary"] == outcome_summary(outcomes)
+    # and the completions the relay publishes after all (or publishes again) change nothing
+    fold.complete([ChildCompletion(child, outcome) for child, outcome in outcomes.items()])
+    fold.sweep(dict(committed))
+    assert len(fold.wakes) == 1
+    assert fold.state is None
+
+
+@PROPERTY
+@given(
+    states.filter(lambda state: state.expected_count is None or state.wake_topic is not None),
+    st.none() | fired_states,
+    st.integers(min_value=0, max_value=2**41),
+)
+def test_the_sweep_asks_about_every_trigger_it_could_fire(state: TriggerState, fired: FiredState | None, now_ms: int) -> None:
+    """The shell queries the status source only for the parents ``sweep_asks`` names: it must name every one that
+    ``on_sweep`` would fire with every child done."""
+    everything = {f"x{index}": OK for index in range(state.expected_count or 0)}
+    fires = on_sweep(state, fired, everything, now_ms, config=CONFIG).wake is not None
+    assert fires == sweep_asks(state, fired, now_ms, CONFIG)

@@ -306,3 +306,23 @@ def test_dead_letters_decode_the_original_message_where_possible() -> None:
     assert record(b"\xff\xfe")["value_decoded"] is None  # binary: only the base64 in "value"
     foreign = web.decode_dead_letter(b"\x00garbage", topic="t", partition=0, offset=0, timestamp_ms=NOW)
     assert foreign["error"].startswith("not a weir dead-letter record")
+
+
+@pytest.mark.parametrize(
+    ("route", "rest", "see", "table", "key"),
+    [
+        ("router", "", "/weir/", None, None),
+        ("router", "topics", "/weir/", None, None),
+        ("router", "aggregates/", "/weir/tables/aggregates/", "aggregates", None),
+        ("router", "aggregates/o%2F1/", "/weir/tables/aggregates/o%252F1/", "aggregates", "o%2F1"),
+        ("router", "aggregates/o-1/", "/weir/tables/aggregates/o-1/", "aggregates", "o-1"),
+        ("table", "aggregates/o-1/", "/weir/tables/aggregates/o-1/", "aggregates", "o-1"),
+        ("table", "topics/", "/weir/tables/topics/", "topics", None),
+    ],
+)
+def test_faust_routes_answer_a_404_naming_weirs_view(route: str, rest: str, see: str, table: str | None, key: str | None) -> None:
+    problem = web.faust_route_refusal(route, rest)
+    assert problem.status == 404
+    assert problem.body == {"error": problem.body["error"], "table": table, "key": key, "see": see}
+    assert problem.body["error"].startswith(f"Faust's /{route}/ views are off on weir workers")
+    assert problem.body["error"].endswith(f"see {see}")

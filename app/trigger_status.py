@@ -1,0 +1,241 @@
+"""The counter trigger's source of truth: children's final statuses committed with their work, read by the safety sweep.
+
+A child that does its work in a database records its final status in the same transaction, through the outbox
+(:func:`child_done`): a row of table ``weir_trigger_status`` and its completion event as an outbox row, which the
+relay publishes later. A child that commits and dies before anything is published leaves its status row behind;
+the sweep (agents/triggers.py) asks a :class:`StatusSource` reading that table for the children of every trigger
+still waiting after its grace period, and the answer goes through the trigger's core like any completion.
+
+SQLite and PostgreSQL, the outbox's two databases. Queries run in a thread of the source's own (never on the
+event loop), one query per page of parents the sweep reads.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import functools
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+
+from app.outbox import OutboxTransaction
+from tables.triggers import OK, TRIGGERS_TOPIC, completion_message
+
+__all__ = ["STATUS_TABLE", "StatusSource", "SQLiteStatusSource", "PostgresStatusSource", "open_status_source", "child_done"]
+
+#: The table of children's final statuses, in the database the children write (next to their outbox).
+STATUS_TABLE = "weir_trigger_status"
+
+_SQLITE_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {STATUS_TABLE} (
+    parent_id TEXT NOT NULL,
+    child_id TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    recorded_ms INTEGER NOT NULL,
+    PRIMARY KEY (parent_id, child_id)
+)
+"""
+_PG_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {STATUS_TABLE} (
+    parent_id TEXT NOT NULL,
+    child_id TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    recorded_ms BIGINT NOT NULL,
+    PRIMARY KEY (parent_id, child_id)
+)
+"""
+#: Advisory lock key of the status table's creation: ``'weir'`` in ASCII, then ``'trst'`` (the outbox's keys use the table oid).
+_PG_SCHEMA_LOCK = (0x77656972 << 32) | 0x74727374
+#: Parents per SQL statement (SQLite's default limit on bound variables is 32,766; older builds' 999).
+_QUERY_CHUNK = 500
+
+_T = TypeVar("_T")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _ensure_sqlite_table(connection: sqlite3.Connection) -> None:
+    connection.execute(_SQLITE_SCHEMA)
+
+
+def _ensure_pg_table(connection: Any) -> None:
+    """Create the table once, never running DDL when it exists (DDL takes locks a writer's transaction may wait for)."""
+    if connection.execute("SELECT to_regclass(%s)", (STATUS_TABLE,)).fetchone()[0] is not None:
+        return
+    connection.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
+    connection.execute(_PG_SCHEMA)
+
+
+def child_done(tx: OutboxTransaction, parent_id: str, child_id: str, outcome: str = OK, *, topic_prefix: str) -> int:
+    """In the child's outbox transaction: its final status row and its completion event, committed with its work.
+
+    The status row is what the safety sweep reads (the first final status of a child stays); the completion goes
+    to ``<topic_prefix>triggers`` when the relay publishes the outbox row (returned: its id). Either way the parent
+    is woken once. The first call creates the table if it is missing; in PostgreSQL, with many writers starting at
+    once, create it beforehand (``open_status_source(url).ensure_table()``) rather than inside their transactions.
+    """
+    if not parent_id or not child_id or not outcome:
+        message = f"child_done: parent_id, child_id and outcome must be non-empty, got {parent_id!r}, {child_id!r}, {outcome!r}"
+        raise ValueError(message)
+    connection = tx.connection
+    if isinstance(connection, sqlite3.Connection):
+        _ensure_sqlite_table(connection)
+        insert = f"INSERT INTO {STATUS_TABLE} VALUES (?, ?, ?, ?) ON CONFLICT (parent_id, child_id) DO NOTHING"
+    else:
+        _ensure_pg_table(connection)
+        insert = f"INSERT INTO {STATUS_TABLE} VALUES (%s, %s, %s, %s) ON CONFLICT (parent_id, child_id) DO NOTHING"
+    connection.execute(insert, (parent_id, child_id, outcome, _now_ms()))
+    key, completion = completion_message(parent_id, child_id, outcome)
+    return tx.add_json(completion, key=key, topic=f"{topic_prefix}{TRIGGERS_TOPIC}")
+
+
+class StatusSource(Protocol):
+    """Where the sweep reads children's committed final statuses."""
+
+    async def statuses(self, parent_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Parent id -> child id -> outcome, for those of ``parent_ids`` with any status recorded."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _ThreadedSource(abc.ABC):
+    """A source whose blocking queries run in one thread of its own (its connection lives there, opened at the
+    first query, which creates the table if need be): making one never blocks, nor touches the database."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weir-trigger-status")
+        self._local = threading.local()
+
+    async def statuses(self, parent_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        wanted = sorted(set(parent_ids))
+        if not wanted:
+            return {}
+        return await self._in_thread(self._query_all, wanted)
+
+    async def _in_thread(self, call: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(call, *args))
+
+    def _query_all(self, parent_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        for start in range(0, len(parent_ids), _QUERY_CHUNK):
+            for parent_id, child_id, outcome in self._query(parent_ids[start : start + _QUERY_CHUNK]):
+                found.setdefault(str(parent_id), {})[str(child_id)] = str(outcome)
+        return found
+
+    @abc.abstractmethod
+    def _query(self, parent_ids: Sequence[str]) -> list[tuple[Any, Any, Any]]:
+        """(parent id, child id, outcome) rows of these parents, in the source's thread."""
+
+    def ensure_table(self) -> None:
+        """Connect and create the table if it is missing (blocking: not from an event loop)."""
+        self._executor.submit(self._connection).result()
+
+    @abc.abstractmethod
+    def _connection(self) -> Any: ...
+
+    def purge(self, *, recorded_before_ms: int) -> int:
+        """Delete statuses recorded before ``recorded_before_ms`` (keep them longer than any trigger waits); returns how many."""
+        return self._executor.submit(self._purge, recorded_before_ms).result()
+
+    @abc.abstractmethod
+    def _purge(self, recorded_before_ms: int) -> int: ...
+
+    def close(self) -> None:
+        self._executor.submit(self._close).result()
+        self._executor.shutdown(wait=True)
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+
+class SQLiteStatusSource(_ThreadedSource):
+    """Statuses in the SQLite database the children write (usually the outbox's file, ``WEIR_OUTBOX_DB``)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 30_000) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.name = str(self.path)
+        self._busy_timeout_ms = busy_timeout_ms
+
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(self.path, isolation_level=None)
+            connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+            _ensure_sqlite_table(connection)
+            self._local.connection = connection
+        return connection
+
+    def _query(self, parent_ids: Sequence[str]) -> list[tuple[Any, Any, Any]]:
+        marks = ", ".join("?" for _ in parent_ids)
+        statement = f"SELECT parent_id, child_id, outcome FROM {STATUS_TABLE} WHERE parent_id IN ({marks})"
+        return list(self._connection().execute(statement, tuple(parent_ids)).fetchall())
+
+    def _purge(self, recorded_before_ms: int) -> int:
+        cursor = self._connection().execute(f"DELETE FROM {STATUS_TABLE} WHERE recorded_ms < ?", (recorded_before_ms,))
+        return int(cursor.rowcount)
+
+    def _close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+
+class PostgresStatusSource(_ThreadedSource):
+    """Statuses in PostgreSQL (the table in the URL's search_path, as the outbox's tables)."""
+
+    def __init__(self, url: str, *, connect_timeout_s: int = 10) -> None:
+        super().__init__()
+        self.url = url
+        self.name = "postgresql"
+        self._connect_timeout_s = connect_timeout_s
+
+    def _connection(self) -> Any:
+        connection = getattr(self._local, "connection", None)
+        if connection is None or connection.closed:
+            connection = psycopg.connect(self.url, autocommit=True, connect_timeout=self._connect_timeout_s)
+            with connection.transaction():
+                _ensure_pg_table(connection)
+            self._local.connection = connection
+        return connection
+
+    def _query(self, parent_ids: Sequence[str]) -> list[tuple[Any, Any, Any]]:
+        try:
+            statement = f"SELECT parent_id, child_id, outcome FROM {STATUS_TABLE} WHERE parent_id = ANY(%s)"
+            return list(self._connection().execute(statement, (list(parent_ids),)).fetchall())
+        except psycopg.OperationalError:
+            self._drop_connection()  # the next query connects again
+            raise
+
+    def _purge(self, recorded_before_ms: int) -> int:
+        cursor = self._connection().execute(f"DELETE FROM {STATUS_TABLE} WHERE recorded_ms < %s", (recorded_before_ms,))
+        return int(cursor.rowcount)
+
+    def _drop_connection(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            connection.close()
+
+    def _close(self) -> None:
+        self._drop_connection()
+
+
+def open_status_source(location: str) -> SQLiteStatusSource | PostgresStatusSource:
+    """The status source at ``location`` (``WEIR_TRIGGER_STATUS_DB``): a ``postgresql://`` URL or a SQLite file path."""
+    if location.startswith(("postgresql://", "postgres://")):
+        return PostgresStatusSource(location)
+    return SQLiteStatusSource(location)

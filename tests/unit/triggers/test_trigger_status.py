@@ -1,0 +1,64 @@
+"""The children's committed statuses in SQLite (app/trigger_status.py): written with the work, read a page at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app.outbox import SQLiteOutbox, write
+from app.trigger_status import SQLiteStatusSource, child_done, open_status_source
+
+
+def test_a_status_commits_with_the_work_and_its_completion_or_not_at_all(tmp_path: Path) -> None:
+    outbox = SQLiteOutbox(tmp_path / "app.sqlite")
+    source = open_status_source(str(tmp_path / "app.sqlite"))
+    try:
+        with write(outbox, notify=lambda _: None) as tx:
+            tx.connection.execute("CREATE TABLE work (id TEXT)")
+        with write(outbox, notify=lambda _: None) as tx:
+            tx.connection.execute("INSERT INTO work VALUES ('w-1')")
+            row_id = child_done(tx, "p", "c1", topic_prefix="weir.")
+        with contextlib.suppress(ZeroDivisionError), write(outbox, notify=lambda _: None) as tx:
+            child_done(tx, "p", "c2", topic_prefix="weir.")
+            _ = 1 / 0
+        assert asyncio.run(source.statuses(["p", "unknown"])) == {"p": {"c1": "ok"}}
+        [row] = outbox.fetch_batch(10).rows
+        assert row.id == row_id
+        assert (row.topic, row.key) == ("weir.triggers", b"p")
+        assert orjson.loads(row.value or b"")["kind"] == "completion"
+    finally:
+        source.close()
+        outbox.close()
+
+
+def test_the_first_final_status_stays_and_many_parents_are_read_at_once(tmp_path: Path) -> None:
+    outbox = SQLiteOutbox(tmp_path / "app.sqlite")
+    source = SQLiteStatusSource(tmp_path / "app.sqlite")
+    try:
+        with write(outbox, notify=lambda _: None) as tx:
+            for number in range(1_200):  # more parents than one statement binds
+                child_done(tx, f"p{number}", "only", "ok" if number % 3 else "failed", topic_prefix="weir.")
+            child_done(tx, "p1", "only", "failed", topic_prefix="weir.")  # redone: the first final status stays
+        found = asyncio.run(source.statuses([f"p{number}" for number in range(1_200)]))
+        assert len(found) == 1_200
+        assert found["p1"] == {"only": "ok"}
+        assert found["p3"] == {"only": "failed"}
+        assert source.purge(recorded_before_ms=0) == 0
+        assert source.purge(recorded_before_ms=2**62) == 1_200
+        assert asyncio.run(source.statuses(["p1"])) == {}
+    finally:
+        source.close()
+        outbox.close()
+
+
+def test_a_child_done_names_its_parent_child_and_outcome(tmp_path: Path) -> None:
+    outbox = SQLiteOutbox(tmp_path / "app.sqlite")
+    try:
+        with pytest.raises(ValueError, match="must be non-empty"), write(outbox, notify=lambda _: None) as tx:
+            child_done(tx, "p", "", topic_prefix="weir.")
+    finally:
+        outbox.close()
