@@ -45,7 +45,7 @@ from app.core import (
 )
 from app.deadlines import DeadlineIndex
 from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
-from app.flows import Barrier, Exchange, Flow, FlowGraphError, Segment, Step, validate_flows
+from app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.ticks import tick_every
 from tables.barrier import (
@@ -61,6 +61,7 @@ from tables.barrier import (
     on_forwarded,
     on_relay,
     on_tick,
+    reported,
 )
 
 __all__ = ["load_flows", "FLOWS"]
@@ -90,6 +91,13 @@ class AwaitedBy:
 
     barrier: Barrier
     key_of: Any  # KeyExpr
+    awaited: Await
+
+    def part_of(self, exchange: Exchange, exchange_id: str) -> str | None:
+        """A counted await: which execution this is (``distinct_by``, else the execution's id); None otherwise."""
+        if self.awaited.count is None:
+            return None
+        return self.awaited.distinct_by(exchange) if self.awaited.distinct_by is not None else exchange_id
 
 
 @dataclass
@@ -140,7 +148,7 @@ for _flow in FLOWS:
         _barrier_topics[_barrier.name] = _topic(f"barrier.{_barrier.name}")
         for _awaited in _barrier.awaits:
             _target = _flows[_by_source[_awaited.source].name]
-            _target.awaited_by.append(AwaitedBy(_barrier, _barrier.key_for(_awaited)))
+            _target.awaited_by.append(AwaitedBy(_barrier, _barrier.key_for(_awaited), _awaited))
         if _flow.name not in RUNS:
             continue  # its table and agent live with its flow
         _barriers[_barrier.name] = CompiledBarrier(
@@ -276,6 +284,7 @@ def _resume_after_aggregate(compiled: CompiledFlow, agent: str) -> Any:
             exchange.key = correlation_id
             meta["exchange_id"] = f"{compiled.flow.name}:{result.get('aggregator')}:{correlation_id}#{result['sequence']}"
             meta["keys"] = {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by}
+            meta["parts"] = _parts(compiled, exchange, meta["exchange_id"])
         resume = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": context.get("resume_step")}
         key = exchange.key if exchange.key is not None else correlation_id
         return [Output(compiled.resume, key, resume, what="the resume after the aggregate")]
@@ -333,15 +342,30 @@ topics.extra.extend(all_topics())
 # Executions: run steps, publish outcomes.
 
 
-def outcome_outputs(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None) -> list[Output]:
-    """An execution ended: a completion to every barrier awaiting this flow (by the key read on entry), and its outcome."""
+def _parts(compiled: CompiledFlow, exchange: Exchange, exchange_id: str) -> dict[str, str | None]:
+    """Which execution this is, for each barrier that counts this flow's executions (read on entry, like the keys)."""
+    return {awaited.barrier.name: awaited.part_of(exchange, exchange_id) for awaited in compiled.awaited_by if awaited.awaited.count}
+
+
+def outcome_outputs(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None, result: Any = None) -> list[Output]:
+    """An execution ended: a completion to every barrier awaiting this flow (by the key read on entry), and its outcome.
+
+    ``result``: the payload it ended with, sent to the barriers whose await asks for results."""
     keys: dict[str, str | None] = meta.get("keys", {})
+    parts: dict[str, str | None] = meta.get("parts", {})
     outputs: list[Output] = []
     for awaited in compiled.awaited_by:
         key = keys.get(awaited.barrier.name)
         if key is None:
             continue  # the key could not be read on entry: this execution counts for no waiting exchange
         completion = {"kind": "completion", "flow": compiled.flow.name, "outcome": outcome, "error": error}
+        if awaited.awaited.count is not None:
+            part = parts.get(awaited.barrier.name)
+            if part is None:
+                continue  # which execution this is could not be read on entry: it counts for none
+            completion["part"] = part
+        if awaited.awaited.results and outcome == COMPLETED:
+            completion["result"] = result
         outputs.append(
             Output(_barrier_topics[awaited.barrier.name], key, completion, what=f"a completion for barrier {awaited.barrier.name!r}")
         )
@@ -357,9 +381,12 @@ def outcome_outputs(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, 
     return outputs
 
 
-async def publish_outcome(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None, event: EventT[bytes]) -> None:
+async def publish_outcome(
+    compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None, event: EventT[bytes], result: Any = None
+) -> None:
     """Send :func:`outcome_outputs`, checked (one that cannot be written is dead-lettered, never a crash)."""
-    await send_checked(event, outcome_outputs(compiled, meta, outcome, error), agent=f"flow:{compiled.flow.name}", step="outcome")
+    outputs = outcome_outputs(compiled, meta, outcome, error, result)
+    await send_checked(event, outputs, agent=f"flow:{compiled.flow.name}", step="outcome")
 
 
 async def _fail(
@@ -408,6 +435,60 @@ def _waiting_keys(barrier: Barrier, exchange: Exchange) -> tuple[str | None, dic
     return waiting_by, relayed, None
 
 
+def _records(step: Step, exchange: Exchange) -> tuple[list[Output], str | None]:
+    """The records of a ``to`` step: its payloads (``each``, else the exchange's) and their keys, or why not."""
+    assert step.topic is not None
+    headers = tuple((name, value.encode()) for name, value in exchange.headers.items())
+    if step.each is None:
+        payloads = [exchange.payload]
+    else:
+        try:
+            payloads = step.each(exchange)
+        except Exception as raised:  # reading the records is not retried: the same exchange gives the same answer
+            return [], f"each: {describe_error(raised)}"
+        if not isinstance(payloads, list):
+            return [], f"each must give a list of payloads, got {type(payloads).__name__}"
+    records = []
+    for payload in payloads:
+        if step.key is None:
+            key = exchange.key
+        else:
+            key = step.key(Exchange(payload=payload, headers=exchange.headers, properties=exchange.properties, key=exchange.key))
+            if key is None:
+                return [], f"the record key ({step.key.description}) cannot be read from {str(payload)[:80]!r}"
+        records.append(Output(_to_topic(step.topic), key, payload, headers=headers, what=f"step {step.name!r}"))
+    return records, None
+
+
+_to_topics: dict[str, faust.TopicT] = {}
+
+
+def _to_topic(name: str) -> faust.TopicT:
+    if name not in _to_topics:
+        _to_topics[name] = _topic(name)
+    return _to_topics[name]
+
+
+def _expected_counts(barrier: Barrier, exchange: Exchange) -> tuple[dict[str, int], str | None]:
+    """How many executions of each counted await this exchange awaits (flow name -> count), or why it cannot be read."""
+    expected: dict[str, int] = {}
+    for awaited in barrier.awaits:
+        if awaited.count is None:
+            continue
+        if isinstance(awaited.count, int):
+            count: Any = awaited.count
+        else:
+            reader = awaited.count.read if isinstance(awaited.count, KeyExpr) else awaited.count
+            try:
+                count = reader(exchange)
+            except Exception as raised:
+                return {}, f"barrier {barrier.name!r}: the count of {awaited.source!r} cannot be read: {describe_error(raised)}"
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return {}, f"barrier {barrier.name!r}: the count of {awaited.source!r} must be a non-negative int, got {count!r:.60}"
+        expected[_by_source[awaited.source].name] = count
+    return expected, None
+
+
 async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, Any], start: int, event: EventT[bytes]) -> None:
     """Run the flow's steps from ``start`` until the end, a drop, a failure, or a barrier."""
     steps = compiled.flow.steps
@@ -420,13 +501,19 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 await _fail(compiled, exchange, meta, step, "failed", error, outcome.attempts, event)
                 return
             if step.kind == "filter" and not outcome.value:
-                await publish_outcome(compiled, meta, COMPLETED, None, event)  # dropped by a filter: completed
+                await publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)  # dropped by a filter: completed
                 return
         elif step.kind == "to":
-            assert step.topic is not None
-            headers = [(name, value.encode()) for name, value in exchange.headers.items()]
-            record_key = exchange.key.encode() if exchange.key is not None else None
-            await _topic(step.topic).send(key=record_key, value=dumps(exchange.payload), headers=headers)
+            records, problem = _records(step, exchange)
+            if problem is not None:
+                await _fail(
+                    compiled, exchange, meta, step, "invalid", f"flow {compiled.flow.name!r}, step {step.name!r}: {problem}", 1, event
+                )
+                return
+            failed = await send_checked(event, records, agent=f"flow:{compiled.flow.name}", step=step.name)
+            if failed:
+                await publish_outcome(compiled, meta, FAILED, f"step {step.name!r}: {failed[0].problem}", event)
+                return
         elif step.kind == "split":
             await _split(compiled, step, index, exchange, meta, event)
             return  # the execution goes on after the aggregate, on this flow's resume topic
@@ -437,8 +524,9 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
             barrier = step.barrier
             assert barrier is not None
             key, relayed, problem = _waiting_keys(barrier, exchange)
-            if key is None:
-                await _fail(compiled, exchange, meta, step, "invalid", str(problem), 1, event)
+            expected, count_problem = _expected_counts(barrier, exchange)
+            if key is None or count_problem is not None:
+                await _fail(compiled, exchange, meta, step, "invalid", str(problem or count_problem), 1, event)
                 return
             deadline_ms = now_ms() + barrier.timeout_ms
             arrival = {
@@ -450,6 +538,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 "resume_step": index + 1,
                 "deadline_ms": deadline_ms,
                 **({"relayed": relayed} if relayed else {}),
+                **({"expected": expected} if expected else {}),
             }
             topic = _barrier_topics[barrier.name]
             await topic.send(key=key.encode(), value=dumps(arrival))
@@ -457,7 +546,7 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 relay = {"kind": "relay", "exchange_id": meta["exchange_id"], "flow": flow, "to": key, "deadline_ms": deadline_ms}
                 await topic.send(key=own_key.encode(), value=dumps(relay))
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
-    await publish_outcome(compiled, meta, COMPLETED, None, event)
+    await publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)
 
 
 async def _split(compiled: CompiledFlow, step: Step, index: int, exchange: Exchange, meta: dict[str, Any], event: EventT[bytes]) -> None:
@@ -525,7 +614,7 @@ async def _to_correlation_group(
     if failed:
         await publish_outcome(compiled, meta, FAILED, f"aggregate {step.name!r}: {failed[0].problem}", event)
         return
-    await publish_outcome(compiled, meta, COMPLETED, None, event)
+    await publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)
 
 
 def _exchange_from_event(event: EventT[bytes], body: Any) -> Exchange:
@@ -546,10 +635,17 @@ def _make_flow_handler(compiled: CompiledFlow) -> Any:
             return
         exchange = _exchange_from_event(event, body)
         message = event.message
+        identity = compiled.flow.id_by(exchange) if compiled.flow.id_by is not None else None
+        exchange_id = (
+            f"{compiled.flow.name}:{identity}"
+            if identity is not None
+            else f"{compiled.flow.name}@{message.topic}:{message.partition}:{message.offset}"
+        )
         meta = {
-            "exchange_id": f"{compiled.flow.name}@{message.topic}:{message.partition}:{message.offset}",
+            "exchange_id": exchange_id,
             # The key an awaiting barrier reads is read on entry, before any step.
             "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
+            "parts": _parts(compiled, exchange, exchange_id),
         }
         await run_steps(compiled, exchange, meta, 0, event)
 
@@ -613,13 +709,17 @@ def _barrier_change(
     outputs: list[Output] = []
     for release in transition.releases:
         waiting = release.waiting
-        resume = {"exchange": waiting.exchange, "meta": waiting.meta, "resume_step": waiting.resume_step}
+        # how the wait ended, and what the awaited executions gave, when the barrier says so
+        exchange = reported(release, compiled.barrier.name) if compiled.barrier.reports else waiting.exchange
+        resume = {"exchange": exchange, "meta": waiting.meta, "resume_step": waiting.resume_step}
         outputs.append(Output(owner.resume, key, resume, what="the resume after the barrier"))
     for failure in transition.failures:
         outputs += _give_up(compiled, owner, key, failure, event)
     for forward in transition.forwards:
         message: dict[str, Any] = {"kind": "forwarded", "exchange_id": forward.exchange_id, "flow": forward.flow}
         message.update(outcome=forward.outcome, error=forward.error)
+        if forward.result is not None:
+            message["result"] = forward.result
         outputs.append(Output(compiled.topic, forward.to, message, what=f"a forwarded completion of {forward.flow!r}"))
     metrics.barrier_settled(compiled.barrier.name, released=len(transition.releases), failed=[f.reason for f in transition.failures])
     state = transition.state
@@ -660,7 +760,8 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
         if kind == "tick":
 
             def on_deadline(key: str, state: BarrierState, now_ms: int) -> Change[BarrierState]:
-                return _barrier_change(compiled, key, on_tick(state, name, now_ms), state, event, tick=True)
+                transition = on_tick(state, name, now_ms, on_timeout=compiled.barrier.on_timeout)
+                return _barrier_change(compiled, key, transition, state, event, tick=True)
 
             await keyed.walk_deadlines(event, now, lambda _kind, state: state.next_due_ms(), on_deadline)
             return
@@ -679,20 +780,45 @@ def _make_barrier_handler(compiled: CompiledBarrier) -> Any:
                 resume_step=int(message["resume_step"]),
                 meta=dict(message.get("meta") or {}),
                 relayed={str(flow): str(own) for flow, own in (message.get("relayed") or {}).items()},
+                expected={str(flow): int(count) for flow, count in (message.get("expected") or {}).items()},
             )
-            transition = on_arrival(previous, key, waiting, name, now, on_duplicate=compiled.barrier.on_duplicate)
+            rules = compiled.barrier
+            transition = on_arrival(previous, key, waiting, name, now, on_duplicate=rules.on_duplicate, on_failure=rules.on_failure)
         elif kind == "completion":
             flow = str(message["flow"])
             remember = compiled.remember_ms.get(flow)
             if remember is None:
                 raise InvalidMessage(f"barrier {name!r}: a completion of flow {flow!r}, which it does not await")
-            transition = on_completion(previous, key, flow, str(message["outcome"]), message.get("error"), remember, name, now)
+            part = message.get("part")
+            transition = on_completion(
+                previous,
+                key,
+                flow,
+                str(message["outcome"]),
+                message.get("error"),
+                remember,
+                name,
+                now,
+                result=message.get("result"),
+                part=None if part is None else str(part),
+                on_failure=compiled.barrier.on_failure,
+            )
         elif kind == "relay":
             relay = Relay(str(message["exchange_id"]), str(message["flow"]), str(message["to"]), int(message["deadline_ms"]))
             transition = on_relay(previous, key, relay, now)
         elif kind == "forwarded":
             flow, outcome = str(message["flow"]), str(message["outcome"])
-            transition = on_forwarded(previous, key, str(message["exchange_id"]), flow, outcome, message.get("error"), name)
+            transition = on_forwarded(
+                previous,
+                key,
+                str(message["exchange_id"]),
+                flow,
+                outcome,
+                message.get("error"),
+                name,
+                result=message.get("result"),
+                on_failure=compiled.barrier.on_failure,
+            )
         else:
             raise InvalidMessage(
                 f"barrier {name!r}: field 'kind' must be 'arrival', 'completion', 'relay', 'forwarded' or 'tick', got {kind!r}"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tables.aggregates import ONE_SHOT, AggregatorConfig
-from tables.barrier import DUPLICATE_RULES, REJECT, OnDuplicate
+from tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, REJECT, GiveUp, OnDuplicate
 
 __all__ = [
     "Exchange",
@@ -131,10 +131,19 @@ def payload(path: str) -> KeyExpr:
 
 @dataclass(frozen=True)
 class Await:
-    """One awaited flow, named by the topic it reads, optionally with a key of its own."""
+    """One awaited flow, named by the topic it reads, optionally with a key of its own.
+
+    ``count``: the waiting exchange awaits that many executions of the flow for its key (an int, or read from the
+    waiting exchange: a function or key expression; zero is satisfied at once), each counted once by
+    ``distinct_by`` read from the awaited flow's exchange on entry (default: the execution's id). ``results``: the
+    executions' payloads, as they ended, are handed to the released exchange (``properties["barriers"]``).
+    """
 
     source: str
     key: KeyExpr | None = None
+    count: int | Callable[[Exchange], Any] | None = None
+    distinct_by: KeyExpr | None = None
+    results: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,11 +156,22 @@ class Barrier:
     correlate_by: KeyExpr | None
     #: what an exchange arriving on a key where another one waits does (see :meth:`Flow.barrier`)
     on_duplicate: OnDuplicate = REJECT
+    #: at the timeout: fail the exchange ("fail") or let it go on, marked "timeout" ("continue")
+    on_timeout: GiveUp = FAIL
+    #: when an awaited execution failed: fail the exchange ("fail") or let it go on at once, marked "failed"
+    on_failure: GiveUp = FAIL
 
     def key_for(self, awaited: Await) -> KeyExpr:
         key = awaited.key or self.correlate_by
         assert key is not None  # checked at declaration
         return key
+
+    @property
+    def reports(self) -> bool:
+        """Whether the released exchange is told how its wait ended (``properties["barriers"][name]``): when it may
+        go on without every completion, or when an await counts executions or asks for their results."""
+        knobs = self.on_timeout != FAIL or self.on_failure != FAIL
+        return knobs or any(awaited.count is not None or awaited.results for awaited in self.awaits)
 
 
 @dataclass(frozen=True)
@@ -208,6 +228,10 @@ class Step:
     topic: str | None = None
     split: Split | None = None
     aggregate: Aggregate | None = None
+    #: a "to" step: the record key, read from each record's payload (default: the exchange's key)
+    key: KeyExpr | None = None
+    #: a "to" step: the payloads to send, one record each (default: the exchange's payload, one record)
+    each: Callable[[Exchange], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,12 +249,16 @@ class Segment:
 class Flow:
     """A flow: reads one topic, runs its steps in order."""
 
-    def __init__(self, name: str, *, source: str) -> None:
+    def __init__(self, name: str, *, source: str, id_by: KeyExpr | None = None) -> None:
+        """``id_by``: the execution's identity, read from the exchange on entry (default: the source record's
+        position). Records with the same identity are one execution at the flow's barriers: a message sent twice
+        (a producer that replayed) waits once and goes on once, as Camel's idempotent consumer."""
         if not name or not source:
             message = f"flow {name!r}: a flow needs a name and a source topic, got source {source!r}"
             raise FlowDeclarationError(message)
         self.name = name
         self.source = source
+        self.id_by = id_by
         self.steps: list[Step] = []
 
     def __repr__(self) -> str:
@@ -364,9 +392,21 @@ class Flow:
         """Drop the exchange when ``predicate`` is false: the execution ends, completed."""
         return self._add(Step("filter", name, function=predicate))
 
-    def to(self, topic: str, name: str | None = None) -> Flow:
-        """Send the payload (with headers) to ``topic``."""
-        return self._add(Step("to", name or f"to-{topic}", topic=topic))
+    def to(
+        self,
+        topic: str,
+        name: str | None = None,
+        *,
+        key: KeyExpr | None = None,
+        each: KeyExpr | Callable[[Exchange], Any] | None = None,
+    ) -> Flow:
+        """Send the payload (with headers) to ``topic``, keyed by the exchange's key.
+
+        ``each``: send each payload of this list instead (read from the exchange; an empty list sends nothing).
+        ``key``: the record key, read from each record's payload. The records join the exchange's transaction.
+        """
+        read = each.read if isinstance(each, KeyExpr) else each
+        return self._add(Step("to", name or f"to-{topic}", topic=topic, key=key, each=read))
 
     def barrier(
         self,
@@ -376,6 +416,8 @@ class Flow:
         timeout_ms: int | None,
         correlate_by: KeyExpr | None = None,
         on_duplicate: OnDuplicate = REJECT,
+        on_timeout: GiveUp = FAIL,
+        on_failure: GiveUp = FAIL,
     ) -> Flow:
         """Wait until every awaited flow completed for the exchange's key, then go on unchanged.
 
@@ -383,11 +425,21 @@ class Flow:
         (``on_duplicate="reject"``). ``"release-all"`` lets both wait, each released when its flows completed;
         ``"replace"`` lets the newcomer wait in place of the one waiting, which is dead-lettered ``superseded``.
         A redelivered copy of the same exchange is never a second waiter.
+
+        At the timeout the exchange is dead-lettered ``timeout`` and its execution fails; ``on_timeout="continue"``
+        lets it go on instead. A failed awaited execution fails it (``awaited-failed``); ``on_failure="continue"``
+        lets it go on at once. Then, and whenever an await counts executions or asks for results, the exchange
+        goes on with ``properties["barriers"][name] = {"status": "completed" | "timeout" | "failed", "error",
+        "missing": [flows], "results": {flow: [payloads]}}``.
         """
         where = f"flow {self.name!r}, barrier {name!r}"
         if on_duplicate not in DUPLICATE_RULES:
             message = f"{where}: on_duplicate must be one of {list(DUPLICATE_RULES)}, got {on_duplicate!r}"
             raise FlowDeclarationError(message)
+        for knob, value in (("on_timeout", on_timeout), ("on_failure", on_failure)):
+            if value not in GIVE_UP_RULES:
+                message = f"{where}: {knob} must be one of {list(GIVE_UP_RULES)}, got {value!r}"
+                raise FlowDeclarationError(message)
         if not awaits:
             message = f"{where}: a barrier needs at least one await"
             raise FlowDeclarationError(message)
@@ -404,7 +456,23 @@ class Flow:
         if keyless:
             message = f"{where}: await(s) of {keyless} have no key: give the barrier correlate_by= or each await a key"
             raise FlowDeclarationError(message)
-        return self._add(Step("barrier", name, barrier=Barrier(name, normalized, timeout_ms, correlate_by, on_duplicate)))
+        for index, item in enumerate(normalized):
+            if item.distinct_by is not None and item.count is None:
+                message = f"{where}: the await of {item.source!r} has distinct_by but no count"
+                raise FlowDeclarationError(message)
+            if isinstance(item.count, int) and (isinstance(item.count, bool) or item.count < 0):
+                message = f"{where}: the await of {item.source!r} has count {item.count!r}, expected a non-negative int or a function"
+                raise FlowDeclarationError(message)
+            # Counted completions meet the waiter at its own key: an await whose key could differ would be relayed.
+            waits_at_its_key = item.key is None or (correlate_by is None and index == 0)
+            if item.count is not None and not waits_at_its_key:
+                message = (
+                    f"{where}: the await of {item.source!r} counts executions, so it must read the key the exchange waits "
+                    "under: no key of its own, or be the first await of a barrier without correlate_by"
+                )
+                raise FlowDeclarationError(message)
+        barrier = Barrier(name, normalized, timeout_ms, correlate_by, on_duplicate, on_timeout, on_failure)
+        return self._add(Step("barrier", name, barrier=barrier))
 
     def barriers(self) -> list[Barrier]:
         return [step.barrier for step in self.steps if step.barrier is not None]

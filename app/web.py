@@ -165,12 +165,18 @@ def summarize_barrier(value: Any, now_ms: int) -> dict[str, Any]:
             "awaiting": list(entry.missing),
             "deadline_ms": entry.deadline_ms,
             "due_in_s": _due_in_s(entry.deadline_ms, now_ms),
+            # a counted await: how many of the executions it awaits came so far
+            **(
+                {"counted": {flow: f"{len(entry.received.get(flow, {}))}/{count}" for flow, count in entry.expected.items()}}
+                if entry.expected
+                else {}
+            ),
         }
         for entry in state.waiting
     ]
     summary: dict[str, Any] = {
         "waiting": waiting,
-        "completions": sorted(state.completions),
+        "completions": sorted({*state.completions, *state.parts}),
         "settled": len(state.settled),
     }
     deadlines = [entry.deadline_ms for entry in state.waiting]

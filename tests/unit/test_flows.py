@@ -199,3 +199,46 @@ def test_complete_on_reads_a_flag_and_an_absent_one_is_false() -> None:
     assert aggregate.complete_on is not None
     assert aggregate.complete_on(Exchange(payload={"k": "x", "end": True}))
     assert not aggregate.complete_on(Exchange(payload={"k": "x"}))
+
+
+def test_a_counted_await_must_read_the_key_the_exchange_waits_under() -> None:
+    counted = Await("kitchen", key=payload("id"), count=payload("n"), distinct_by=payload("flavour"), results=True)
+    [first] = Flow("d", source="in").barrier("b", awaits=[counted], timeout_ms=1).barriers()
+    assert first.reports, "an await that counts or asks for results tells the exchange how its wait ended"
+    [keyless] = Flow("d", source="in").barrier("b", awaits=[Await("kitchen", count=2)], timeout_ms=1, correlate_by=header("k")).barriers()
+    assert keyless.awaits[0].count == 2
+    with pytest.raises(FlowDeclarationError, match="counts executions, so it must read the key the exchange waits under"):
+        Flow("d", source="in").barrier("b", awaits=[counted], timeout_ms=1, correlate_by=header("k"))
+    with pytest.raises(FlowDeclarationError, match="counts executions"):
+        Flow("d", source="in").barrier("b", awaits=[Await("pay", key=header("k")), counted], timeout_ms=1)
+
+
+@pytest.mark.parametrize(
+    ("awaited", "expected"),
+    [
+        (Await("kitchen", distinct_by=payload("flavour")), "has distinct_by but no count"),
+        (Await("kitchen", count=-1), "has count -1, expected a non-negative int or a function"),
+    ],
+)
+def test_a_wrong_count_is_refused_where_declared(awaited: Await, expected: str) -> None:
+    with pytest.raises(FlowDeclarationError, match=expected):
+        Flow("d", source="in").barrier("b", awaits=[awaited], timeout_ms=1, correlate_by=header("k"))
+
+
+def test_timeout_and_failure_rules_are_checked_and_default_to_fail() -> None:
+    [plain] = Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1, correlate_by=header("k")).barriers()
+    assert (plain.on_timeout, plain.on_failure, plain.reports) == ("fail", "fail", False)
+    flow = Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1, correlate_by=header("k"), on_timeout="continue")
+    assert flow.barriers()[0].reports
+    with pytest.raises(FlowDeclarationError, match=r"on_failure must be one of \['fail', 'continue'\], got 'skip'"):
+        Flow("d", source="in").barrier("b", awaits=["kitchen"], timeout_ms=1, correlate_by=header("k"), on_failure="skip")  # type: ignore[arg-type]
+
+
+def test_a_to_step_may_send_each_of_a_list_keyed_by_each_record_and_a_flow_may_name_its_executions() -> None:
+    flow = Flow("d", source="in", id_by=payload("ticket")).to("out", "each-line", each=payload("lines"), key=payload("sku"))
+    [step] = flow.steps
+    assert step.each is not None
+    assert step.key is not None
+    assert step.each(Exchange(payload={"lines": [{"sku": "a"}]})) == [{"sku": "a"}]
+    assert flow.id_by is not None
+    assert flow.id_by(Exchange(payload={"ticket": "t-1"})) == "t-1"
