@@ -22,9 +22,14 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
+#: How long the run may take: its figures are what it lost, duplicated or broke, not its speed (435 s measured in a
+#: full test run on 2 cores; kills every 4 s keep some stage restoring most of the time).
+RUN_LIMIT_S = 780
+
 STAGES = {"shop_orders,shop_reports", "shop_payments", "shop_kitchen", "shop_dispatch"}
 
 
+@pytest.mark.timeout(RUN_LIMIT_S + 120)
 def test_a_short_chaos_run_kills_every_stage_and_loses_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
     summary = tmp_path / "chaos.json"
     command = [
@@ -35,7 +40,7 @@ def test_a_short_chaos_run_kills_every_stage_and_loses_nothing(kafka_bootstrap: 
     env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "PYTHONPATH": str(ROOT)}
     run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = run.communicate(timeout=540)
+        stdout, stderr = run.communicate(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
         # SIGTERM: bench.chaos stops its six workers (a SIGKILL of it alone would leave them running, and loading
         # the machine for every later test), then its output says how far it got.
@@ -45,7 +50,7 @@ def test_a_short_chaos_run_kills_every_stage_and_loses_nothing(kafka_bootstrap: 
         except subprocess.TimeoutExpired:
             run.kill()
             stdout, stderr = run.communicate()
-        pytest.fail(f"the chaos run did not end in 540 s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        pytest.fail(f"the chaos run did not end in {RUN_LIMIT_S} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
     done = subprocess.CompletedProcess(command, run.returncode, stdout, stderr)
     assert summary.exists(), f"no summary (rc={done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     figures = json.loads(summary.read_text())
