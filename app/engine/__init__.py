@@ -63,6 +63,8 @@ are replaced by :func:`install`; ``App(Table=..., Topic=...)`` names the table a
    ``active_offsets`` / ``active_highwaters``. Why: a changelog ending in transaction markers took two
    5-second timeouts to be seen restored. ``Recovery._set_recovery_started`` and ``_set_recovery_ended`` are
    wrapped (``time_restores``; they read ``in_recovery``). Why: the restore time of /metrics (:mod:`app.metrics`).
+   ``TableManager.on_start`` is replaced (``start_tables_at_once``: ``_update_channels``, ``recovery``). Why: it
+   slept 1 s before every worker's restore, a second of every restart's outage.
 9. ``take_ready`` (:mod:`~app.engine.streams`) uses ``Stream._enable_passive`` and ``Stream._processors``. Why:
    Faust's ``noack_take`` waits its timer even when no further event is ready.
 10. The web views read Faust's RocksDB ``Store._dbs``, ``_visible_items``, ``_encode_key``, ``_decode_key``,
@@ -88,9 +90,14 @@ aiokafka:
     early; ``_txn_consumer_group``, ``_txn_partitions``), a refused commit fails the transaction
     (``error_transaction``, ``_transaction_waiter``); per worker only, ``GroupCoordinator._do_fetch_commit_offsets``
     replaced (OffsetFetch v7, ``require_stable``; ``_send_req``) and ``sender.BACKOFF_OVERRIDE`` set to 5 ms;
-    ``wait_settled`` copies the consumer's ``_fetcher`` with ``_isolation_level`` 0 and reads
-    ``_request_timeout_ms``. Why: aiokafka 0.14 sends TxnOffsetCommit v0 and OffsetFetch up to v3, neither of
-    which carries what one transaction per worker needs to stay exactly-once.
+    ``wait_settled`` asks offsets through :mod:`~app.engine.offsets`. Why: aiokafka 0.14 sends TxnOffsetCommit v0
+    and OffsetFetch up to v3, neither of which carries what one transaction per worker needs to stay exactly-once.
+
+15. Offsets (:mod:`~app.engine.offsets`): ``ListOffsets`` for recovery (``WeirConsumerThread.earliest_offsets``,
+    ``_highwaters``, ``wait_settled``) goes through a copy of the consumer's ``_fetcher`` with ``_isolation_level``
+    and ``_client`` replaced, sent with ``client.send(..., group=ConnectionGroup.COORDINATION)``; reads
+    ``_request_timeout_ms``. Why: on the consumer's own connection each one waited up to 1.5 s behind a fetch, and a
+    restarted worker asked four before it restored its tables.
 
 mode: ``Service.task``, ``wait_first``, ``wait_for_stopped``, ``itertimer`` and the private ``_stopped`` event of
 the consumer and the fetcher (:mod:`~app.engine.delivery`).
@@ -186,3 +193,4 @@ def install(config: EngineConfig) -> None:
     fetcher.note_skipped_offsets()
     restore.end_restores_at_markers()
     restore.time_restores()
+    restore.start_tables_at_once()

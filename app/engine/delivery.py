@@ -23,7 +23,7 @@ from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
 
-from app.engine import commit, restore
+from app.engine import commit, offsets, restore
 from app.engine.config import installed, worker_slot
 from app.engine.diagnostics import trace, tracing
 from app.engine.fetcher import assigned_position, kafka_assignment, kafka_client, set_fetching, skipped_offsets, until_listed
@@ -78,6 +78,10 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         return await restore.changelog_ends(self._ensure_consumer(), partitions)
+
+    async def earliest_offsets(self, *partitions: TP) -> Mapping[TP, int]:
+        """The first offsets, not queued behind a fetch (:mod:`app.engine.offsets`); recovery asks them of every changelog."""
+        return cast(Mapping[TP, int], await self.call_thread(offsets.beginning_offsets, self._ensure_consumer(), list(partitions)))
 
 
 class WeirConsumer(aiokafka_driver.Consumer):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +38,8 @@ from aiokafka import errors as Errors
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from app.engine import offsets
 
 __all__ = ["GroupMember", "attach_group_member", "install", "wait_settled", "UnstableOffsetCommitError"]
 
@@ -339,24 +340,22 @@ def install(per_worker: bool) -> None:
     sender_module.Sender._do_txn_offset_commit = _do_txn_offset_commit
 
 
-async def wait_settled(consumer: Any, partitions: list[TopicPartition], log_every_s: float = 5.0) -> None:
-    """Wait until no transaction is open on ``partitions``: their last stable offset is their high watermark.
+async def wait_settled(consumer: Any, partitions: list[TopicPartition], log_every_s: float = 5.0) -> dict[TopicPartition, int]:
+    """Wait until no transaction is open on ``partitions``: their last stable offset is their high watermark; return it.
 
-    ``consumer`` is a read_committed aiokafka consumer: its ``end_offsets`` are last stable offsets; the
-    high watermarks come from the same fetcher asked at read_uncommitted.
+    ``consumer`` is an aiokafka consumer; the last stable offsets and the high watermarks are asked of the broker
+    together, on the consumer's coordination connections (:mod:`app.engine.offsets`).
     """
     if not partitions:
-        return
-    uncommitted = copy.copy(consumer._fetcher)
-    uncommitted._isolation_level = 0
-    timeout_ms = consumer._request_timeout_ms
+        return {}
     began = last_log = time.monotonic()
     while True:
-        stable = await consumer._fetcher.end_offsets(partitions, timeout_ms)
-        high = await uncommitted.end_offsets(partitions, timeout_ms)
+        stable, high = await asyncio.gather(
+            offsets.end_offsets(consumer, partitions), offsets.end_offsets(consumer, partitions, committed=False)
+        )
         open_on = sorted(tp for tp in partitions if stable[tp] < high[tp])
         if not open_on:
-            return
+            return stable
         now = time.monotonic()
         if now - last_log >= log_every_s:
             last_log = now

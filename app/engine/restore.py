@@ -7,14 +7,22 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from faust.types import TP
 
-from app.engine import fetcher, kip447
+from app.engine import fetcher, kip447, offsets
 from app.engine.config import installed
 
-__all__ = ["changelog_ends", "end_restores_at_markers", "time_restores", "RestoreObserver", "observe_restores", "wipe_local_tables"]
+__all__ = [
+    "changelog_ends",
+    "end_restores_at_markers",
+    "start_tables_at_once",
+    "time_restores",
+    "RestoreObserver",
+    "observe_restores",
+    "wipe_local_tables",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +37,8 @@ async def changelog_ends(consumer: Any, partitions: list[TP]) -> Mapping[TP, int
     if installed().worker_transaction is not None:
         # One transaction per worker: the changelog's previous owner may have left one open (killed), or
         # its commit markers may still be on their way here after its offsets became stable.
-        await kip447.wait_settled(consumer, partitions)
-    return cast(Mapping[TP, int], await consumer.end_offsets(partitions))
+        return await kip447.wait_settled(consumer, partitions)
+    return await offsets.end_offsets(consumer, partitions, committed=consumer._fetcher._isolation_level == offsets.READ_COMMITTED)
 
 
 def end_restores_at_markers() -> None:
@@ -68,6 +76,29 @@ def end_restores_at_markers() -> None:
 
     Recovery.need_recovery = need_recovery  # type: ignore[method-assign]
     Recovery._weir_ends_at_markers = True  # type: ignore[attr-defined]
+
+
+def start_tables_at_once() -> None:
+    """Start Faust's table manager without its one-second wait.
+
+    ``TableManager.on_start`` sleeps 1 s before it registers the tables' changelogs and starts recovery, so that a
+    table defined a moment late still makes it. weir's tables are all defined when the app module is imported,
+    before the worker starts; the second was part of every worker's start, and of every restart's outage (a
+    SIGKILLed worker's partitions wait for its successor). Replaces ``TableManager.on_start``: the same
+    ``_update_channels`` and ``recovery.start()``, without the sleep.
+    """
+    from faust.tables.manager import TableManager
+
+    if getattr(TableManager, "_weir_at_once", False):
+        return
+
+    async def on_start(self: Any) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+    TableManager.on_start = on_start  # type: ignore[method-assign]
+    TableManager._weir_at_once = True  # type: ignore[attr-defined]
 
 
 #: Told of every restore of this worker's tables when it ends: the seconds from its start (the recovery that followed
