@@ -123,7 +123,12 @@ def payload(path: str) -> KeyExpr:
     def read(exchange: Exchange) -> Any:
         value = exchange.payload
         for part in path.split("."):
-            value = value[int(part)] if isinstance(value, list) else value[part]
+            if isinstance(value, list):
+                if not part.isdigit():
+                    raise KeyError(part)  # a name is no index into a list: the key is absent, as in an object without it
+                value = value[int(part)]
+            else:
+                value = value[part]
         return value
 
     return KeyExpr(f"payload {path!r}", read)

@@ -105,6 +105,9 @@ def test_key_expressions_read_headers_and_payload_paths_or_give_none() -> None:
     assert payload("order.lines.0.sku")(exchange) == "v"
     assert payload("order.nope")(exchange) is None
     assert payload("order")(exchange) is None, "a key is a single value, not an object"
+    assert payload("order.lines.sku")(exchange) is None, "a name is no index into a list"
+    assert payload("ticket")(Exchange(payload=["not", "an", "object"])) is None, "a payload of another shape has no key"
+    assert payload("ticket")(Exchange(payload="a string")) is None
 
 
 def test_split_and_aggregate_make_a_segment_of_the_process_steps_between_them() -> None:
