@@ -344,7 +344,9 @@ topics.extra.extend(all_topics())
 
 def _parts(compiled: CompiledFlow, exchange: Exchange, exchange_id: str) -> dict[str, str | None]:
     """Which execution this is, for each barrier that counts this flow's executions (read on entry, like the keys)."""
-    return {awaited.barrier.name: awaited.part_of(exchange, exchange_id) for awaited in compiled.awaited_by if awaited.awaited.count}
+    return {
+        awaited.barrier.name: awaited.part_of(exchange, exchange_id) for awaited in compiled.awaited_by if awaited.awaited.count is not None
+    }
 
 
 def outcome_outputs(compiled: CompiledFlow, meta: dict[str, Any], outcome: str, error: str | None, result: Any = None) -> list[Output]:

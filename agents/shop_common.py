@@ -13,9 +13,21 @@ from tables.shop import Send
 
 __all__ = ["shop_topics", "send_all", "outputs", "SHOP_TOPICS"]
 
-#: Every topic of the shop and its key: orders/payments/dispatch/outcomes/transactions by ticket,
-#: kitchen by flavour, screens/reports by screen.
-SHOP_TOPICS = ("orders", "payments", "kitchen", "dispatch", "outcomes", "screens", "reports", "transactions")
+#: Every topic of the shop and its key: orders/payments/dispatch/outcomes/transactions and the payment's and the
+#: kitchen's answers by ticket, kitchen by flavour, screens/reports by screen. The dispatch flow (app/shop_flows.py)
+#: reads dispatch and the two answer topics.
+SHOP_TOPICS = (
+    "orders",
+    "payments",
+    "kitchen",
+    "dispatch",
+    "payment-answers",
+    "kitchen-answers",
+    "outcomes",
+    "screens",
+    "reports",
+    "transactions",
+)
 
 
 def _topic(name: str) -> faust.TopicT:

@@ -25,7 +25,7 @@ AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
 #: "eof_filter", "eof_controller", "eof_aggregator", "eof_joiner" are the end-of-stream pipeline (agents/eof_*.py);
 #: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "shop_*" are the
-#: ice-cream shop's stages (agents/shop_*.py).
+#: ice-cream shop's stages (agents/shop_*.py; "shop_dispatch" is the flows agent set running the shop's flows).
 OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "flows",
     "eof_filter",
@@ -95,6 +95,23 @@ def default_postgres_url() -> str:
 def _env_str(name: str, default: str) -> str:
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else raw
+
+
+#: The module of the shop's flows: ``WEIR_AGENTS=shop_dispatch`` runs them (the "flows" agent set with this module).
+SHOP_FLOWS_MODULE = "app.shop_flows"
+
+
+def _flows_module_from_env(agents: tuple[str, ...]) -> str:
+    module = _env_str("WEIR_FLOWS", "")
+    if "shop_dispatch" not in agents:
+        return module
+    if module and module != SHOP_FLOWS_MODULE:
+        message = (
+            f"setting WEIR_FLOWS={module!r}: WEIR_AGENTS includes shop_dispatch, which runs the shop's flows "
+            f"({SHOP_FLOWS_MODULE}); run other flows in a process of their own"
+        )
+        raise ValueError(message)
+    return SHOP_FLOWS_MODULE
 
 
 def _agents_from_env() -> tuple[str, ...]:
@@ -209,7 +226,8 @@ class Settings:
     trace_file: str = ""
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the item's payload is its result).
     item_processor: str = "app.pipeline:as_is"
-    #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
+    #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py); with shop_dispatch
+    #: among the agents, the shop's (app.shop_flows).
     flows_module: str = ""
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A
     #: flow runs with its barriers and its split/aggregate stages; each selection is its own consumer group.
@@ -257,7 +275,7 @@ class Settings:
     shop_stock: int = 1000
     #: WEIR_SHOP_STOCK_OVERRIDES: other opening stock for some flavours, e.g. "pistachio=120,mint=50".
     shop_stock_overrides: str = ""
-    #: WEIR_SHOP_DISPATCH_TIMEOUT_MS: how long dispatch waits for the kitchen and the payment of an order.
+    #: WEIR_SHOP_DISPATCH_TIMEOUT_MS: how long dispatch waits for the payment's answer, and then for the kitchen's.
     shop_dispatch_timeout_ms: int = 30_000
 
     def opening_stock(self, flavour: str) -> int:
@@ -373,12 +391,13 @@ def load_settings() -> Settings:
     if transactions not in ("per_partition", "per_worker"):
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
         raise ValueError(message)
+    agents = _agents_from_env()
     return Settings(
         bootstrap=default_bootstrap(),
         **_security_from_env(),
         app_id=_env_str("WEIR_APP_ID", defaults.app_id),
         topic_prefix=_env_str("WEIR_TOPIC_PREFIX", defaults.topic_prefix),
-        agents=_agents_from_env(),
+        agents=agents,
         data_dir=Path(_env_str("WEIR_DATA_DIR", str(defaults.data_dir))),
         web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
         web_port=_env_int("WEIR_WEB_PORT", defaults.web_port),
@@ -412,7 +431,7 @@ def load_settings() -> Settings:
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         trace_file=_env_str("WEIR_TRACE_FILE", defaults.trace_file),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
-        flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
+        flows_module=_flows_module_from_env(agents),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
         eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
         eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms),

@@ -26,6 +26,7 @@ from app.jsonlines import read_lines
 from app.kafka_io import check_broker, delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
+from app.shop_flows import describe as dispatch_flows
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,9 @@ def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[W
         worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
         workers.append(worker)
         print(f"  worker {number}: {agents:<26} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
+    print("  shop_dispatch runs the flows of app/shop_flows.py on weir's flow API:")
+    for flow in dispatch_flows():
+        print(f"    {flow}")
     return workers
 
 

@@ -31,7 +31,18 @@ from tables.shop_cards import protect_line
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 
-SHOP_TOPICS = ("orders", "payments", "kitchen", "dispatch", "outcomes", "screens", "reports", "transactions")
+SHOP_TOPICS = (
+    "orders",
+    "payments",
+    "kitchen",
+    "dispatch",
+    "payment-answers",
+    "kitchen-answers",
+    "outcomes",
+    "screens",
+    "reports",
+    "transactions",
+)
 
 
 @dataclass

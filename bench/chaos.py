@@ -39,7 +39,15 @@ from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, make_screens, reference_reports, start_shop
 
 #: The shop's input topics (what the screens and the stages send to each other).
-INPUT_TOPICS = ("shop.orders", "shop.payments", "shop.kitchen", "shop.dispatch", "shop.screens")
+INPUT_TOPICS = (
+    "shop.orders",
+    "shop.payments",
+    "shop.kitchen",
+    "shop.dispatch",
+    "shop.payment-answers",
+    "shop.kitchen-answers",
+    "shop.screens",
+)
 #: Bad inputs that no stage can take for valid: not JSON, not UTF-8, not an object, too deep, a tombstone.
 NASTY: list[tuple[bytes | None, bytes | None]] = [
     (b"k", None),

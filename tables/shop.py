@@ -44,13 +44,15 @@ __all__ = [
     "on_release",
     "on_deliver",
     "OpenedOrder",
-    "Dispatch",
-    "DispatchDone",
-    "on_open",
-    "on_kitchen",
-    "on_payment",
-    "on_dispatch_tick",
-    "on_late",
+    "DispatchOrder",
+    "read_answer",
+    "WaitEnd",
+    "WAIT_COMPLETED",
+    "WAIT_TIMEOUT",
+    "WAIT_FAILED",
+    "reservations",
+    "settle",
+    "dispatch_outcome",
     "ScreenReport",
     "on_outcome",
     "on_end",
@@ -71,7 +73,8 @@ DUPLICATE = "duplicate"
 
 @dataclass(frozen=True)
 class Send:
-    """A message to send: ``to`` names the topic ("payments", "kitchen", "dispatch", "outcomes", "screens", "transactions")."""
+    """A message to send: ``to`` names the topic (``shop.<to>``: "payments", "kitchen", "dispatch", "payment-answers",
+    "kitchen-answers", "outcomes", "screens", "transactions")."""
 
     to: str
     key: str
@@ -185,7 +188,9 @@ def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, stat
 
 def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, deadline_ms: int) -> list[Send]:
     """What a line's order sets going, both keyed by its ticket: the open at the dispatch barrier and the payment's
-    capture. The reservations wait for the capture (:func:`on_payment`), as in the seed's two-phase commit."""
+    capture. The reservations wait for the capture (:func:`reservations`), as in the seed's two-phase commit.
+    ``deadline_ms``: by when the orders stage expects the order resolved (the dispatch barriers' timeouts count from
+    each barrier's arrival)."""
     opened = {
         "kind": "open",
         "order_id": ticket,
@@ -331,7 +336,7 @@ def _transaction(payment: Payment, phase: str) -> Send:
 
 def _payment_answer(payment: Payment) -> Send:
     ok = payment.state != REJECTED
-    return Send("dispatch", payment.order_id, {"kind": "payment", "order_id": payment.order_id, "ok": ok, "reason": payment.reason})
+    return Send("payment-answers", payment.order_id, {"kind": "payment", "order_id": payment.order_id, "ok": ok, "reason": payment.reason})
 
 
 def on_capture(previous: Payment | None, capture: Capture, seed: int, reject_rate: float, now_ms: int) -> tuple[Payment, list[Send]]:
@@ -411,12 +416,12 @@ def on_reserve(stock: Stock, order_id: str, scoops: int, *, settled: bool = Fals
         return stock, []
     if order_id in stock.reserved or order_id in stock.refused:
         ok = order_id in stock.reserved
-        return stock, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, ok))]
+        return stock, [Send("kitchen-answers", order_id, _kitchen_answer(stock.flavour, order_id, ok))]
     if scoops <= stock.available:
         updated = replace(stock, available=stock.available - scoops, reserved={**stock.reserved, order_id: scoops})
-        return updated, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, True))]
+        return updated, [Send("kitchen-answers", order_id, _kitchen_answer(stock.flavour, order_id, True))]
     refused = replace(stock, refused=stock.refused | {order_id})
-    return refused, [Send("dispatch", order_id, _kitchen_answer(stock.flavour, order_id, False))]
+    return refused, [Send("kitchen-answers", order_id, _kitchen_answer(stock.flavour, order_id, False))]
 
 
 def _kitchen_answer(flavour: str, order_id: str, ok: bool) -> dict[str, Any]:
@@ -441,96 +446,16 @@ def on_deliver(stock: Stock, order_id: str) -> Stock:
 
 
 # ----------------------------------------------------------------------------------------- dispatch
+#
+# Dispatch is a flow (app/shop_flows.py) with two barriers, in the seed's sequence: the order's open waits for the
+# gateway's answer to the capture; captured, the flow asks the kitchen (one reservation per flavour) and waits for
+# every answer; then it settles. The functions below are its steps' pure parts: what to reserve after the payment's
+# wait, what to send once both waits ended. The barriers (tables/barrier.py) hold the waiting and the answers.
 
-
-@dataclass(frozen=True)
-class Dispatch:
-    """An order waiting at the dispatch barrier (table ``shop_dispatch``): the payment's answer, then the kitchen's.
-
-    The dispatch coordinates the seed's two-phase commit: the reservations go to the kitchen only once the order
-    is open here and its payment is captured; a rejected card resolves the order at once, and never reaches a robot.
-    """
-
-    order_id: str
-    ticket: str
-    screen: str
-    line: int
-    amount_cents: int
-    flavours: tuple[str, ...]
-    deadline_ms: int
-    #: flavour -> reserved (True) or refused (False)
-    kitchen: dict[str, bool] = field(default_factory=dict)
-    #: None until the payment answered; then captured (True) or rejected (False)
-    paid: bool | None = None
-    opened: bool = True
-    #: flavour -> scoops, what the reservations ask for once the payment is captured
-    scoops: dict[str, int] = field(default_factory=dict)
-    #: why the gateway rejected the card
-    payment_reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "order_id": self.order_id,
-            "ticket": self.ticket,
-            "screen": self.screen,
-            "line": self.line,
-            "amount_cents": self.amount_cents,
-            "flavours": list(self.flavours),
-            "deadline_ms": self.deadline_ms,
-            "kitchen": dict(self.kitchen),
-            "paid": self.paid,
-            "opened": self.opened,
-            "scoops": dict(self.scoops),
-            "payment_reason": self.payment_reason,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Dispatch:
-        return cls(
-            order_id=str(raw["order_id"]),
-            ticket=str(raw["ticket"]),
-            screen=str(raw["screen"]),
-            line=int(raw["line"]),
-            amount_cents=int(raw["amount_cents"]),
-            flavours=tuple(raw["flavours"]),
-            deadline_ms=int(raw["deadline_ms"]),
-            kitchen={str(flavour): bool(ok) for flavour, ok in (raw.get("kitchen") or {}).items()},
-            paid=raw.get("paid"),
-            opened=bool(raw.get("opened", True)),
-            scoops={str(flavour): int(count) for flavour, count in (raw.get("scoops") or {}).items()},
-            payment_reason=raw.get("payment_reason"),
-        )
-
-
-@dataclass(frozen=True)
-class DispatchDone:
-    """A resolved order (table ``shop_dispatch``, same key): its outcome, kept to compensate late answers."""
-
-    order_id: str
-    status: str
-    reason: str | None
-    resolved_ms: int
-    #: flavours whose reservation this order still must release if it arrives late, etc.
-    settled_flavours: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "order_id": self.order_id,
-            "status": self.status,
-            "reason": self.reason,
-            "resolved_ms": self.resolved_ms,
-            "settled_flavours": list(self.settled_flavours),
-            "done": True,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> DispatchDone:
-        return cls(
-            str(raw["order_id"]), str(raw["status"]), raw.get("reason"), int(raw["resolved_ms"]), tuple(raw.get("settled_flavours") or ())
-        )
-
-
-DispatchState = Dispatch | DispatchDone
+#: How a dispatch barrier's wait ended (the barrier's report, ``tables.barrier.release_report``).
+WAIT_COMPLETED = "completed"
+WAIT_TIMEOUT = "timeout"
+WAIT_FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -542,149 +467,112 @@ class OpenedOrder:
     amount_cents: int
 
 
-def _outcome(state: Dispatch, status: str, reason: str | None) -> list[Send]:
-    outcome = {
-        "ticket": state.ticket,
-        "screen": state.screen,
-        "line": state.line,
-        "order_id": state.order_id,
-        "status": status,
-        "reason": reason,
-        "amount_cents": state.amount_cents if status == READY else 0,
-    }
-    return [Send("outcomes", state.ticket, outcome), Send("screens", state.screen, {"kind": "outcome", **outcome})]
+@dataclass(frozen=True)
+class DispatchOrder:
+    """An order at dispatch, from its open (keyed, paid and reserved by its ticket, not by the customer's order id)."""
+
+    ticket: str
+    screen: str
+    line: int
+    order: OpenedOrder
+
+    @classmethod
+    def from_open(cls, raw: Any) -> DispatchOrder:
+        """The order of an ``open`` (:func:`order_sends`), or ValueError naming what is wrong."""
+        try:
+            ticket, screen, line, order = raw["ticket"], raw["screen"], raw["line"], raw["order"]
+            scoops = dict(order["scoops"].items())
+            amount = order["amount_cents"]
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            message = f"shop dispatch: an open needs 'ticket', 'screen', 'line' and 'order' (scoops, amount_cents): {error!r}"
+            raise ValueError(message) from None
+        if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int) or not isinstance(amount, int):
+            raise ValueError("shop dispatch: an open needs 'ticket' (str), 'screen' (str), 'line' (int), 'order.amount_cents' (int)")
+        if not scoops or not all(isinstance(count, int) and not isinstance(count, bool) and count > 0 for count in scoops.values()):
+            raise ValueError(f"shop dispatch: open of {ticket!r}: 'order.scoops' must map flavours to positive integers")
+        return cls(ticket, screen, line, OpenedOrder(ticket, scoops, amount))
 
 
-def _resolve(state: Dispatch, now_ms: int, timed_out: bool = False) -> tuple[DispatchDone, list[Send]]:
-    """Every answer is in, or the card was rejected, or the deadline passed: deliver and commit, or void and restock."""
-    kitchen_ok = len(state.kitchen) == len(state.flavours) and all(state.kitchen.values())
-    sends: list[Send] = []
-    if not timed_out and kitchen_ok and state.paid:
-        sends += [Send("payments", state.order_id, {"kind": "commit", "order_id": state.order_id})]
-        sends += [
-            Send("kitchen", flavour, {"kind": "deliver", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours
-        ]
-        done = DispatchDone(state.order_id, READY, None, now_ms, tuple(state.flavours))
-        return done, sends + _outcome(state, READY, None)
-    if state.paid is False:
-        reason = state.payment_reason or "card rejected"
-    elif state.kitchen and not all(state.kitchen.values()):
-        reason = "; ".join(sorted(f"out of stock: {flavour}" for flavour, ok in state.kitchen.items() if not ok))
-    else:
-        # The kitchen is asked only after the capture: without the payment's answer, nothing waits for the kitchen.
-        reason = "timeout waiting for payment" if state.paid is None else "timeout waiting for kitchen"
-    if state.paid:
-        sends.append(Send("payments", state.order_id, {"kind": "void", "order_id": state.order_id}))
-        # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
-        sends += [
-            Send("kitchen", flavour, {"kind": "release", "order_id": state.order_id, "flavour": flavour}) for flavour in state.flavours
-        ]
-    # No reservation was sent for an order whose payment was not captured: the kitchen hears nothing of it.
-    reserved = tuple(state.flavours) if state.paid else ()
-    done = DispatchDone(state.order_id, ABORTED, reason, now_ms, reserved)
-    return done, sends + _outcome(state, ABORTED, reason)
+def read_answer(raw: Any, *, kitchen: bool) -> dict[str, Any]:
+    """A payment's or a kitchen's answer as dispatch reads it, or ValueError naming what is wrong."""
+    what = "kitchen" if kitchen else "payment"
+    if not isinstance(raw, dict) or not isinstance(raw.get("order_id"), str) or not isinstance(raw.get("ok"), bool):
+        raise ValueError(f"shop dispatch: a {what} answer needs a string 'order_id' and a boolean 'ok'")
+    if kitchen and not isinstance(raw.get("flavour"), str):
+        raise ValueError(f"shop dispatch: kitchen answer of {raw['order_id']!r} needs a string 'flavour'")
+    reason = raw.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError(f"shop dispatch: {what} answer of {raw['order_id']!r}: 'reason' must be a string or null")
+    return raw
 
 
-def _ready(state: Dispatch) -> bool:
-    """Every answer is in: a rejected card's, or the capture's and one per flavour (so that releases and voids are exact)."""
-    return state.opened and (state.paid is False or (state.paid is True and len(state.kitchen) == len(state.flavours)))
+@dataclass(frozen=True)
+class WaitEnd:
+    """How one of dispatch's waits ended (``status``: completed, timeout or failed, and why) and the answers it got."""
+
+    status: str
+    answers: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
 
 
-def _reservations(state: Dispatch) -> list[Send]:
-    """Phase one's second half, once the capture succeeded: one reservation per flavour, keyed by flavour."""
+def reservations(order: DispatchOrder, payment: WaitEnd) -> list[Send]:
+    """Phase one's second half, after the payment's wait: a captured order's reservations, one per flavour, keyed by
+    flavour. A rejected card (or no answer) reserves nothing: the kitchen never hears of the order."""
+    captured = payment.status == WAIT_COMPLETED and bool(payment.answers) and payment.answers[0].get("ok") is True
+    if not captured:
+        return []
     return [
-        Send("kitchen", flavour, {"kind": "reserve", "order_id": state.order_id, "flavour": flavour, "scoops": scoops})
-        for flavour, scoops in sorted(state.scoops.items())
+        Send("kitchen", flavour, {"kind": "reserve", "order_id": order.ticket, "flavour": flavour, "scoops": scoops})
+        for flavour, scoops in sorted(order.order.scoops.items())
     ]
 
 
-def _step(state: Dispatch, now_ms: int) -> tuple[DispatchState, list[Send]]:
-    if _ready(state):
-        return _resolve(state, now_ms)
-    return state, []
+def dispatch_outcome(order: DispatchOrder, status: str, reason: str | None) -> list[Send]:
+    """The order's one outcome, to the screen and to the screen's report."""
+    outcome = {
+        "ticket": order.ticket,
+        "screen": order.screen,
+        "line": order.line,
+        "order_id": order.ticket,
+        "status": status,
+        "reason": reason,
+        "amount_cents": order.order.amount_cents if status == READY else 0,
+    }
+    return [Send("outcomes", order.ticket, outcome), Send("screens", order.screen, {"kind": "outcome", **outcome})]
 
 
-def on_open(
-    previous: DispatchState | None,
-    order: OpenedOrder | ShopOrder,
-    ticket: str,
-    screen: str,
-    line: int,
-    deadline_ms: int,
-    now_ms: int,
-) -> tuple[DispatchState, list[Send]]:
-    """The order enters the barrier (its answers may have arrived first)."""
-    if isinstance(previous, DispatchDone) or (isinstance(previous, Dispatch) and previous.opened):
-        return previous, []
-    kitchen = previous.kitchen if previous is not None else {}
-    paid = previous.paid if previous is not None else None
-    reason = previous.payment_reason if previous is not None else None
-    flavours = tuple(sorted(order.scoops))
-    state = Dispatch(
-        order.order_id, ticket, screen, line, order.amount_cents, flavours, deadline_ms, kitchen, paid, True, dict(order.scoops), reason
-    )
-    if paid is True:  # the capture's answer came first: the kitchen is asked now
-        return state, _reservations(state)
-    return _step(state, now_ms)
+def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Send]:
+    """Phase two, once both waits ended: every flavour reserved and the capture made, commit and deliver (``ready``);
+    otherwise void the capture and release every flavour asked for (``aborted``, and why).
 
-
-def _placeholder(order_id: str, now_ms: int) -> Dispatch:
-    """An answer arrived before the order's open: remembered until the open comes (or never, then the tick)."""
-    return Dispatch(order_id, "", "", -1, 0, (), now_ms, opened=False)
-
-
-def on_kitchen(previous: DispatchState | None, order_id: str, flavour: str, ok: bool, now_ms: int) -> tuple[DispatchState, list[Send]]:
-    if isinstance(previous, DispatchDone):
-        return on_late(previous, "kitchen", ok, flavour)
-    state = previous if previous is not None else _placeholder(order_id, now_ms)
-    if flavour in state.kitchen:
-        return state, []
-    return _step(replace(state, kitchen={**state.kitchen, flavour: ok}), now_ms)
-
-
-def on_payment(
-    previous: DispatchState | None, order_id: str, ok: bool, now_ms: int, reason: str | None = None
-) -> tuple[DispatchState, list[Send]]:
-    """The gateway's answer to the capture: captured, the kitchen is asked (once the order is open); rejected, the
-    order is aborted at once and the kitchen never hears of it.
-
-    The same answer again while the kitchen's answers are awaited asks the kitchen again: a reservation the kitchen
-    holds is answered the same way, and the first answer per flavour is the one kept here.
+    A capture whose answer did not come in time is voided all the same: the void follows the capture in the
+    payments partition (both keyed by ticket), so a capture that lands late is voided, never left open. A release
+    follows its reservation in the flavour's partition the same way.
     """
-    if isinstance(previous, DispatchDone):
-        return on_late(previous, "payment", ok, None)
-    state = previous if previous is not None else _placeholder(order_id, now_ms)
-    if state.paid is not None:
-        return state, _reservations(state) if state.paid and state.opened and ok else []
-    state = replace(state, paid=ok, payment_reason=None if ok else reason)
-    if ok and state.opened:
-        return state, _reservations(state)
-    return _step(state, now_ms)
-
-
-def on_late(done: DispatchDone, part: str, ok: bool, flavour: str | None) -> tuple[DispatchState, list[Send]]:
-    """An answer after the order was resolved (timeout): compensate, never resolve again."""
-    if done.status != ABORTED or not ok:
-        return done, []
-    if part == "payment":
-        return done, [Send("payments", done.order_id, {"kind": "void", "order_id": done.order_id})]
-    # releases were sent at resolution for every flavour; a reservation landing after its release is
-    # released again (the kitchen's release is idempotent)
-    return done, [Send("kitchen", str(flavour), {"kind": "release", "order_id": done.order_id, "flavour": flavour})]
-
-
-def on_dispatch_tick(
-    state: DispatchState, now_ms: int, done_retention_ms: int, placeholder_timeout_ms: int
-) -> tuple[DispatchState | None, list[Send]]:
-    """Deadline passed: resolve as aborted (timeout); drop a done marker after its retention."""
-    if isinstance(state, DispatchDone):
-        return (None, []) if now_ms >= state.resolved_ms + done_retention_ms else (state, [])
-    if not state.opened:
-        # answers for an order that never opened (its open was lost is impossible; a stray message)
-        return (None, []) if now_ms >= state.deadline_ms + placeholder_timeout_ms else (state, [])
-    if now_ms < state.deadline_ms:
-        return state, []
-    return _resolve(state, now_ms, timed_out=True)
+    ticket = order.ticket
+    flavours = sorted(order.order.scoops)
+    void = Send("payments", ticket, {"kind": "void", "order_id": ticket})
+    answer = payment.answers[0] if payment.answers else None
+    if answer is None:
+        reason = "timeout waiting for payment" if payment.status == WAIT_TIMEOUT else f"payment failed: {payment.error}"
+        return [void, *dispatch_outcome(order, ABORTED, reason)]
+    if answer.get("ok") is not True:
+        return dispatch_outcome(order, ABORTED, answer.get("reason") or "card rejected")
+    refused = sorted({str(item["flavour"]) for item in kitchen.answers if item.get("ok") is not True})
+    answered = {str(item["flavour"]) for item in kitchen.answers}
+    if kitchen.status == WAIT_COMPLETED and not refused and answered >= set(flavours):
+        sends = [Send("payments", ticket, {"kind": "commit", "order_id": ticket})]
+        sends += [Send("kitchen", flavour, {"kind": "deliver", "order_id": ticket, "flavour": flavour}) for flavour in flavours]
+        return sends + dispatch_outcome(order, READY, None)
+    if refused:
+        reason = "; ".join(f"out of stock: {flavour}" for flavour in refused)
+    elif kitchen.status == WAIT_TIMEOUT:
+        reason = "timeout waiting for kitchen"
+    else:
+        reason = f"kitchen failed: {kitchen.error}"
+    # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
+    releases = [Send("kitchen", flavour, {"kind": "release", "order_id": ticket, "flavour": flavour}) for flavour in flavours]
+    return [void, *releases, *dispatch_outcome(order, ABORTED, reason)]
 
 
 # ------------------------------------------------------------------------------------------ reports

@@ -19,22 +19,24 @@ from app.errors import redacted_dead_letter
 from tables.shop import (
     CARD_DECLINED,
     CARD_INVALID,
+    WAIT_COMPLETED,
+    WAIT_TIMEOUT,
     Capture,
-    DispatchDone,
+    DispatchOrder,
     OpenedOrder,
+    WaitEnd,
     card_accepted,
     decision_key,
     gateway_decision,
     on_capture,
-    on_dispatch_tick,
-    on_open,
-    on_payment,
+    reservations,
+    settle,
 )
 from tables.shop_cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 KEY = b"run secret"
-ORDER = OpenedOrder("o-1", {"mint": 2, "vanilla": 1}, 755)
+ORDER = DispatchOrder("t", "day/s", 1, OpenedOrder("t", {"mint": 2, "vanilla": 1}, 755))
 
 
 def test_luhn_accepts_valid_numbers_and_refuses_a_mistyped_digit() -> None:
@@ -97,48 +99,69 @@ def test_a_capture_records_the_token_and_the_reason_never_the_number() -> None:
     capture = Capture("day/s/1", 500, "s/1/o-1", card_ref("4111111111111112", KEY))
     payment, sends = on_capture(None, Capture.from_message(capture.to_message()), 1, 0.0, now_ms=3)
     assert (payment.state, payment.reason, payment.card_last4) == ("rejected", CARD_INVALID, "1112")
-    assert [send.to for send in sends] == ["transactions", "dispatch"]
+    assert [send.to for send in sends] == ["transactions", "payment-answers"]
     assert sends[1].value == {"kind": "payment", "order_id": "day/s/1", "ok": False, "reason": CARD_INVALID}
     assert "4111111111111112" not in json.dumps([send.value for send in sends] + [payment.to_dict()])
     assert on_capture(payment, capture, 1, 0.0, now_ms=4) == (payment, [sends[1]]), "seen again: the same answer, no new log"
 
 
-def test_a_rejected_card_is_aborted_without_a_word_to_the_kitchen_in_either_order() -> None:
-    opened, sends = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
-    assert sends == [], "nothing reserved before the capture"
-    done, sends = on_payment(opened, "t", False, 1, CARD_DECLINED)
-    assert isinstance(done, DispatchDone)
-    assert (done.status, done.reason) == ("aborted", CARD_DECLINED)
-    assert [send.to for send in sends] == ["outcomes", "screens"]
-
-    early, sends = on_payment(None, "t", False, 0, CARD_INVALID)
-    assert sends == []
-    done, sends = on_open(early, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=1)
-    assert isinstance(done, DispatchDone)
-    assert done.reason == CARD_INVALID
-    assert "kitchen" not in [send.to for send in sends]
+def _answered(ok: bool, reason: str | None = None) -> WaitEnd:
+    return WaitEnd(WAIT_COMPLETED, ({"kind": "payment", "order_id": "t", "ok": ok, "reason": reason},))
 
 
-def test_a_captured_order_asks_the_kitchen_once_open_whichever_came_first() -> None:
-    opened, _ = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
-    waiting, sends = on_payment(opened, "t", True, 1)
-    assert [(send.to, send.key, send.value["scoops"]) for send in sends] == [("kitchen", "mint", 2), ("kitchen", "vanilla", 1)]
-    assert on_payment(waiting, "t", True, 2) == (waiting, sends), "the answer again asks again; the kitchen answers the same"
-
-    early, sends = on_payment(None, "t", True, 0)
-    assert sends == [], "no order yet: nothing to reserve"
-    _, sends = on_open(early, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=1)
-    assert [send.key for send in sends if send.to == "kitchen"] == ["mint", "vanilla"]
+NOTHING_ASKED = WaitEnd(WAIT_COMPLETED)
 
 
-def test_a_timeout_before_the_payment_answered_releases_nothing() -> None:
-    opened, _ = on_open(None, ORDER, "t", "day/s", 1, deadline_ms=100, now_ms=0)
-    done, sends = on_dispatch_tick(opened, 100, done_retention_ms=1_000, placeholder_timeout_ms=1_000)
-    assert isinstance(done, DispatchDone)
-    assert done.reason == "timeout waiting for payment"
-    assert [send.to for send in sends] == ["outcomes", "screens"]
-    _, late = on_payment(done, "t", True, 101)
-    assert [(send.to, send.value["kind"]) for send in late] == [("payments", "void")], "a late capture is voided, never reserved"
+def test_a_rejected_card_is_aborted_without_a_word_to_the_kitchen() -> None:
+    payment = _answered(False, CARD_DECLINED)
+    assert reservations(ORDER, payment) == [], "nothing reserved for a rejected card"
+    sends = settle(ORDER, payment, NOTHING_ASKED)
+    assert [send.to for send in sends] == ["outcomes", "screens"], "no void of a capture that was never made, no release"
+    assert (sends[0].value["status"], sends[0].value["reason"]) == ("aborted", CARD_DECLINED)
+
+
+def test_a_captured_order_asks_the_kitchen_once_per_flavour_and_is_served_when_every_flavour_is_reserved() -> None:
+    payment = _answered(True)
+    asked = reservations(ORDER, payment)
+    assert [(send.to, send.key, send.value["scoops"]) for send in asked] == [("kitchen", "mint", 2), ("kitchen", "vanilla", 1)]
+    assert reservations(ORDER, payment) == asked, "the same answer asks the same (the kitchen answers a reservation once)"
+    kitchen = WaitEnd(WAIT_COMPLETED, tuple({"order_id": "t", "flavour": flavour, "ok": True} for flavour in ("vanilla", "mint")))
+    sends = settle(ORDER, payment, kitchen)
+    assert [(send.to, send.value.get("kind")) for send in sends][:3] == [
+        ("payments", "commit"),
+        ("kitchen", "deliver"),
+        ("kitchen", "deliver"),
+    ]
+    assert (sends[-2].value["status"], sends[-2].value["amount_cents"]) == ("ready", 755)
+
+
+def test_a_refused_flavour_aborts_with_every_refusal_named_and_releases_every_flavour() -> None:
+    kitchen = WaitEnd(
+        WAIT_COMPLETED,
+        ({"order_id": "t", "flavour": "vanilla", "ok": False}, {"order_id": "t", "flavour": "mint", "ok": False}),
+    )
+    sends = settle(ORDER, _answered(True), kitchen)
+    assert [(send.to, send.key, send.value.get("kind")) for send in sends[:3]] == [
+        ("payments", "t", "void"),
+        ("kitchen", "mint", "release"),
+        ("kitchen", "vanilla", "release"),
+    ]
+    assert sends[-1].value["reason"] == "out of stock: mint; out of stock: vanilla"
+
+
+def test_a_timeout_before_the_payment_answered_voids_and_reserves_nothing() -> None:
+    payment = WaitEnd(WAIT_TIMEOUT, (), "timed out")
+    assert reservations(ORDER, payment) == []
+    sends = settle(ORDER, payment, NOTHING_ASKED)
+    assert [(send.to, send.value.get("kind")) for send in sends] == [("payments", "void"), ("outcomes", None), ("screens", "outcome")]
+    assert sends[1].value["reason"] == "timeout waiting for payment"
+
+
+def test_a_timeout_waiting_for_the_kitchen_voids_and_releases_what_was_asked() -> None:
+    kitchen = WaitEnd(WAIT_TIMEOUT, ({"order_id": "t", "flavour": "mint", "ok": True},), "timed out")
+    sends = settle(ORDER, _answered(True), kitchen)
+    assert [(send.to, send.key) for send in sends[:3]] == [("payments", "t"), ("kitchen", "mint"), ("kitchen", "vanilla")]
+    assert sends[-1].value["reason"] == "timeout waiting for kitchen"
 
 
 # ---------------------------------------------------------------------------------------------------

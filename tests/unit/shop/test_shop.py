@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.flows import Exchange, Flow, validate_flows
+from app.shop_flows import FLOWS
+from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
 from tables.shop import (
     Capture,
-    Dispatch,
-    DispatchDone,
-    DispatchState,
-    OpenedOrder,
     Payment,
     ScreenReport,
     Send,
@@ -24,12 +24,8 @@ from tables.shop import (
     card_accepted,
     on_capture,
     on_deliver,
-    on_dispatch_tick,
     on_end,
-    on_kitchen,
-    on_open,
     on_outcome,
-    on_payment,
     on_release,
     on_reserve,
     on_settle,
@@ -106,16 +102,31 @@ def test_stock_never_goes_below_zero_and_refusal_is_remembered() -> None:
     assert on_deliver(stock, "a") == stock
 
 
+#: The dispatch barriers' timeout in the simulation (a tick past it expires every wait).
+TIMEOUT_MS = 10**6
+#: The shop's flows as declared, by the topic each reads, and their barriers by name.
+BY_SOURCE = validate_flows(FLOWS)
+BARRIERS = {barrier.name: barrier for flow in FLOWS for barrier in flow.barriers()}
+
+
 class Shop:
-    """The cores wired as the agents wire them, with a message bus that delivers in any order, some twice."""
+    """The cores wired as the agents and the dispatch flow wire them, over a bus that keeps each partition's order
+    (per topic and key, as Kafka does) but interleaves partitions at random and delivers some messages twice.
+
+    The dispatch is the shop's flows as declared (app/shop_flows.py), run step by step as the flow agents run them,
+    with the barrier's core (tables/barrier.py) at each barrier: an open arrives at the payment's barrier; its
+    release reserves and arrives at the kitchen's; that one's release settles. The answer flows' executions
+    complete at the barriers that await them, with their part and their answer as result.
+    """
 
     def __init__(self, rng: random.Random, stock: int, reject_rate: float) -> None:
         self.rng = rng
         self.payments: dict[str, Payment] = {}
         self.stock = {flavour: Stock(flavour, available=stock, initial=stock) for flavour in CATALOGUE}
-        self.dispatch: dict[str, DispatchState] = {}
+        self.barriers: dict[tuple[str, str], BarrierState | None] = {}
         self.reports: dict[str, ScreenReport] = {}
-        self.bus: list[Send] = []
+        #: one queue per partition (topic, key): a queue's head is the next message that partition delivers
+        self.queues: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.outcomes: list[dict[str, Any]] = []
         self.final_reports: list[dict[str, Any]] = []
         self.transactions: list[dict[str, Any]] = []
@@ -126,6 +137,19 @@ class Shop:
         self.settled: set[tuple[str, str]] = set()
         self.now = 0
 
+    def waiting(self) -> list[str]:
+        return [waiting.exchange_id for state in self.barriers.values() if state is not None for waiting in state.waiting]
+
+    @property
+    def busy(self) -> bool:
+        return any(self.queues.values())
+
+    def post(self, to: str, key: str, value: dict[str, Any], *, again: bool = True) -> None:
+        queue = self.queues.setdefault((to, key), [])
+        queue.append(value)
+        if again and self.rng.random() < 0.2:
+            queue.append(value)  # redelivered
+
     def send(self, sends: list[Send]) -> None:
         for send in sends:
             if send.to == "outcomes":
@@ -135,32 +159,108 @@ class Shop:
             elif send.to == "transactions":
                 self.transactions.append(send.value)
             else:
-                self.bus.append(send)
-                if self.rng.random() < 0.2:
-                    self.bus.append(send)  # redelivered
+                self.post(send.to, send.key, send.value)
 
-    def order(self, ticket: str, order: ShopOrder, deadline_ms: int) -> None:
-        # the orders stage's sends are redelivered too (at_least_once replays it): an open or a capture may come again
-        self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms))
+    def order(self, ticket: str, order: ShopOrder) -> None:
+        # the orders stage's sends are sent again too (at_least_once replays it): an open or a capture may come twice
+        self.send(order_sends(order, ticket, "s", int(ticket), deadline_ms=TIMEOUT_MS))
+
+    def run(self, flow: Flow, exchange: Exchange, exchange_id: str, start: int) -> None:
+        """``flow``'s steps from ``start``, as the flow agent runs them: process, to (each record keyed by its key),
+        and a barrier, where the exchange arrives on the barrier's topic (keyed as it waits) and the run stops."""
+        for index in range(start, len(flow.steps)):
+            step = flow.steps[index]
+            if step.kind == "process":
+                assert step.function is not None
+                value = step.function(exchange)
+                if value is not None:
+                    exchange.payload = value
+            elif step.kind == "to":
+                assert step.topic is not None
+                payloads = step.each(exchange) if step.each is not None else [exchange.payload]
+                for payload in payloads:
+                    key = step.key(Exchange(payload=payload)) if step.key is not None else exchange.key
+                    assert key is not None
+                    self.send([Send(step.topic.removeprefix("shop."), key, payload)])
+            elif step.kind == "barrier":
+                barrier = step.barrier
+                assert barrier is not None
+                awaited = tuple(BY_SOURCE[item.source].name for item in barrier.awaits)
+                key = barrier.key_for(barrier.awaits[0])(exchange)
+                assert key is not None
+                expected = {BY_SOURCE[item.source].name: item.count(exchange) for item in barrier.awaits if callable(item.count)}
+                waiting = Waiting(exchange_id, flow.name, self.now, self.now + TIMEOUT_MS, awaited, exchange.to_dict(), index + 1)
+                self.post(f"barrier:{barrier.name}", key, {"kind": "arrival", "waiting": replace(waiting, expected=expected)})
+                return
+            else:
+                raise AssertionError(f"the simulation runs no {step.kind} step")
+
+    def execute(self, source: str, key: str, value: dict[str, Any]) -> None:
+        """A record on ``source``: an execution of the flow that reads it (its id from ``id_by``); an answer flow's
+        execution ends completed, and its completion goes to every barrier awaiting it, with its part and result."""
+        flow = BY_SOURCE[source]
+        exchange = Exchange(payload=value, key=key)
+        identity = flow.id_by(exchange) if flow.id_by is not None else None
+        entry = Exchange(payload=dict(value), key=key)  # keys and parts are read on entry, before any step
+        self.run(flow, exchange, f"{flow.name}:{identity}", 0)
+        if any(step.kind == "barrier" for step in flow.steps):
+            return
+        for waiting_flow in FLOWS:
+            for barrier in waiting_flow.barriers():
+                for item in barrier.awaits:
+                    if item.source != source:
+                        continue
+                    part = item.distinct_by(entry) if item.distinct_by is not None else None
+                    message = {"kind": "completion", "flow": flow.name, "result": exchange.payload if item.results else None, "part": part}
+                    self.post(f"barrier:{barrier.name}", str(barrier.key_for(item)(entry)), message)
+
+    def at_barrier(self, name: str, key: str, message: dict[str, Any]) -> None:
+        barrier = BARRIERS[name]
+        previous = self.barriers.get((name, key))
+        if message["kind"] == "arrival":
+            rules = {"on_duplicate": barrier.on_duplicate, "on_failure": barrier.on_failure}
+            transition = on_arrival(previous, key, message["waiting"], name, self.now, **rules)
+        else:
+            transition = on_completion(
+                previous,
+                key,
+                message["flow"],
+                "completed",
+                None,
+                TIMEOUT_MS,
+                name,
+                self.now,
+                result=message["result"],
+                part=message["part"],
+                on_failure=barrier.on_failure,
+            )
+        self.barriers[(name, key)] = transition.state
+        assert not transition.failures, transition.failures
+        self.release(name, key, transition.releases)
+
+    def release(self, name: str, key: str, releases: tuple[Release, ...]) -> None:
+        for release in releases:
+            message = {"exchange": reported(release, name), "exchange_id": release.waiting.exchange_id, "step": release.waiting.resume_step}
+            self.post("resume", key, message, again=False)
 
     def step(self) -> None:
         self.now += 1
-        message = self.bus.pop(self.rng.randrange(len(self.bus)))
-        value = message.value
-        if message.to == "payments":
-            previous = self.payments.get(message.key)
+        (to, key), queue = self.rng.choice([(partition, queue) for partition, queue in self.queues.items() if queue])
+        value = queue.pop(0)
+        if to == "payments":
+            previous = self.payments.get(key)
             if value["kind"] == "capture":
                 payment, sends = on_capture(previous, Capture.from_message(value), 1, self.reject_rate, self.now)
-                self.payments[message.key] = payment
+                self.payments[key] = payment
             else:
-                settled, sends, error = on_settle(previous, message.key, value["kind"] == "commit", self.now)
+                settled, sends, error = on_settle(previous, key, value["kind"] == "commit", self.now)
                 assert error is None, error
                 assert settled is not None
-                self.payments[message.key] = settled
+                self.payments[key] = settled
             self.send(sends)
-        elif message.to == "kitchen":
-            stock = self.stock[message.key]
-            mark = (message.key, value["order_id"])
+        elif to == "kitchen":
+            stock = self.stock[key]
+            mark = (key, value["order_id"])
             if value["kind"] == "reserve":
                 self.reservations.add(value["order_id"])
                 stock, sends = on_reserve(stock, value["order_id"], value["scoops"], settled=mark in self.settled)
@@ -169,30 +269,24 @@ class Shop:
                 stock = on_release(stock, value["order_id"]) if value["kind"] == "release" else on_deliver(stock, value["order_id"])
                 self.settled.add(mark)
             assert stock.available >= 0
-            self.stock[message.key] = stock
-        elif message.to == "dispatch":
-            previous = self.dispatch.get(message.key)
-            if value["kind"] == "open":
-                raw = value["order"]
-                opened = OpenedOrder(value["order_id"], raw["scoops"], raw["amount_cents"])  # as the agent: by ticket
-                state, sends = on_open(previous, opened, message.key, "s", value["line"], value["deadline_ms"], self.now)
-            elif value["kind"] == "kitchen":
-                state, sends = on_kitchen(previous, message.key, value["flavour"], value["ok"], self.now)
-            else:
-                state, sends = on_payment(previous, message.key, value["ok"], self.now, value["reason"])
-            self.dispatch[message.key] = state
-            self.send(sends)
-        elif message.to == "screens":
+            self.stock[key] = stock
+        elif f"shop.{to}" in BY_SOURCE:
+            self.execute(f"shop.{to}", key, value)
+        elif to.startswith("barrier:"):
+            self.at_barrier(to.split(":", 1)[1], key, value)
+        elif to == "resume":
+            self.run(BY_SOURCE["shop.dispatch"], Exchange.from_dict(value["exchange"]), value["exchange_id"], value["step"])
+        elif to == "screens":
             report, sends = on_outcome(self.reports.get("s"), "s", value["line"], value["status"], value["reason"], value["amount_cents"])
             self.reports["s"] = report
             self.send(sends)
 
     def tick(self) -> None:
-        for ticket, state in list(self.dispatch.items()):
-            updated, sends = on_dispatch_tick(state, self.now, done_retention_ms=10**9, placeholder_timeout_ms=10**9)
-            assert updated is not None
-            self.dispatch[ticket] = updated
-            self.send(sends)
+        for (name, key), state in list(self.barriers.items()):
+            transition = on_tick(state, name, self.now, on_timeout=BARRIERS[name].on_timeout)
+            self.barriers[(name, key)] = transition.state
+            assert not transition.failures, transition.failures
+            self.release(name, key, transition.releases)
 
 
 @PROPERTY
@@ -211,21 +305,27 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     for number in range(1, orders + 1):
         scoops = {flavour: rng.randint(1, 3) for flavour in rng.sample(sorted(CATALOGUE), rng.randint(1, 3))}
         amount = sum(CATALOGUE[flavour] * count for flavour, count in scoops.items())
-        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount), deadline_ms=10**9)
+        shop.order(str(number), ShopOrder(f"o-{number}", CARD, scoops, amount))
     steps = 0
-    while shop.bus:
+    while shop.busy:
         shop.step()
         steps += 1
         if timeout_after is not None and steps == timeout_after:
-            shop.now = 10**9  # every deadline passes with answers still in flight
+            shop.now += TIMEOUT_MS  # every wait's deadline passes with answers still in flight
             shop.tick()
+    if timeout_after is None:
+        assert not shop.waiting(), "every order went through both barriers without a timeout"
+    for _ in range(3):  # later ticks: an open that came after its answer was forgotten waits out its own timeout
+        shop.now += TIMEOUT_MS
+        shop.tick()
+        while shop.busy:
+            shop.step()
     _report, sends = on_end(shop.reports.get("s"), "s", orders)
     shop.send(sends)
 
     tickets = [outcome["ticket"] for outcome in shop.outcomes]
     assert sorted(tickets, key=int) == [str(number) for number in range(1, orders + 1)], "one outcome per order"
-    assert all(isinstance(shop.dispatch[ticket], DispatchDone) for ticket in tickets)
-    assert not any(isinstance(state, Dispatch) for state in shop.dispatch.values())
+    assert not shop.waiting(), "no order still waits"
     for ticket, payment in shop.payments.items():
         outcome = next(outcome for outcome in shop.outcomes if outcome["ticket"] == ticket)
         expected = {"ready": "committed"}.get(outcome["status"], "voided" if payment.state != "rejected" else "rejected")
