@@ -9,25 +9,9 @@ from faust.types import EventT
 
 from app.core import app, settings, topics
 from app.runtime.keyed import Output, Undeliverable, send_checked
-from tables.shop import Send
+from tables.shop import SHOP_TOPICS, Send
 
-__all__ = ["shop_topics", "send_all", "outputs", "SHOP_TOPICS"]
-
-#: Every topic of the shop and its key: orders/payments/dispatch/outcomes/transactions and the payment's and the
-#: kitchen's answers by ticket, kitchen by flavour, screens/reports by screen. The dispatch flow (app/shop_flows.py)
-#: reads dispatch and the two answer topics.
-SHOP_TOPICS = (
-    "orders",
-    "payments",
-    "kitchen",
-    "dispatch",
-    "payment-answers",
-    "kitchen-answers",
-    "outcomes",
-    "screens",
-    "reports",
-    "transactions",
-)
+__all__ = ["shop_topics", "send_all", "outputs"]
 
 
 def _topic(name: str) -> faust.TopicT:

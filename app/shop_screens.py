@@ -27,22 +27,10 @@ import orjson
 from app.codec import dumps
 from app.kafka_io import ReplyDesk, read_topic
 from app.settings import load_settings
+from tables.shop import SHOP_TOPICS
 from tables.shop_cards import protect_line
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
-
-SHOP_TOPICS = (
-    "orders",
-    "payments",
-    "kitchen",
-    "dispatch",
-    "payment-answers",
-    "kitchen-answers",
-    "outcomes",
-    "screens",
-    "reports",
-    "transactions",
-)
 
 
 @dataclass

@@ -35,19 +35,12 @@ from app.kafka_io import client_options_or_env, delete_topics, ensure_topics, re
 from app.processes import Terminated, terminate
 from app.settings import load_settings
 from app.shop_demo import run_shop
+from tables.shop import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, make_screens, reference_reports, start_shop
 
 #: The shop's input topics (what the screens and the stages send to each other).
-INPUT_TOPICS = (
-    "shop.orders",
-    "shop.payments",
-    "shop.kitchen",
-    "shop.dispatch",
-    "shop.payment-answers",
-    "shop.kitchen-answers",
-    "shop.screens",
-)
+INPUT_TOPICS = tuple(f"shop.{name}" for name in SHOP_INPUTS)
 #: Bad inputs that no stage can take for valid: not JSON, not UTF-8, not an object, too deep, a tombstone.
 NASTY: list[tuple[bytes | None, bytes | None]] = [
     (b"k", None),

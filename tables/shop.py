@@ -21,6 +21,8 @@ from typing import Any
 from tables.shop_cards import CardRef, card_ref
 
 __all__ = [
+    "SHOP_TOPICS",
+    "SHOP_INPUTS",
     "SIZES",
     "ShopOrder",
     "parse_shop_order",
@@ -61,6 +63,24 @@ __all__ = [
     "has_line",
     "lines_counted",
 ]
+
+#: Every topic of the shop (``shop.<name>``) and its key: orders/payments/dispatch/outcomes/transactions and the
+#: payment's and the kitchen's answers by ticket, kitchen by flavour, screens/reports by screen. The dispatch flow
+#: (app/shop_flows.py) reads dispatch and the two answer topics.
+SHOP_TOPICS = (
+    "orders",
+    "payments",
+    "kitchen",
+    "dispatch",
+    "payment-answers",
+    "kitchen-answers",
+    "outcomes",
+    "screens",
+    "reports",
+    "transactions",
+)
+#: The topics a shop stage reads (the others are read by the screens and the audit).
+SHOP_INPUTS = ("orders", "payments", "kitchen", "dispatch", "payment-answers", "kitchen-answers", "screens")
 
 #: Scoops per size of an item.
 SIZES: dict[str, int] = {"small": 1, "medium": 2, "large": 3}

@@ -351,7 +351,7 @@ async def wait_settled(consumer: Any, partitions: list[TopicPartition], log_ever
     began = last_log = time.monotonic()
     while True:
         stable, high = await asyncio.gather(
-            offsets.end_offsets(consumer, partitions), offsets.end_offsets(consumer, partitions, committed=False)
+            offsets.end_offsets(consumer, partitions, committed=True), offsets.end_offsets(consumer, partitions, committed=False)
         )
         open_on = sorted(tp for tp in partitions if stable[tp] < high[tp])
         if not open_on:

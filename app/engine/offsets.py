@@ -45,9 +45,11 @@ def _fetcher(consumer: Any, isolation_level: int) -> Any:
     return fetcher
 
 
-async def end_offsets(consumer: Any, partitions: list[TopicPartition], *, committed: bool = True) -> dict[TopicPartition, int]:
-    """Each partition's end: its last stable offset (``committed``), else its high watermark."""
-    fetcher = _fetcher(consumer, READ_COMMITTED if committed else READ_UNCOMMITTED)
+async def end_offsets(consumer: Any, partitions: list[TopicPartition], *, committed: bool | None = None) -> dict[TopicPartition, int]:
+    """Each partition's end: its last stable offset (``committed``), else its high watermark; by default, the end
+    the consumer's own ``end_offsets`` gives (its isolation level)."""
+    level = consumer._fetcher._isolation_level if committed is None else READ_COMMITTED if committed else READ_UNCOMMITTED
+    fetcher = _fetcher(consumer, level)
     return cast(dict[TopicPartition, int], await fetcher.end_offsets(partitions, consumer._request_timeout_ms))
 
 

@@ -38,7 +38,7 @@ async def changelog_ends(consumer: Any, partitions: list[TP]) -> Mapping[TP, int
         # One transaction per worker: the changelog's previous owner may have left one open (killed), or
         # its commit markers may still be on their way here after its offsets became stable.
         return await kip447.wait_settled(consumer, partitions)
-    return await offsets.end_offsets(consumer, partitions, committed=consumer._fetcher._isolation_level == offsets.READ_COMMITTED)
+    return await offsets.end_offsets(consumer, partitions)
 
 
 def end_restores_at_markers() -> None:

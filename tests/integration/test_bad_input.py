@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from app.eof_gateway import Gateway
 from app.kafka_io import ensure_topics, produce_json, read_topic
 from app.shop_demo import run_shop
+from tables.shop import SHOP_INPUTS
 from tables.triggers import completion_message, publish_trigger_messages, registration_message
 from tests.integration.conftest import Pipeline
 
@@ -90,15 +91,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
 AGENT_SETS: dict[str, tuple[str, ...]] = {
     "all": ("orders", "items", "item-results"),
     "eof_filter,eof_controller,eof_aggregator,eof_joiner": ("eof-batches", "eof-counter", "eof-aggregate", "eof-join"),
-    "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": (
-        "shop.orders",
-        "shop.payments",
-        "shop.kitchen",
-        "shop.dispatch",
-        "shop.payment-answers",
-        "shop.kitchen-answers",
-        "shop.screens",
-    ),
+    "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": tuple(f"shop.{name}" for name in SHOP_INPUTS),
     "triggers": ("triggers",),
 }
 

@@ -49,12 +49,13 @@ def test_end_and_first_offsets_are_asked_on_the_coordination_connections() -> No
     tp = TopicPartition("changelog", 0)
     asks = (
         offsets.end_offsets(consumer, [tp]),
+        offsets.end_offsets(consumer, [tp], committed=True),
         offsets.end_offsets(consumer, [tp], committed=False),
         offsets.beginning_offsets(consumer, [tp]),
     )
     for ask in asks:
         with pytest.raises(RuntimeError, match="stop here"):
             asyncio.run(ask)
-    assert client.groups == [ConnectionGroup.COORDINATION] * 3
+    assert client.groups == [ConnectionGroup.COORDINATION] * 4
     assert consumer._fetcher._client is client, "the consumer's own fetcher is left as it was"
     assert consumer._fetcher._isolation_level == 1
