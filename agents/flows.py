@@ -543,10 +543,15 @@ async def run_steps(compiled: CompiledFlow, exchange: Exchange, meta: dict[str, 
                 **({"expected": expected} if expected else {}),
             }
             topic = _barrier_topics[barrier.name]
-            await topic.send(key=key.encode(), value=dumps(arrival))
+            records = [Output(topic, key, arrival, what=f"the arrival at barrier {barrier.name!r}")]
             for flow, own_key in relayed.items():  # in the arrival's transaction: before any forward reaches it
                 relay = {"kind": "relay", "exchange_id": meta["exchange_id"], "flow": flow, "to": key, "deadline_ms": deadline_ms}
-                await topic.send(key=own_key.encode(), value=dumps(relay))
+                records.append(Output(topic, own_key, relay, what=f"a relay to barrier {barrier.name!r}"))
+            # An arrival that cannot be written (an exchange larger than a record may hold) is this execution's
+            # failure: dead-lettered whole, and its outcome says so; the barrier never hears of it.
+            failed = await send_checked(event, records, agent=f"flow:{compiled.flow.name}", step=step.name, all_or_none=True)
+            if failed:
+                await publish_outcome(compiled, meta, FAILED, f"barrier {step.name!r}: {failed[0].problem}", event)
             return  # the execution goes on when the barrier releases it, on this flow's resume topic
     await publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)
 

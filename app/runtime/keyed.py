@@ -201,14 +201,20 @@ async def dead_letter_output(event: EventT[bytes], failure: Undeliverable, *, ag
     await send_dead_letter_record(record)
 
 
-async def send_checked(event: EventT[bytes], outputs: Iterable[Output], *, agent: str, step: str) -> list[Undeliverable]:
+async def send_checked(
+    event: EventT[bytes], outputs: Iterable[Output], *, agent: str, step: str, all_or_none: bool = False
+) -> list[Undeliverable]:
     """Send ``outputs`` after checking them (:func:`prepare_outputs`); dead-letter those that cannot be written.
 
     For a stage that keeps no state of its own (or whose state does not depend on what it sends): every
-    output is accounted for, none can stop the worker. Returns what was dead-lettered.
+    output is accounted for, none can stop the worker. Returns what was dead-lettered. ``all_or_none``: when
+    one output cannot be written, none is sent (the outputs only mean something together, like a barrier's
+    arrival and its relays); the caller answers for the input.
     """
     prepared = prepare_outputs(outputs, record_limit())
     await dead_letter_outputs(event, prepared.undeliverable, agent=agent, step=step)
+    if all_or_none and prepared.undeliverable:
+        return list(prepared.undeliverable)
     await send_prepared(prepared.ready)
     metrics.OUTPUTS_SENT.labels(agent).inc(len(prepared.ready))
     return list(prepared.undeliverable)

@@ -28,6 +28,8 @@ def stamp(exchange: Exchange) -> None:
     """The step before the barrier: sets the header the barrier's key reads, and a property."""
     exchange.headers["order-id"] = str(exchange.payload["order_id"])
     exchange.properties["stamped_ms"] = int(time.time() * 1000)
+    if exchange.payload.get("inflate"):  # an exchange that grows past what a record may hold before the barrier
+        exchange.payload["padding"] = "x" * int(exchange.payload["inflate"])
     _record("stamp", exchange)
 
 

@@ -190,6 +190,32 @@ def test_a_second_waiter_on_a_key_is_dead_lettered_and_the_first_released_once(p
     assert len(read_all(pipeline, "dead-letters", expected=2, timeout_s=1)) == 1
 
 
+def test_an_exchange_too_large_for_the_barrier_is_dead_lettered_and_fails_alone(pipeline: Pipeline) -> None:
+    """Its arrival cannot be written (1.1 MB, over what a record may hold): a dead letter, a failed outcome, no crash."""
+    prepare(pipeline)
+    start_flows(pipeline).wait_ready()
+    big = (*dispatch("big")[:1], {**dispatch("big")[1], "inflate": 1_100_000}, dispatch("big")[2])
+    send(pipeline, "dispatch-in", [big, dispatch("small")])
+    send(pipeline, "kitchen", [kitchen("big"), kitchen("small")])
+    send(pipeline, "payment", [payment("big"), payment("small")])
+    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
+    assert orjson.loads(message.value)["order_id"] == "small", "the other key goes on"
+    [record] = read_all(pipeline, "dead-letters", expected=1, timeout_s=10)
+    letter = orjson.loads(record.value)
+    assert (letter["reason"], letter["agent"], letter["step"]) == ("undeliverable", "flow:dispatch", BARRIER)
+    assert "more than a record may hold" in letter["error"]
+    destination = {name: raw["text"] for name, raw in letter["headers"]}["weir-destination"]
+    assert destination == pipeline.topic(f"barrier.{BARRIER}")
+    outcomes = [orjson.loads(row.value) for row in read_all(pipeline, "flow.dispatch.outcomes", expected=2, timeout_s=10)]
+    by_key = {outcome["keys"]["await-dispatch"]: outcome for outcome in outcomes}  # the key the notify barrier reads
+    assert by_key["small"]["outcome"] == "completed"
+    assert by_key["big"]["outcome"] == "failed"
+    assert "more than a record may hold" in by_key["big"]["error"]
+    time.sleep(2)
+    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1, "the big exchange never passes the barrier"
+    assert step_runs(pipeline)["stamp big"] == 1, "handled once: the worker did not crash and replay it"
+
+
 def test_release_all_releases_every_waiter_on_a_key_together(pipeline: Pipeline) -> None:
     prepare(pipeline)
     start_flows(pipeline, TEST_BARRIER_ON_DUPLICATE="release-all").wait_ready()

@@ -35,11 +35,13 @@ async def committed_offset(admin: AIOKafkaAdminClient, group: str, tp: TopicPart
 async def outputs_and_offsets(pipeline: Pipeline) -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
     """Sends three item messages to an items worker and watches its results and its committed offsets.
 
-    ``slow`` (partition 0) sleeps 1.5 s. ``quick`` (partition 1) comes 0.3 s later and is handled at once,
-    so a commit begins while ``slow`` is in flight and waits for it. ``long`` (partition 2) comes meanwhile,
-    waits for that commit to end, then sleeps 4 s: the next commit waits for it in turn.
+    ``slow`` (partition 0) sleeps 1.5 s; ``quick`` (partition 1) and ``long`` (partition 2) come while it runs,
+    and are taken together as the next batch once it is done (a worker takes one batch at a time). ``long``
+    sleeps 4 s: the commit due after ``slow`` closes the gate while that batch is in flight and waits for it,
+    so ``quick`` and ``long`` finish inside its transaction.
     Returns when each result was read (read_committed), and when the committed offset of each message's
-    partition first passed it.
+    partition first passed it. Watches until it has both for every message: the reader's fetch may come a
+    moment after the offsets are seen (stopping on the offsets alone once read no result at all).
     """
     items, results = pipeline.topic("items"), pipeline.topic("item-results")
     sends = {"slow": (0, 1.5, 0.0), "quick": (1, 0.0, 0.3), "long": (2, 4.0, 0.8)}  # partition, sleep, send at
@@ -61,7 +63,7 @@ async def outputs_and_offsets(pipeline: Pipeline) -> tuple[dict[str, float], dic
             metadata = await producer.send_and_wait(items, key=name.encode(), value=item(name, sleep_s), partition=partition)
             offsets[name] = metadata.offset
         deadline = time.monotonic() + 60
-        while len(covered) < len(sends) and time.monotonic() < deadline:
+        while (len(covered) < len(sends) or len(seen) < len(sends)) and time.monotonic() < deadline:
             batch = await reader.getmany(timeout_ms=50)
             now = time.monotonic()
             for records in batch.values():
