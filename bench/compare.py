@@ -93,7 +93,20 @@ WORK_PER_ITEM = "three stages, one record per item (Quix Streams only)"
 #: Quix Streams' forms (bench/quix_split_aggregate.py's BENCH_QUIX_FORM): section -> form.
 QUIX_SECTIONS = {"quix-inline": "inline", "quix-chunks": "chunks", "quix-per-item": "per-item"}
 #: Each pipeline's rows next to the rows of the same work.
-SECTIONS = ("raw", "faust", "weir-inline", "quix-inline", "weir", "quix-chunks", "quix-per-item", "weir-v1", "triggers", "eof", "barrier")
+SECTIONS = (
+    "raw",
+    "faust",
+    "weir-inline",
+    "quix-inline",
+    "aiokafka-inline",
+    "weir",
+    "quix-chunks",
+    "quix-per-item",
+    "weir-v1",
+    "triggers",
+    "eof",
+    "barrier",
+)
 #: What a run without --only measures (weir-v1, the per_partition transactions of sessions 1-5, on request).
 DEFAULT_SECTIONS = tuple(section for section in SECTIONS if section != "weir-v1")
 #: Shorthands of --only: every Quix Streams form.
@@ -569,45 +582,80 @@ def run_quix(ctx: Context, form: str, orders: int, rate: float, light_seconds: f
     chunk size and producer linger (as the weir workers' environment sets them)."""
     label, work, processes = QUIX_FORMS[form]
     weir = load_settings()
-    prefix = f"cmp-{ctx.run_id}.quix-{form}."
+    chunk = "the whole order" if form == "inline" else "1 item" if form == "per-item" else f"{weir.split_chunk} items"
+    settings = (
+        f"exactly-once, commit interval {weir.commit_interval:g} s, records of {chunk},"
+        f" producer linger.ms {weir.producer_linger_ms}, consumer poll timeout 1 s (Quix's default), one record at a time"
+    )
+    backlog = orders * INLINE_BACKLOG if form == "inline" else orders
+    extra = {"BENCH_QUIX_FORM": form, "BENCH_SPLIT_CHUNK": str(weir.split_chunk)}
+    _run_processes(
+        ctx, f"quix-{form}", "bench.quix_split_aggregate", extra, (label, work, settings), processes, backlog, rate, light_seconds
+    )
+
+
+def run_aiokafka_inline(ctx: Context, orders: int, rate: float, light_seconds: float) -> None:
+    """bench/aiokafka_floor.py: the inline work on aiokafka alone (no Faust, no weir), as many processes as the other inline rows."""
+    weir = load_settings()
+    settings = (
+        f"a transactional producer, read_committed, offsets in each transaction, commit interval {weir.commit_interval:g} s"
+        f" and when nothing is ready, batches of up to {weir.batch_size} records, producer linger {weir.producer_linger_ms} ms;"
+        " nothing else (no tables, no dead letters, no retries, no Faust): the floor of aiokafka's pure-Python client"
+    )
+    extra = {"BENCH_BATCH_SIZE": str(weir.batch_size)}
+    shape = ("aiokafka alone, inline", WORK_INLINE, settings)
+    _run_processes(
+        ctx, "aiokafka-inline", "bench.aiokafka_floor", extra, shape, len(INLINE_STAGES), orders * INLINE_BACKLOG, rate, light_seconds
+    )
+
+
+def _run_processes(
+    ctx: Context,
+    name: str,
+    module: str,
+    extra: dict[str, str],
+    shape: tuple[str, str, str],
+    processes: int,
+    backlog: int,
+    rate: float,
+    light_seconds: float,
+) -> None:
+    """``processes`` copies of ``python -m module`` in one consumer group on new topics; ``shape``: (system, work, settings)."""
+    weir = load_settings()
+    prefix = f"cmp-{ctx.run_id}.{name}."
     orders_topic, items_topic, results_topic = f"{prefix}orders", f"{prefix}items", f"{prefix}aggregates"
     asyncio.run(ensure_topics(ctx.bootstrap, [orders_topic, items_topic, results_topic], PARTITIONS))
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP": ctx.bootstrap,
-        "BENCH_QUIX_FORM": form,
-        "BENCH_APP_ID": f"cmp-{ctx.run_id}-quix-{form}",
+        "BENCH_APP_ID": f"cmp-{ctx.run_id}-{name}",
         "BENCH_ORDERS": orders_topic,
         "BENCH_ITEMS": items_topic,
         "BENCH_AGGREGATES": results_topic,
         "BENCH_PARTITIONS": str(PARTITIONS),
         "BENCH_COMMIT_INTERVAL": str(weir.commit_interval),
-        "BENCH_SPLIT_CHUNK": str(weir.split_chunk),
         "BENCH_PRODUCER_LINGER_MS": str(weir.producer_linger_ms),
+        **extra,
     }
-    names = [f"quix-{number}" for number in range(1, processes + 1)]
+    short = "quix" if module == "bench.quix_split_aggregate" else name
+    names = [f"{short}-{number}" for number in range(1, processes + 1)]
     workers = {
-        name: Proc(
-            [sys.executable, "-m", "bench.quix_split_aggregate"],
-            {**env, "BENCH_STATE_DIR": str(ctx.work_dir / f"quix-{form}-state-{name}")},
-            ctx.work_dir / f"quix-{form}-{name}.log",
+        worker: Proc(
+            [sys.executable, "-m", module],
+            {**env, "BENCH_STATE_DIR": str(ctx.work_dir / f"{name}-state-{worker}")},
+            ctx.work_dir / f"{name}-{worker}.log",
         ).start()
-        for name in names
+        for worker in names
     }
 
     def alive() -> None:
         for worker in workers.values():
             worker.check_alive()
 
-    chunk = "the whole order" if form == "inline" else "1 item" if form == "per-item" else f"{weir.split_chunk} items"
-    settings = (
-        f"exactly-once, commit interval {weir.commit_interval:g} s, records of {chunk},"
-        f" producer linger.ms {weir.producer_linger_ms}, consumer poll timeout 1 s (Quix's default), one record at a time"
-    )
     try:
-        pids = {name: worker.pid for name, worker in workers.items()}
-        pipeline = Pipeline(label, orders_topic, results_topic, pids, alive, work, settings)
-        backlog = orders * INLINE_BACKLOG if form == "inline" else orders
+        pids = {worker: proc.pid for worker, proc in workers.items()}
+        system, work, settings = shape
+        pipeline = Pipeline(system, orders_topic, results_topic, pids, alive, work, settings)
         _measure_pipeline(ctx, pipeline, backlog, rate, light_seconds)
     finally:
         for worker in workers.values():
@@ -1018,6 +1066,7 @@ def main() -> None:
         "weir-inline": lambda: run_weir(ctx, orders, args.rate, light_seconds, args.profile, args.profile_seconds, inline=True),
         "weir-v1": lambda: run_weir(ctx, orders, args.rate, light_seconds, None, 0, transactions="per_partition"),
         "quix-inline": lambda: run_quix(ctx, "inline", orders, args.rate, light_seconds),
+        "aiokafka-inline": lambda: run_aiokafka_inline(ctx, orders, args.rate, light_seconds),
         "quix-chunks": lambda: run_quix(ctx, "chunks", orders, args.rate, light_seconds),
         "quix-per-item": lambda: run_quix(ctx, "per-item", orders, args.rate, light_seconds),
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
@@ -1039,7 +1088,7 @@ def main() -> None:
         "CPU: each process's utime+stime over the measured interval, as % of one core (200 = both cores), in the run that gave the median;",
         "'bench' is the harness itself (producer and reading consumer). The machine is shared: other work on it makes figures noisy.",
     ]
-    if {"faust", "weir", "weir-inline", "weir-v1", *QUIX_SECTIONS} & set(sections):
+    if {"faust", "weir", "weir-inline", "weir-v1", "aiokafka-inline", *QUIX_SECTIONS} & set(sections):
         notes += [
             "Latency: from the order's send to its result's arrival at a read_committed consumer. weir commits as soon as a worker"
             " is idle for 3 ms (WEIR_COMMIT_IDLE_MS; once commits took a third of the last second, spaced by twice their average"
