@@ -64,9 +64,9 @@ from tables.aggregates import (
     GroupTransition,
     ItemOutcome,
     Part,
-    complete_at_once,
     complete_now,
     force_message,
+    inline_result,
     on_expire,
     on_force,
     on_items,
@@ -273,24 +273,27 @@ class ItemWorker:
         message = {**message, "items": failed} if message["kind"] == "items" else {**message, **failed[0]}
         return key, encoded(message, what=f"{self.agent}: the outcomes of an item message of {key!r}")
 
-    async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
-        """The key and the outcome message of an item message (a failed item is dead-lettered here)."""
-        parsed = parse_items(raw)
+    async def run_items(self, event: EventT[bytes], message: dict[str, Any], items: Sequence[tuple[int, bool, Any]]) -> list[StepOutcome]:
+        """The item step's outcome on each (index, last, payload) of item message ``message``; each failed item dead-lettered.
+
+        ``message`` holds at least the group's ``correlation_id`` and ``total`` (a flow's step reads its headers too).
+        The items run at once (an async step), or one after the other in place (a plain sync step, retried
+        through ``step`` from its second attempt only when it raised), or one after the other through ``step``.
+        """
+        correlation_id, total = message["correlation_id"], message.get("total")
         if self.concurrent:
-            outcomes = await asyncio.gather(*(self._run(payload, index, raw) for _, index, _, _, payload in parsed))
+            outcomes = list(await asyncio.gather(*(self._run(payload, index, message) for index, _, payload in items)))
         elif self.in_place is not None:
             outcomes = []
-            for _, _, _, _, payload in parsed:
+            for _, _, payload in items:
                 try:
                     outcome = StepOutcome(ok=True, value=self.in_place(payload), error=None, attempts=1)
                 except Exception as error:  # a user step may raise anything: the retry policy decides what follows
                     outcome = await run_with_retry(retry_policy, functools.partial(self.in_place, payload), failed=error)
                 outcomes.append(outcome)
         else:
-            outcomes = [await self._run(payload, index, raw) for _, index, _, _, payload in parsed]
-        correlation_id, total = parsed[0][0], parsed[0][2]
-        results = []
-        for (_, index, _, last, payload), outcome in zip(parsed, outcomes, strict=True):
+            outcomes = [await self._run(payload, index, message) for index, _, payload in items]
+        for (index, last, payload), outcome in zip(items, outcomes, strict=True):
             if not outcome.ok:
                 error_text = f"item {index} of {correlation_id!r} failed after {outcome.attempts} attempts: {outcome.error}"
                 # The dead letter holds the failed item alone, as a one-item message: it can be sent back to the items topic.
@@ -304,6 +307,15 @@ class ItemWorker:
                     attempts=outcome.attempts,
                     value=dumps(single),
                 )
+        return outcomes
+
+    async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
+        """The key and the outcome message of an item message (a failed item is dead-lettered here)."""
+        parsed = parse_items(raw)
+        correlation_id, total = parsed[0][0], parsed[0][2]
+        outcomes = await self.run_items(event, raw, [(index, last, payload) for _, index, _, last, payload in parsed])
+        results = []
+        for (_, index, _, last, _), outcome in zip(parsed, outcomes, strict=True):
             results.append(
                 {
                     "index": index,
@@ -329,22 +341,18 @@ async def aggregate_inline(
     """A group split, its items run and its result made in one step: Camel's splitter with an aggregation strategy.
 
     ``worker`` runs the item step on every item (retried; a failed item is dead-lettered alone, as the items
-    stage does) and :func:`tables.aggregates.complete_at_once` makes the result the aggregate stage would
-    emit for those outcomes. Nothing is stored: under exactly_once the result is sent in the transaction that
+    stage does) and :func:`tables.aggregates.inline_result` makes the result the aggregate stage would emit
+    for those outcomes. Nothing is stored: under exactly_once the result is sent in the transaction that
     commits the input's offset, so a crash before the commit sends it again, and one after never does.
     """
+    if not items:
+        raise InvalidMessage(f"{worker.agent}: order {correlation_id!r} has no items")
     now = now_ms()
     deadline_ms = config.deadline_from(now)
-    _, [chunk] = split_messages(correlation_id, items, chunk=len(items), deadline_ms=deadline_ms)
-    _, message = await worker.outcomes(event, chunk)
-    reported = message["items"] if message["kind"] == "items" else [message]
-    outcomes = [
-        (ItemOutcome(index=item["index"], ok=item["ok"], result=item["result"], error=item["error"]), item["last"]) for item in reported
-    ]
-    transition = complete_at_once(config, correlation_id, len(items), outcomes, deadline_ms, now)
-    if not transition.emits:
-        raise RuntimeError(f"{worker.agent}: the outcomes of {correlation_id!r} did not complete it: {transition.rejected}")
-    return transition.emits[0]
+    total = len(items)
+    message = {"correlation_id": correlation_id, "total": total}
+    outcomes = await worker.run_items(event, message, [(index, index == total - 1, payload) for index, payload in enumerate(items)])
+    return inline_result(config, correlation_id, [(outcome.ok, outcome.value, outcome.error) for outcome in outcomes], deadline_ms, now)
 
 
 #: A message ready to send: its key and its encoded value.

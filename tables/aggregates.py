@@ -392,6 +392,47 @@ def complete_at_once(
     return replace(transition, rejected=rejected[0]) if rejected and transition.done is None else transition
 
 
+def inline_result(
+    config: AggregatorConfig,
+    correlation_id: str,
+    outcomes: Sequence[tuple[bool, Any, str | None]],
+    deadline_ms: int | None,
+    now_ms: int,
+) -> dict[str, Any]:
+    """:func:`complete_at_once`'s result for the outcomes (ok, result, error) of items 0..n-1 in order, the last
+    flagged last: what the items-inline splitter sends for every order, built in one pass.
+
+    Those outcomes always complete the group, by flag when the aggregator completes by flag, else by count,
+    with nothing missing and nothing merged twice; going through the stage's transitions to get there (a
+    group opened, copied and checked item by item) was a fifth of an inline splitter's time. The same result
+    as :func:`complete_at_once`, by a property test.
+    """
+    if not outcomes:
+        raise ValueError(f"aggregator {config.name!r}: group {correlation_id!r} has no items")
+    items: list[dict[str, Any]] = []
+    failed: list[int] = []
+    for index, (ok, result, error) in enumerate(outcomes):
+        if ok:
+            items.append({"index": index, "status": "ok", "result": result})
+        else:
+            items.append({"index": index, "status": "failed", "error": error})
+            failed.append(index)
+    return {
+        "correlation_id": correlation_id,
+        "aggregator": config.name,
+        "status": "complete",
+        "reason": COMPLETE_BY_FLAG if COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT,
+        "expected_count": len(outcomes),
+        "items": items,
+        "missing": [],
+        "failed": failed,
+        "opened_ms": now_ms,
+        "deadline_ms": deadline_ms,
+        "completed_ms": now_ms,
+        "duplicates": 0,
+    }
+
+
 def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
     """A tick: a group past its deadline completes partial, naming what is missing and the deadline that came
     due first (``timeout``: the absolute one, also on a tie; ``inactivity``); others stay."""

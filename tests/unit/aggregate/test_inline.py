@@ -31,6 +31,7 @@ from tables.aggregates import (
     GroupTransition,
     ItemOutcome,
     complete_at_once,
+    inline_result,
     on_open,
 )
 from tests.unit.aggregate.test_aggregation_shell import _stage
@@ -158,3 +159,26 @@ def test_completing_at_once_is_the_aggregate_stages_fold_in_one_step(
 ) -> None:
     total, outcomes = arrivals
     assert complete_at_once(config, "o-1", total, outcomes, 10**13, 1_000) == _folded(config, total, outcomes)
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 99)), min_size=1, max_size=25),
+    st.sampled_from([frozenset({COMPLETE_BY_COUNT}), frozenset({COMPLETE_BY_FLAG}), frozenset({COMPLETE_BY_COUNT, COMPLETE_BY_FLAG})]),
+    st.one_of(st.none(), st.integers(1, 10**6)),
+)
+def test_the_inline_result_is_the_one_completing_at_once_makes(
+    items: list[tuple[bool, int]], complete_by: frozenset[str], timeout_ms: int | None
+) -> None:
+    """inline_result builds in one pass what the stage's transitions give for items 0..n-1 in order, the last flagged."""
+    config = AggregatorConfig(name="agg", timeout_ms=timeout_ms, complete_by=complete_by)
+    total = len(items)
+    now = 5_000
+    deadline_ms = config.deadline_from(now)
+    outcomes = [
+        (ItemOutcome(index=index, ok=ok, result={"v": value} if ok else None, error=None if ok else f"e{value}"), index == total - 1)
+        for index, (ok, value) in enumerate(items)
+    ]
+    [expected] = complete_at_once(config, "o-1", total, outcomes, deadline_ms, now).emits
+    made = inline_result(config, "o-1", [(outcome.ok, outcome.result, outcome.error) for outcome, _ in outcomes], deadline_ms, now)
+    assert made == expected
+    assert orjson.dumps(made) == orjson.dumps(expected), "the same bytes on the topic too (the same key order)"
