@@ -40,6 +40,8 @@ class _Loop(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships 
         self.group = group
         self.offsets: dict[TopicPartition, int] = {}
         self.open = False
+        #: held while a batch is handled and while a transaction commits: a rebalance commits between batches
+        self.lock = asyncio.Lock()
 
     async def commit(self) -> None:
         if not self.open:
@@ -51,7 +53,8 @@ class _Loop(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships 
         self.open = False
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.commit()
+        async with self.lock:
+            await self.commit()
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         return None
@@ -87,19 +90,24 @@ async def run() -> None:
     try:
         while not stopping.is_set():
             records = await consumer.getmany(timeout_ms=5, max_records=batch)
-            for tp, messages in records.items():
-                if not loop.open:
-                    await producer.begin_transaction()
-                    loop.open = True
-                for message in messages:
-                    result = price_order(orjson.loads(message.value))
-                    await producer.send(aggregates, key=message.key, value=orjson.dumps(result))
-                loop.offsets[tp] = messages[-1].offset + 1
-            if loop.open and (not records or time.monotonic() - last_commit >= interval):
-                await loop.commit()
-                last_commit = time.monotonic()
+            async with loop.lock:
+                assigned = consumer.assignment()
+                for tp, messages in records.items():
+                    if tp not in assigned:
+                        continue  # revoked since the fetch: its new owner reads them from the committed offset
+                    if not loop.open:
+                        await producer.begin_transaction()
+                        loop.open = True
+                    for message in messages:
+                        result = price_order(orjson.loads(message.value))
+                        await producer.send(aggregates, key=message.key, value=orjson.dumps(result))
+                    loop.offsets[tp] = messages[-1].offset + 1
+                if loop.open and (not records or time.monotonic() - last_commit >= interval):
+                    await loop.commit()
+                    last_commit = time.monotonic()
     finally:
-        await loop.commit()
+        async with loop.lock:
+            await loop.commit()
         await consumer.stop()
         await producer.stop()
 
