@@ -476,3 +476,30 @@ async def send_sweeps() -> None:
 
 
 app.timer(interval=settings.sweep_interval_ms / 1000)(send_sweeps)
+
+#: How often a triggers worker deletes the children's status rows past WEIR_TRIGGER_STATUS_RETENTION_MS.
+STATUS_PURGE_EVERY_S = min(600.0, settings.trigger_status_retention_ms / 10_000)
+
+
+async def purge_statuses() -> None:
+    """Delete the status rows older than their retention, so that the table does not grow forever.
+
+    A row is read by the sweep only for a trigger still waiting, and a trigger waits at most its orphan
+    retention after its last change; the default retention is twice that. Every triggers worker purges (a
+    DELETE by age: doing it twice changes nothing). A database away: the next period tries again.
+    """
+    source = status_source()
+    if source is None:
+        return
+    try:
+        deleted = await asyncio.wait_for(
+            source.purge_older(now_ms() - settings.trigger_status_retention_ms), timeout=settings.sweep_query_timeout_ms / 1000
+        )
+    except Exception as error:
+        log.warning("triggers: the status rows could not be purged: %s", describe_error(error))
+        return
+    if deleted:
+        log.info("triggers: %d children's status rows past their retention deleted", deleted)
+
+
+app.timer(interval=STATUS_PURGE_EVERY_S)(purge_statuses)

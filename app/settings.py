@@ -258,6 +258,10 @@ class Settings:
     #: WEIR_SWEEP_QUERY_TIMEOUT_MS: how long one sweep step waits for the status source's answer; a step without it
     #: fires nothing and looks at its triggers again later.
     sweep_query_timeout_ms: int = 5_000
+    #: WEIR_TRIGGER_STATUS_RETENTION_MS: how long a child's status row stays in ``weir_trigger_status``; a triggers
+    #: worker deletes older rows every tenth of it (at most every 10 minutes). Default twice
+    #: WEIR_TRIGGER_ORPHAN_RETENTION_MS: a row is read only for a trigger still waiting, and a trigger waits no longer.
+    trigger_status_retention_ms: int = 7_200_000
     #: WEIR_OUTBOX_DB: the outbox database (SQLite file path, or a postgresql:// URL).
     outbox_db: str = field(default_factory=lambda: str(_PROJECT_ROOT / ".weir" / "outbox.sqlite"))
     #: WEIR_OUTBOX_BATCH: outbox rows the relay publishes per round.
@@ -444,6 +448,10 @@ def load_settings() -> Settings:
         trigger_orphan_retention_ms=_env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
         trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
         sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
+        trigger_status_retention_ms=_env_int(
+            "WEIR_TRIGGER_STATUS_RETENTION_MS",
+            2 * _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
+        ),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),

@@ -105,6 +105,10 @@ class StatusSource(Protocol):
         """Parent id -> child id -> outcome, for those of ``parent_ids`` with any status recorded."""
         ...
 
+    async def purge_older(self, recorded_before_ms: int) -> int:
+        """Delete the statuses recorded before ``recorded_before_ms``; how many."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -148,6 +152,10 @@ class _ThreadedSource(abc.ABC):
     def purge(self, *, recorded_before_ms: int) -> int:
         """Delete statuses recorded before ``recorded_before_ms`` (keep them longer than any trigger waits); returns how many."""
         return self._executor.submit(self._purge, recorded_before_ms).result()
+
+    async def purge_older(self, recorded_before_ms: int) -> int:
+        """:meth:`purge` from an event loop: in the source's thread, the loop never blocked."""
+        return await self._in_thread(self._purge, recorded_before_ms)
 
     @abc.abstractmethod
     def _purge(self, recorded_before_ms: int) -> int: ...

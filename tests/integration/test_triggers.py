@@ -370,3 +370,33 @@ def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_p
         assert not dead_letters(pipeline)
     finally:
         outbox.close()
+
+
+def test_a_triggers_worker_deletes_status_rows_past_their_retention(pipeline: Pipeline, tmp_path: Path) -> None:
+    """The children's status table does not grow forever: rows older than WEIR_TRIGGER_STATUS_RETENTION_MS go, newer stay."""
+    import sqlite3
+
+    from app.trigger_status import STATUS_TABLE, SQLiteStatusSource
+
+    create_topics(pipeline)
+    database = tmp_path / "children.sqlite"
+    SQLiteStatusSource(database).ensure_table()
+    now = int(time.time() * 1000)
+    with sqlite3.connect(database) as connection:
+        connection.executemany(
+            f"INSERT INTO {STATUS_TABLE} VALUES (?, ?, ?, ?)",
+            [("p-old", "c-1", OK, now - 86_400_000), ("p-old", "c-2", OK, now - 60_000), ("p-new", "c-1", OK, now + 3_600_000)],
+        )
+    # Retention 20 s: purged every 2 s; the row of a minute ago and the row of a day ago are past it.
+    worker = pipeline.start_worker("triggers", WEIR_TRIGGER_STATUS_DB=str(database), WEIR_TRIGGER_STATUS_RETENTION_MS=20_000)
+    worker.wait_ready()
+    deadline = time.monotonic() + 30
+    rows: list[tuple[str, str]] = []
+    while time.monotonic() < deadline:
+        with sqlite3.connect(database) as connection:
+            rows = sorted(connection.execute(f"SELECT parent_id, child_id FROM {STATUS_TABLE}").fetchall())
+        if rows == [("p-new", "c-1")]:
+            break
+        time.sleep(0.5)
+    assert rows == [("p-new", "c-1")], "the rows past their retention are deleted, the others kept"
+    assert "status rows past their retention deleted" in worker.log_text()
