@@ -265,15 +265,30 @@ class WeirConsumer(aiokafka_driver.Consumer):
             self.__dict__["_weir_work_event"] = asyncio.Event()
         return cast(asyncio.Event, self.__dict__["_weir_work_event"])
 
+    def _weir_fetch_idle_for(self) -> float:
+        """Seconds the delivery loop has been waiting for records that do not come (0 while records keep coming).
+
+        A pause of the gate is a reason to commit only when no records are coming either. Under a backlog the
+        gate pauses between every two batches, and committing at each pause made the commits, not the work,
+        most of a busy pipeline's cost: every commit is four requests, and a marker in every partition its
+        transaction touched; the broker spent more CPU on them than the workers on the orders, and the
+        backlog rate halved. Under a backlog the consumer thread has fetched ahead, and the next records are
+        handed over at once; a worker that is caught up waits for them. Changelog records (a standby's
+        restore) do not count: they keep coming while the worker's own input is quiet.
+        """
+        since = self.__dict__.get("_weir_waiting_since")
+        return 0.0 if since is None else time.monotonic() - since
+
     @Service.task
     async def _commit_handler(self) -> None:
         """Commit as soon as the worker is idle, and at least every ``commit_interval`` while it is busy.
 
         A fixed interval makes every hop of a pipeline wait half an interval on average for its
         transaction to commit (a read_committed reader sees nothing before). Here a worker that has
-        handled events commits once no event has been in flight for ``commit_idle_s``: under a light
-        load each batch commits right away; under a steady load the gate is rarely idle that long and
-        commits come every ``commit_interval``, as in Faust. ``commit_idle_s`` = 0: Faust's fixed timer.
+        handled events commits once no event has been in flight, and no record has come to be processed,
+        for ``commit_idle_s`` (:meth:`_weir_fetch_idle_for`): under a light load each batch commits right
+        away; under a steady load or a backlog records keep coming and commits come every
+        ``commit_interval``, as in Faust. ``commit_idle_s`` = 0: Faust's fixed timer.
         The handler sleeps on events (work handled, the gate going idle), not on a polling timer: a
         commit starts ``commit_idle_s`` after the last batch ended, not up to half of it later.
 
@@ -306,14 +321,14 @@ class WeirConsumer(aiokafka_driver.Consumer):
                     last = time.monotonic()
                 continue
             idle = gate.idle_for()
-            if now - last >= interval or (idle >= idle_s and now >= spare_at):
+            if now - last >= interval or (idle >= idle_s and now >= spare_at and self._weir_fetch_idle_for() >= idle_s):
                 self._weir_uncommitted = 0
                 began = time.monotonic()
                 await self.commit()
                 last = time.monotonic()
                 spare_at = budget.next_commit_at(began, last)
             elif idle > 0:
-                wake_at = min(max(now + idle_s - idle, spare_at), last + interval)
+                wake_at = min(max(now + idle_s - min(idle, self._weir_fetch_idle_for()), spare_at), last + interval)
                 await asyncio.sleep(max(0.0, wake_at - now))
             else:
                 await self.wait_for_stopped(gate.idle_event, timeout=max(0.0, interval - (now - last)))  # type: ignore[arg-type]
@@ -453,10 +468,15 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 self.diag.set_flag(CONSUMER_FETCHING)
                 await self._watch_fetch_positions()
                 epoch = self._weir_epoch
+                state = self.__dict__
+                if state.get("_weir_waiting_since") is None:
+                    state["_weir_waiting_since"] = time.monotonic()
                 records, active = await self._wait_next_records(1.0)
                 await self.sleep(0)
                 if not records or self.should_stop:
                     continue
+                if any(tp.topic not in changelogs for tp in records):
+                    state["_weir_waiting_since"] = None  # records to process came: not idle (_weir_fetch_idle_for)
                 generation = self.app.consumer_generation_id
                 firsts = {tp: batch[0].offset for tp, batch in records.items() if batch}
                 if tracing():
