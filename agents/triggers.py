@@ -478,7 +478,7 @@ async def send_sweeps() -> None:
 app.timer(interval=settings.sweep_interval_ms / 1000)(send_sweeps)
 
 #: How often a triggers worker deletes the children's status rows past WEIR_TRIGGER_STATUS_RETENTION_MS.
-STATUS_PURGE_EVERY_S = min(600.0, settings.trigger_status_retention_ms / 10_000)
+STATUS_PURGE_EVERY_S = max(1.0, min(600.0, settings.trigger_status_retention_ms / 10_000))
 
 
 async def purge_statuses() -> None:

@@ -345,8 +345,6 @@ async def aggregate_inline(
     for those outcomes. Nothing is stored: under exactly_once the result is sent in the transaction that
     commits the input's offset, so a crash before the commit sends it again, and one after never does.
     """
-    if not items:
-        raise InvalidMessage(f"{worker.agent}: order {correlation_id!r} has no items")
     now = now_ms()
     deadline_ms = config.deadline_from(now)
     total = len(items)

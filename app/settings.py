@@ -396,6 +396,7 @@ def load_settings() -> Settings:
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
         raise ValueError(message)
     agents = _agents_from_env()
+    orphan_retention_ms = _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms)
     return Settings(
         bootstrap=default_bootstrap(),
         **_security_from_env(),
@@ -445,13 +446,10 @@ def load_settings() -> Settings:
         sweep_interval_ms=_env_int("WEIR_SWEEP_INTERVAL_MS", defaults.sweep_interval_ms),
         sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
-        trigger_orphan_retention_ms=_env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
+        trigger_orphan_retention_ms=orphan_retention_ms,
         trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
         sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
-        trigger_status_retention_ms=_env_int(
-            "WEIR_TRIGGER_STATUS_RETENTION_MS",
-            2 * _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms),
-        ),
+        trigger_status_retention_ms=_env_int("WEIR_TRIGGER_STATUS_RETENTION_MS", 2 * orphan_retention_ms),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),

@@ -590,7 +590,7 @@ def run_quix(ctx: Context, form: str, orders: int, rate: float, light_seconds: f
     backlog = orders * INLINE_BACKLOG if form == "inline" else orders
     extra = {"BENCH_QUIX_FORM": form, "BENCH_SPLIT_CHUNK": str(weir.split_chunk)}
     _run_processes(
-        ctx, f"quix-{form}", "bench.quix_split_aggregate", extra, (label, work, settings), processes, backlog, rate, light_seconds
+        ctx, f"quix-{form}", "bench.quix_split_aggregate", "quix", extra, (label, work, settings), processes, backlog, rate, light_seconds
     )
 
 
@@ -605,7 +605,16 @@ def run_aiokafka_inline(ctx: Context, orders: int, rate: float, light_seconds: f
     extra = {"BENCH_BATCH_SIZE": str(weir.batch_size)}
     shape = ("aiokafka alone, inline", WORK_INLINE, settings)
     _run_processes(
-        ctx, "aiokafka-inline", "bench.aiokafka_floor", extra, shape, len(INLINE_STAGES), orders * INLINE_BACKLOG, rate, light_seconds
+        ctx,
+        "aiokafka-inline",
+        "bench.aiokafka_floor",
+        "aiokafka-inline",
+        extra,
+        shape,
+        len(INLINE_STAGES),
+        orders * INLINE_BACKLOG,
+        rate,
+        light_seconds,
     )
 
 
@@ -613,6 +622,7 @@ def _run_processes(
     ctx: Context,
     name: str,
     module: str,
+    process: str,
     extra: dict[str, str],
     shape: tuple[str, str, str],
     processes: int,
@@ -620,7 +630,8 @@ def _run_processes(
     rate: float,
     light_seconds: float,
 ) -> None:
-    """``processes`` copies of ``python -m module`` in one consumer group on new topics; ``shape``: (system, work, settings)."""
+    """``processes`` copies of ``python -m module``, named ``<process>-<n>``, in one consumer group on new topics;
+    ``shape``: (system, work, settings)."""
     weir = load_settings()
     prefix = f"cmp-{ctx.run_id}.{name}."
     orders_topic, items_topic, results_topic = f"{prefix}orders", f"{prefix}items", f"{prefix}aggregates"
@@ -637,8 +648,7 @@ def _run_processes(
         "BENCH_PRODUCER_LINGER_MS": str(weir.producer_linger_ms),
         **extra,
     }
-    short = "quix" if module == "bench.quix_split_aggregate" else name
-    names = [f"{short}-{number}" for number in range(1, processes + 1)]
+    names = [f"{process}-{number}" for number in range(1, processes + 1)]
     workers = {
         worker: Proc(
             [sys.executable, "-m", module],

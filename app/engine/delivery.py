@@ -257,6 +257,8 @@ class WeirConsumer(aiokafka_driver.Consumer):
         self._weir_work.set()
 
     _weir_uncommitted = 0
+    #: when the delivery loop began waiting for records to process (None: records came since)
+    _weir_waiting_since: float | None = None
 
     @property
     def _weir_work(self) -> asyncio.Event:
@@ -276,7 +278,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
         handed over at once; a worker that is caught up waits for them. Changelog records (a standby's
         restore) do not count: they keep coming while the worker's own input is quiet.
         """
-        since = self.__dict__.get("_weir_waiting_since")
+        since = self._weir_waiting_since
         return 0.0 if since is None else time.monotonic() - since
 
     @Service.task
@@ -320,15 +322,16 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 if not self._weir_uncommitted:
                     last = time.monotonic()
                 continue
-            idle = gate.idle_for()
-            if now - last >= interval or (idle >= idle_s and now >= spare_at and self._weir_fetch_idle_for() >= idle_s):
+            gate_idle = gate.idle_for()
+            idle = min(gate_idle, self._weir_fetch_idle_for())  # no event in flight, and none coming
+            if now - last >= interval or (idle >= idle_s and now >= spare_at):
                 self._weir_uncommitted = 0
                 began = time.monotonic()
                 await self.commit()
                 last = time.monotonic()
                 spare_at = budget.next_commit_at(began, last)
-            elif idle > 0:
-                wake_at = min(max(now + idle_s - min(idle, self._weir_fetch_idle_for()), spare_at), last + interval)
+            elif gate_idle > 0:
+                wake_at = min(max(now + idle_s - idle, spare_at), last + interval)
                 await asyncio.sleep(max(0.0, wake_at - now))
             else:
                 await self.wait_for_stopped(gate.idle_event, timeout=max(0.0, interval - (now - last)))  # type: ignore[arg-type]
@@ -468,15 +471,14 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 self.diag.set_flag(CONSUMER_FETCHING)
                 await self._watch_fetch_positions()
                 epoch = self._weir_epoch
-                state = self.__dict__
-                if state.get("_weir_waiting_since") is None:
-                    state["_weir_waiting_since"] = time.monotonic()
+                if self._weir_waiting_since is None:
+                    self._weir_waiting_since = time.monotonic()
                 records, active = await self._wait_next_records(1.0)
                 await self.sleep(0)
                 if not records or self.should_stop:
                     continue
                 if any(tp.topic not in changelogs for tp in records):
-                    state["_weir_waiting_since"] = None  # records to process came: not idle (_weir_fetch_idle_for)
+                    self._weir_waiting_since = None  # records to process came: not idle (_weir_fetch_idle_for)
                 generation = self.app.consumer_generation_id
                 firsts = {tp: batch[0].offset for tp, batch in records.items() if batch}
                 if tracing():
