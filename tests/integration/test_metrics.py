@@ -202,6 +202,10 @@ def test_a_relay_process_serves_rows_relayed_and_the_rows_pending_with_their_wai
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         scrape_until(url, lambda samples: total(samples, "weir_outbox_rows_pending", outbox="metrics-relay") == 0, what="the relay up")
+        # Its metrics are served before its doorbell listens: a ring before "ready" finds no listener.
+        ready_by = time.monotonic() + 60
+        while "outbox relay ready" not in (tmp_path / "relay.log").read_text() and time.monotonic() < ready_by:
+            time.sleep(0.1)
         with write(outbox) as transaction:  # rings the relay's doorbell after the commit
             for number in range(5):
                 transaction.add(orjson.dumps({"n": number}), key=f"k-{number}")
