@@ -1,4 +1,4 @@
-"""EOF group-by/aggregate stage: scoops per flavour per client, merged once per batch id; flushed to the joiner when the count is final."""
+"""EOF group-by/aggregate stage: the job's totals per client, merged once per batch id; flushed to the joiner when the count is final."""
 
 from __future__ import annotations
 
@@ -6,25 +6,16 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.eof_common import ClientStates, aggregate_topic
+from agents.eof_common import JOB, ClientStates, aggregate_topic
 from app.core import InvalidMessage, app, handle_events, now_ms
 from app.ticks import tick_every
-from tables.eof import ClientTotals, Order, on_aggregator_tick, on_batch, on_cleanup, on_finish
+from tables.eof import ClientTotals, on_aggregator_tick, on_batch, on_cleanup, on_finish
 from tables.eof_aggregator_tables import totals, totals_deadlines
 
 __all__ = ["eof_aggregator"]
 
 AGENT = "eof_aggregator"
 clients = ClientStates(totals, totals_deadlines, ClientTotals.from_dict, agent=AGENT, step="merge")
-
-
-def _orders(message: dict[str, Any], client: str) -> list[Order]:
-    try:
-        return [Order.from_dict(raw) for raw in message["orders"]]
-    except (KeyError, TypeError, ValueError) as error:
-        raise InvalidMessage(
-            f"eof aggregator: batch {message.get('batch_id')!r} of client {client!r} has malformed orders ({error})"
-        ) from None
 
 
 async def _handle(event: EventT[bytes], message: Any) -> None:
@@ -43,12 +34,15 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
         batch_id = message.get("batch_id")
         if not isinstance(batch_id, str) or not batch_id:
             raise InvalidMessage(f"eof aggregator: batch of client {client!r} needs a string 'batch_id', got {batch_id!r:.60}")
-        transition = on_batch(previous, client, batch_id, _orders(message, client), now)
+        records = message.get("records")
+        if not isinstance(records, list):
+            raise InvalidMessage(f"eof aggregator: batch {batch_id!r} of client {client!r} needs 'records', a list")
+        transition = on_batch(previous, client, batch_id, records, now, JOB)
     elif kind == "finish":
         expected = message.get("expected")
         if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
             raise InvalidMessage(f"eof aggregator: 'finish' of client {client!r} needs a non-negative integer 'expected'")
-        transition = on_finish(previous, client, expected, now)
+        transition = on_finish(previous, client, expected, now, JOB)
     elif kind == "cleanup":
         transition = on_cleanup(previous, client, now)
     else:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import faust
 from faust.types import EventT, TableT
 
-from app.catalogue import CATALOGUE_CENTS
 from app.core import app, settings, topics
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, Output, TableStore
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, Emit, EofConfig, OpeningHours
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, Emit, EofConfig, EofJob
 
 __all__ = [
     "batches_topic",
@@ -21,8 +21,8 @@ __all__ = [
     "join_topic",
     "reports_topic",
     "CONFIG",
-    "HOURS",
-    "CATALOGUE",
+    "JOB",
+    "load_job",
     "outputs",
     "ClientStates",
 ]
@@ -40,9 +40,22 @@ reports_topic = _topic(TOPIC_REPORTS)
 topics.extra.extend([batches_topic, counter_topic, aggregate_topic, join_topic, reports_topic])
 
 CONFIG = EofConfig(idle_timeout_ms=settings.eof_idle_timeout_ms, closed_retention_ms=settings.eof_closed_retention_ms)
-HOURS = OpeningHours()
-#: The flavour catalogue the filter checks orders against (the joiner prices with each client's own list).
-CATALOGUE = CATALOGUE_CENTS
+
+
+def load_job(spec: str) -> EofJob:
+    """Import the end-of-stream job named ``module:NAME`` (``WEIR_EOF_JOB``)."""
+    module_name, _, name = spec.partition(":")
+    try:
+        job = getattr(importlib.import_module(module_name), name, None) if module_name and name else None
+    except ImportError as error:
+        raise ValueError(f"setting WEIR_EOF_JOB={spec!r}: cannot import {module_name!r} ({error})") from None
+    if not isinstance(job, EofJob):
+        raise ValueError(f"setting WEIR_EOF_JOB={spec!r}: expected 'module:NAME' naming a tables.eof.EofJob, got {type(job).__name__}")
+    return job
+
+
+#: The job the filter, aggregator and joiner run (every worker of one deployment names the same one).
+JOB = load_job(settings.eof_job)
 
 
 def outputs(client: str, emits: list[Emit]) -> tuple[Output, ...]:

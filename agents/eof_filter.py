@@ -1,4 +1,4 @@
-"""EOF filter stage: drops invalid orders, forwards, splits or drops each batch, and reports what it forwarded."""
+"""EOF filter stage: runs the job's ``select`` on each record, forwards, splits or drops each batch, and reports what it forwarded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.eof_common import CATALOGUE, HOURS, aggregate_topic, batches_topic, counter_topic
+from agents.eof_common import JOB, aggregate_topic, batches_topic, counter_topic
 from app.core import InvalidMessage, app, handle_events, settings
 from app.runtime.keyed import Output, send_checked
 from tables.eof import filter_batch
@@ -16,7 +16,7 @@ __all__ = ["eof_filter"]
 AGENT = "eof_filter"
 
 
-def _parse_batch(message: Any) -> tuple[str, int, list[str]]:
+def _parse_batch(message: Any) -> tuple[str, int, list[Any]]:
     if not isinstance(message, dict):
         raise InvalidMessage(f"eof filter: a batch must be a JSON object, got {type(message).__name__}")
     client, batch_id, lines = message.get("client"), message.get("batch_id"), message.get("lines")
@@ -24,17 +24,17 @@ def _parse_batch(message: Any) -> tuple[str, int, list[str]]:
         raise InvalidMessage(f"eof filter: 'client' must be a non-empty string, got {client!r:.60}")
     if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
         raise InvalidMessage(f"eof filter: batch of client {client!r} needs a non-negative integer 'batch_id', got {batch_id!r:.60}")
-    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-        raise InvalidMessage(f"eof filter: batch {batch_id} of client {client!r} needs 'lines', a list of strings")
+    if not isinstance(lines, list):
+        raise InvalidMessage(f"eof filter: batch {batch_id} of client {client!r} needs 'lines', a list (of the client's records)")
     return client, batch_id, lines
 
 
 async def _filter(event: EventT[bytes], message: Any) -> None:
     client, batch_id, lines = _parse_batch(message)
-    outcome = filter_batch(batch_id, lines, CATALOGUE, HOURS, settings.eof_max_batch_orders)
+    outcome = filter_batch(batch_id, lines, JOB, settings.eof_max_batch_orders)
     batches = [
-        Output(aggregate_topic, client, {"kind": "batch", "client": client, "batch_id": out_id, "orders": [o.to_dict() for o in orders]})
-        for out_id, orders in outcome.forwarded
+        Output(aggregate_topic, client, {"kind": "batch", "client": client, "batch_id": out_id, "records": records})
+        for out_id, records in outcome.forwarded
     ]
     # A forwarded batch too large for a record is dead-lettered here and not counted as forwarded: the
     # aggregator waits only for batches that exist.

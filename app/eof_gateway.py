@@ -1,4 +1,4 @@
-"""The EOF gateway: sends a client's price list and its data in numbered batches, says how many, and waits for its report.
+"""The EOF gateway: sends a client's side data and its records in numbered batches, says how many, and waits for its report.
 
 Usage as a library::
 
@@ -9,8 +9,11 @@ or from the shell, one client per JSON-lines file (the file's stem is the client
 
     python -m app.eof_gateway demo/screens/*.jsonl
 
+A record is any JSON value (the demo's job takes order lines); the side data is what the job's ``join``
+joins the client's totals with (the demo's: a price list, None for the catalogue's prices).
+
 The gateway keeps no state of its own in Kafka: a client's batches are keyed ``<client>/<batch id>``
-(any filter worker may get any batch), its price list (to the joiner) and the counter messages are keyed
+(any filter worker may get any batch), its side data (to the joiner) and the counter messages are keyed
 by client. When the report arrives it tells the controller "delivered", and the controller broadcasts the
 client's cleanup to every stage that holds state for it.
 """
@@ -26,7 +29,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
 from app.jsonlines import read_lines
 from app.kafka_io import ReplyDesk
@@ -36,10 +38,10 @@ from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN
 __all__ = ["Gateway", "batched"]
 
 
-def batched(lines: Iterable[str], batch_size: int) -> list[list[str]]:
-    """The client's lines cut into batches of ``batch_size`` (the last one shorter)."""
-    batch: list[str] = []
-    batches: list[list[str]] = []
+def batched(lines: Iterable[Any], batch_size: int) -> list[list[Any]]:
+    """The client's records cut into batches of ``batch_size`` (the last one shorter)."""
+    batch: list[Any] = []
+    batches: list[list[Any]] = []
     for line in lines:
         batch.append(line)
         if len(batch) == batch_size:
@@ -75,12 +77,12 @@ class Gateway:
     async def stop(self) -> None:
         await self._desk.stop()
 
-    async def send(self, client: str, lines: Iterable[str], *, batch_size: int, prices: Mapping[str, int] | None = None) -> int:
-        """Send the client's price list (default: the catalogue's), its batches and its end; returns how many batches it sent."""
+    async def send(self, client: str, lines: Iterable[Any], *, batch_size: int, side: Any = None) -> int:
+        """Send the client's side data, its batches and its end; returns how many batches it sent."""
         producer = self._desk.producer
         batches = batched(lines, batch_size)
-        price_list = {"kind": "prices", "client": client, "prices": dict(CATALOGUE_CENTS if prices is None else prices)}
-        pending = [await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(price_list))]
+        side_data = {"kind": "side", "client": client, "side": side}
+        pending = [await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(side_data))]
         for batch_id, batch in enumerate(batches):
             value = {"client": client, "batch_id": batch_id, "lines": batch}
             pending.append(await producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
@@ -100,15 +102,15 @@ class Gateway:
     async def run_client(
         self,
         client: str,
-        lines: Iterable[str],
+        lines: Iterable[Any],
         *,
         batch_size: int = 20,
         timeout_s: float = 300.0,
-        prices: Mapping[str, int] | None = None,
+        side: Any = None,
     ) -> dict[str, Any]:
-        """One client end to end: its price list, its batches, its end, its report (priced with ``prices``, default the catalogue's)."""
+        """One client end to end: its side data, its batches, its end, its report (the job's join of its totals with ``side``)."""
         self._desk.expect(client)
-        await self.send(client, lines, batch_size=batch_size, prices=prices)
+        await self.send(client, lines, batch_size=batch_size, side=side)
         return await self.report(client, timeout_s=timeout_s)
 
 

@@ -232,7 +232,10 @@ class Settings:
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A
     #: flow runs with its barriers and its split/aggregate stages; each selection is its own consumer group.
     flows_run: tuple[str, ...] = ()
-    #: WEIR_EOF_MAX_BATCH_ORDERS: the EOF filter splits a batch with more valid orders than this.
+    #: WEIR_EOF_JOB: "module:NAME" of the end-of-stream job (a tables.eof.EofJob: select, zero/merge, join) the
+    #: eof_* agents run; the default is the demo's (ice-cream order lines, scoops per flavour, priced per client).
+    eof_job: str = "app.demo_eof:ORDERS"
+    #: WEIR_EOF_MAX_BATCH_ORDERS: the EOF filter splits a batch with more records kept than this.
     eof_max_batch_orders: int = 50
     #: WEIR_EOF_IDLE_TIMEOUT_MS: a client with no activity for this long is reported abandoned and cleaned up.
     eof_idle_timeout_ms: int = 300_000
@@ -438,6 +441,7 @@ def load_settings() -> Settings:
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_flows_module_from_env(agents),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
+        eof_job=_env_str("WEIR_EOF_JOB", defaults.eof_job),
         eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
         eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms),
         eof_closed_retention_ms=_env_int("WEIR_EOF_CLOSED_RETENTION_MS", defaults.eof_closed_retention_ms),

@@ -236,21 +236,21 @@ def summarize_eof_totals(value: Any, now_ms: int) -> dict[str, Any]:
     return {
         "batches_merged": len(state.seen),
         "batches_expected": state.expected,
-        "orders": state.orders,
-        "scoops": sum(state.scoops.values()),
+        "records": state.records,
         "flushed": state.flushed,
+        "error": state.error,
         "closed": state.closed_ms is not None,
     }
 
 
 def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
-    """Table ``eof_joins``: one client's price list and totals, and whether their join went out (tables.eof.ClientJoin)."""
+    """Table ``eof_joins``: one client's side data and totals, and whether their join went out (tables.eof.ClientJoin)."""
     state = ClientJoin.from_dict(value)
     return {
-        "has_prices": state.prices is not None,
+        "has_side": state.has_side,
         "has_totals": state.totals is not None,
         "batches": None if state.totals is None else state.totals.batches,
-        "orders": None if state.totals is None else state.totals.orders,
+        "records": None if state.totals is None else state.totals.records,
         "reported": state.reported,
         "closed": state.closed_ms is not None,
     }

@@ -1,17 +1,21 @@
-"""End-of-stream per client: the typed values of the controller and aggregator tables and their pure cores.
+"""End-of-stream per client: the typed values of the controller, aggregator and joiner tables and their pure cores.
 
-The protocol (seed 000). A gateway sends a client's price list to the joiner, numbers the client's batches
+The protocol (seed 000). A gateway sends a client's side data to the joiner, numbers the client's batches
 0..N-1 and sends them to the filter stage, then tells the controller "sent N". Filter workers run in
 parallel; for every input batch they report to the controller how many batches they forwarded (0 when
 they drop it, several when they split it), with deterministic ids ``<batch>.<k>``. The controller counts
 reports *by batch id*, so a redelivered report is not counted twice. Once the reports cover batches
 0..N-1 the number of batches reaching the group-by/aggregate stage is final: the controller sends it
-"finish, expect M". The aggregator merges batches by id (scoops per flavour) and, holding M of them,
-flushes the client's totals to the joiner; the joiner joins them with the client's price list and sends
-the report to the gateway. When the gateway has the report it says "delivered"; the controller
-broadcasts a cleanup to every stage that keeps per-client state (:data:`CLIENT_STATE_STAGES`), and each
-drops the client's key, keeping only a small tombstone for a retention period so that late duplicates
-are absorbed. A client idle for too long is reported abandoned and cleaned up the same way.
+"finish, expect M". The aggregator merges batches by id and, holding M of them, flushes the client's
+totals to the joiner; the joiner joins them with the client's side data and sends the report to the
+gateway. When the gateway has the report it says "delivered"; the controller broadcasts a cleanup to every
+stage that keeps per-client state (:data:`CLIENT_STATE_STAGES`), and each drops the client's key, keeping
+only a small tombstone for a retention period so that late duplicates are absorbed. A client idle for too
+long is reported abandoned and cleaned up the same way.
+
+What is filtered, merged and joined is the job's (:class:`EofJob`: ``select``, ``zero``/``merge``,
+``join``); the demo's job (ice-cream order lines, scoops per flavour, priced by the client's list) is
+:data:`app.demo_eof.ORDERS`.
 
 No Kafka, no clock: every function takes the state and ``now_ms`` and returns the new state (``None``:
 delete the key) and the messages to send.
@@ -19,8 +23,8 @@ delete the key) and the messages to send.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+import copy
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,10 +35,13 @@ __all__ = [
     "TOPIC_JOIN",
     "TOPIC_REPORTS",
     "CLIENT_STATE_STAGES",
-    "OpeningHours",
-    "Order",
+    "STATUS_COMPLETE",
+    "STATUS_ABANDONED",
+    "STATUS_EXPIRED",
+    "STATUS_FAILED",
+    "Dropped",
+    "EofJob",
     "FilterOutcome",
-    "parse_order",
     "filter_batch",
     "EofConfig",
     "Emit",
@@ -54,12 +61,12 @@ __all__ = [
     "Totals",
     "ClientJoin",
     "JoinTransition",
-    "on_prices",
+    "on_side",
     "on_totals",
     "on_join_cleanup",
     "on_joiner_tick",
     "join_report",
-    "parse_prices",
+    "describe",
     "is_count",
     "reference_report",
 ]
@@ -70,7 +77,7 @@ TOPIC_BATCHES = "eof-batches"
 TOPIC_COUNTER = "eof-counter"
 #: filters and controller -> group-by/aggregate stage, keyed by client: ``batch``, ``finish``, ``cleanup``, ticks
 TOPIC_AGGREGATE = "eof-aggregate"
-#: gateway, aggregator and controller -> joiner, keyed by client: ``prices``, ``totals``, ``cleanup``, ticks
+#: gateway, aggregator and controller -> joiner, keyed by client: ``side``, ``totals``, ``cleanup``, ticks
 TOPIC_JOIN = "eof-join"
 #: joiner and controller -> gateway, keyed by client: the end-of-day report
 TOPIC_REPORTS = "eof-reports"
@@ -84,100 +91,66 @@ STATUS_COMPLETE = "complete"
 STATUS_ABANDONED = "abandoned"
 #: finished, but the gateway never said it received the report
 STATUS_EXPIRED = "expired"
+#: the job's merge or join failed: the report carries the error
+STATUS_FAILED = "failed"
+
+
+# --------------------------------------------------------------------------------------------- the job
+
+
+class Dropped(ValueError):
+    """Raised by a job's ``select`` to drop a record, with the reason (any ``ValueError`` drops it too)."""
+
+
+@dataclass(frozen=True)
+class EofJob:
+    """What a job does with its clients' records: the user's three steps of seed 000's pipeline.
+
+    * ``select(record)``: the filter stage's step, per record the gateway sent (any JSON value): the record
+      to forward (JSON-able), or raise :class:`Dropped` (any ``ValueError``) to drop it, with the reason;
+    * ``zero()`` and ``merge(totals, record)``: the group-by/aggregate stage's fold. ``zero()`` is the totals
+      of no record; ``merge`` returns the totals with one forwarded record more, and may change the
+      ``totals`` it is given (the stage's own copy). Totals are JSON-able: they are stored in a table and
+      sent to the joiner;
+    * ``join(client, totals, side)``: the joiner's step: the report's fields (a JSON object) from the
+      client's final totals and the side data the gateway sent for the client (None when it sent none).
+
+    Each step runs again when its input is redelivered: deterministic, no side effects. A ``merge`` or
+    ``join`` that raises does not lose the client: its report comes, with status ``failed`` and the error.
+    """
+
+    name: str
+    select: Callable[[Any], Any]
+    zero: Callable[[], Any]
+    merge: Callable[[Any, Any], Any]
+    join: Callable[[str, Any, Any], Mapping[str, Any]]
 
 
 # --------------------------------------------------------------------------------------------- filter
 
 
 @dataclass(frozen=True)
-class OpeningHours:
-    """Orders are accepted from ``opens`` (inclusive) to ``closes`` (exclusive), as "HH:MM" strings."""
-
-    opens: str = "10:00"
-    closes: str = "22:00"
-
-    def accepts(self, clock: str) -> bool:
-        return self.opens <= clock < self.closes
-
-
-@dataclass(frozen=True)
-class Order:
-    """A valid order: its id, its time of day and its items as (flavour, scoops)."""
-
-    order_id: str
-    time: str
-    items: tuple[tuple[str, int], ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"order_id": self.order_id, "time": self.time, "items": [[flavour, scoops] for flavour, scoops in self.items]}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Order:
-        return cls(str(raw["order_id"]), str(raw["time"]), tuple((str(flavour), int(scoops)) for flavour, scoops in raw["items"]))
-
-
-def _is_clock(value: Any) -> bool:
-    if not isinstance(value, str) or len(value) != 5 or value[2] != ":":
-        return False
-    hours, minutes = value[:2], value[3:]
-    return hours.isdigit() and minutes.isdigit() and int(hours) < 24 and int(minutes) < 60
-
-
-def parse_order(line: str, catalogue: Mapping[str, int], hours: OpeningHours) -> tuple[Order | None, str | None]:
-    """The order on one line, or ``(None, reason)`` saying why the filter drops it."""
-    try:
-        raw = json.loads(line)
-    except ValueError as error:
-        return None, f"broken line: {error}"
-    if not isinstance(raw, dict):
-        return None, f"an order must be a JSON object, got {type(raw).__name__}"
-    order_id = raw.get("order_id")
-    if not isinstance(order_id, str) or not order_id:
-        return None, f"'order_id' must be a non-empty string, got {order_id!r:.60}"
-    clock = raw.get("time")
-    if not isinstance(clock, str) or not _is_clock(clock):
-        return None, f"order {order_id!r}: 'time' must be 'HH:MM', got {clock!r:.60}"
-    if not hours.accepts(clock):
-        return None, f"order {order_id!r}: {clock} is outside opening hours {hours.opens}-{hours.closes}"
-    items = raw.get("items")
-    if not isinstance(items, list) or not items:
-        return None, f"order {order_id!r}: 'items' must be a non-empty list"
-    parsed: list[tuple[str, int]] = []
-    for number, item in enumerate(items):
-        flavour = item.get("flavour") if isinstance(item, dict) else None
-        scoops = item.get("scoops") if isinstance(item, dict) else None
-        if flavour not in catalogue:
-            return None, f"order {order_id!r} item {number}: unknown flavour {flavour!r:.60}"
-        if not isinstance(scoops, int) or isinstance(scoops, bool) or scoops <= 0:
-            return None, f"order {order_id!r} item {number}: 'scoops' must be a positive integer, got {scoops!r:.60}"
-        parsed.append((str(flavour), scoops))
-    return Order(order_id, str(clock), tuple(parsed)), None
-
-
-@dataclass(frozen=True)
 class FilterOutcome:
-    """What the filter does with one input batch: the batches it forwards (by id) and the lines it drops."""
+    """What the filter does with one input batch: the batches it forwards (by id) and the records it drops."""
 
-    forwarded: list[tuple[str, list[Order]]]
+    forwarded: list[tuple[str, list[Any]]]
     dropped: list[tuple[int, str]]
 
 
-def filter_batch(
-    batch_id: int, lines: list[str], catalogue: Mapping[str, int], hours: OpeningHours, max_batch_orders: int
-) -> FilterOutcome:
-    """Drop invalid orders; forward the rest as one batch, several (split) or none (dropped entirely).
+def filter_batch(batch_id: int, records: list[Any], job: EofJob, max_batch_records: int) -> FilterOutcome:
+    """Drop what the job's ``select`` refuses; forward the rest as one batch, several (split) or none.
 
-    Deterministic: a redelivered batch forwards the same ids with the same contents.
+    Deterministic: a redelivered batch forwards the same ids with the same contents. An exception other
+    than ``ValueError`` from ``select`` is not a refusal: it escapes (the whole batch is the agent's error).
     """
-    valid: list[Order] = []
+    kept: list[Any] = []
     dropped: list[tuple[int, str]] = []
-    for number, line in enumerate(lines):
-        order, reason = parse_order(line, catalogue, hours)
-        if order is None:
-            dropped.append((number, reason or "invalid"))
-        else:
-            valid.append(order)
-    chunks = [valid[start : start + max_batch_orders] for start in range(0, len(valid), max_batch_orders)]
+    for number, record in enumerate(records):
+        try:
+            kept.append(job.select(record))
+        except ValueError as error:
+            dropped.append((number, str(error) or type(error).__name__))
+    chunks = [kept[start : start + max_batch_records] for start in range(0, len(kept), max_batch_records)]
     return FilterOutcome([(f"{batch_id}.{number}", chunk) for number, chunk in enumerate(chunks)], dropped)
 
 
@@ -341,15 +314,19 @@ def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -
 
 @dataclass(frozen=True)
 class ClientTotals:
-    """One client in table ``eof_totals``: totals per flavour of the batches merged so far, by batch id."""
+    """One client in table ``eof_totals``: the job's totals of the batches merged so far, by batch id."""
 
     client: str
     last_activity_ms: int
     seen: frozenset[str] = frozenset()
-    orders: int = 0
-    scoops: dict[str, int] = field(default_factory=dict)
+    #: records merged
+    records: int = 0
+    #: the job's totals (JSON); None until the first batch
+    totals: Any = None
     expected: int | None = None
     flushed: bool = False
+    #: why the job's ``merge`` failed (the totals stopped there; the report says ``failed``)
+    error: str | None = None
     closed_ms: int | None = None
 
     def deadline_ms(self, config: EofConfig) -> int:
@@ -362,10 +339,11 @@ class ClientTotals:
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
             "seen": sorted(self.seen),
-            "orders": self.orders,
-            "scoops": dict(self.scoops),
+            "records": self.records,
+            "totals": self.totals,
             "expected": self.expected,
             "flushed": self.flushed,
+            "error": self.error,
             "closed_ms": self.closed_ms,
         }
 
@@ -375,10 +353,11 @@ class ClientTotals:
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
             seen=frozenset(raw.get("seen") or ()),
-            orders=int(raw.get("orders") or 0),
-            scoops={str(flavour): int(count) for flavour, count in (raw.get("scoops") or {}).items()},
+            records=int(raw.get("records") or 0),
+            totals=raw.get("totals"),
             expected=raw.get("expected"),
             flushed=bool(raw.get("flushed")),
+            error=raw.get("error"),
             closed_ms=raw.get("closed_ms"),
         )
 
@@ -397,37 +376,55 @@ class AggregatorTransition:
     rejected: str | None = None
 
 
-def _maybe_flush(state: ClientTotals) -> AggregatorTransition:
+def _maybe_flush(state: ClientTotals, job: EofJob) -> AggregatorTransition:
     if state.flushed or state.expected is None or len(state.seen) < state.expected:
         return AggregatorTransition(state)
-    totals = Totals(batches=len(state.seen), orders=state.orders, scoops=dict(state.scoops))
+    totals = state.totals if state.totals is not None or state.error is not None else job.zero()
+    flushed = Totals(batches=len(state.seen), records=state.records, totals=totals, error=state.error)
     return AggregatorTransition(
-        replace(state, flushed=True), [Emit("join", {"kind": "totals", "client": state.client, **totals.to_dict()})]
+        replace(state, flushed=True), [Emit("join", {"kind": "totals", "client": state.client, **flushed.to_dict()})]
     )
 
 
-def on_batch(previous: ClientTotals | None, client: str, batch_id: str, orders: Iterable[Order], now_ms: int) -> AggregatorTransition:
-    """Merge one forwarded batch (group by flavour, sum the scoops), once per batch id."""
+def describe(error: BaseException) -> str:
+    """An exception as one short line: its type and message."""
+    text = str(error)
+    return f"{type(error).__name__}: {text[:500]}" if text else type(error).__name__
+
+
+def on_batch(
+    previous: ClientTotals | None, client: str, batch_id: str, records: Iterable[Any], now_ms: int, job: EofJob
+) -> AggregatorTransition:
+    """Merge one forwarded batch into the client's totals with the job's ``merge``, once per batch id.
+
+    A ``merge`` that raises stops the totals there: the batch still counts (the count stays final), the error
+    is kept, and the flush carries it, so the client's report comes, ``failed``.
+    """
     state = previous if previous is not None else ClientTotals(client=client, last_activity_ms=now_ms)
     if state.closed_ms is not None or batch_id in state.seen:
         return AggregatorTransition(state)  # a late or redelivered batch
     if state.flushed:
         error = f"eof aggregator: client {client!r} was flushed with {state.expected} batches, then batch {batch_id!r} arrived"
         return AggregatorTransition(state, rejected=error)
-    scoops = dict(state.scoops)
-    count = 0
-    for order in orders:
-        count += 1
-        for flavour, number in order.items:
-            scoops[flavour] = scoops.get(flavour, 0) + number
-    merged = replace(state, seen=state.seen | {batch_id}, orders=state.orders + count, scoops=scoops, last_activity_ms=now_ms)
-    if merged.expected is not None and len(merged.seen) > merged.expected:
-        error = f"eof aggregator: client {client!r} expects {merged.expected} batches, batch {batch_id!r} is one more"
+    if state.expected is not None and len(state.seen) >= state.expected:
+        error = f"eof aggregator: client {client!r} expects {state.expected} batches, batch {batch_id!r} is one more"
         return AggregatorTransition(state, rejected=error)
-    return _maybe_flush(merged)
+    totals, count, failed = state.totals, 0, state.error
+    if failed is None:
+        try:
+            totals = copy.deepcopy(totals) if totals is not None else job.zero()
+            for record in records:
+                totals = job.merge(totals, record)
+                count += 1
+        except Exception as error:  # the job's code: its failure is the client's, reported, not the worker's
+            totals, count, failed = state.totals, 0, f"merge of batch {batch_id!r} failed: {describe(error)}"
+    merged = replace(
+        state, seen=state.seen | {batch_id}, records=state.records + count, totals=totals, error=failed, last_activity_ms=now_ms
+    )
+    return _maybe_flush(merged, job)
 
 
-def on_finish(previous: ClientTotals | None, client: str, expected: int, now_ms: int) -> AggregatorTransition:
+def on_finish(previous: ClientTotals | None, client: str, expected: int, now_ms: int, job: EofJob) -> AggregatorTransition:
     """The controller's word: ``expected`` batches will reach this client's aggregate, no more."""
     state = previous if previous is not None else ClientTotals(client=client, last_activity_ms=now_ms)
     if state.closed_ms is not None:
@@ -438,7 +435,7 @@ def on_finish(previous: ClientTotals | None, client: str, expected: int, now_ms:
     if len(state.seen) > expected:
         error = f"eof aggregator: client {client!r} holds {len(state.seen)} batches, more than the {expected} expected"
         return AggregatorTransition(state, rejected=error)
-    return _maybe_flush(replace(state, expected=expected, last_activity_ms=max(state.last_activity_ms, now_ms)))
+    return _maybe_flush(replace(state, expected=expected, last_activity_ms=max(state.last_activity_ms, now_ms)), job)
 
 
 def on_cleanup(previous: ClientTotals | None, client: str, now_ms: int) -> AggregatorTransition:
@@ -459,18 +456,21 @@ def on_aggregator_tick(state: ClientTotals, config: EofConfig, now_ms: int) -> A
 
 @dataclass(frozen=True)
 class Totals:
-    """What the group-by/aggregate stage flushes for a client: batches merged, orders, scoops per flavour."""
+    """What the group-by/aggregate stage flushes for a client: batches and records merged, the job's totals,
+    and the error that stopped them (None: they are whole)."""
 
     batches: int
-    orders: int
-    scoops: dict[str, int]
+    records: int
+    totals: Any
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "orders": self.orders, "scoops": dict(sorted(self.scoops.items()))}
+        return {"batches": self.batches, "records": self.records, "totals": self.totals, "error": self.error}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Totals:
-        return cls(int(raw["batches"]), int(raw["orders"]), {str(flavour): int(count) for flavour, count in raw["scoops"].items()})
+        error = raw.get("error")
+        return cls(int(raw["batches"]), int(raw["records"]), raw.get("totals"), None if error is None else str(error))
 
 
 #: The largest count or price a message may carry: integers any JSON reader holds exactly.
@@ -482,22 +482,15 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_EXACT
 
 
-def parse_prices(raw: Any) -> dict[str, int] | None:
-    """A price list (flavour -> cents per scoop, non-negative integers), or None when ``raw`` is not one."""
-    if not isinstance(raw, dict):
-        return None
-    if not all(isinstance(flavour, str) and is_count(cents) for flavour, cents in raw.items()):
-        return None
-    return dict(raw)
-
-
 @dataclass(frozen=True)
 class ClientJoin:
-    """One client in table ``eof_joins``: its price list (from the gateway) and its totals (from the aggregator)."""
+    """One client in table ``eof_joins``: the side data the gateway sent and the totals the aggregator flushed."""
 
     client: str
     last_activity_ms: int
-    prices: dict[str, int] | None = None
+    #: whether the gateway's side data came (it may be None itself)
+    has_side: bool = False
+    side: Any = None
     totals: Totals | None = None
     reported: bool = False
     closed_ms: int | None = None
@@ -511,7 +504,8 @@ class ClientJoin:
         return {
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
-            "prices": None if self.prices is None else dict(sorted(self.prices.items())),
+            "has_side": self.has_side,
+            "side": self.side,
             "totals": None if self.totals is None else self.totals.to_dict(),
             "reported": self.reported,
             "closed_ms": self.closed_ms,
@@ -519,11 +513,12 @@ class ClientJoin:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ClientJoin:
-        prices, totals = raw.get("prices"), raw.get("totals")
+        totals = raw.get("totals")
         return cls(
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
-            prices=None if prices is None else {str(flavour): int(cents) for flavour, cents in prices.items()},
+            has_side=bool(raw.get("has_side")),
+            side=raw.get("side"),
             totals=None if totals is None else Totals.from_dict(totals),
             reported=bool(raw.get("reported")),
             closed_ms=raw.get("closed_ms"),
@@ -537,48 +532,46 @@ class JoinTransition:
     rejected: str | None = None
 
 
-def join_report(client: str, totals: Totals, prices: Mapping[str, int]) -> dict[str, Any]:
-    """The end-of-day report: the client's totals per flavour joined with its price list.
-
-    A flavour sold but missing from the price list is counted at 0 cents and named in ``unpriced``.
+def join_report(client: str, totals: Totals, side: Any, job: EofJob) -> dict[str, Any]:
+    """The client's end-of-day report: ``client``, ``status`` and ``batches``, then the fields of the job's
+    ``join`` of its totals with its side data. Totals stopped by an error, or a ``join`` that raises or does
+    not return an object, give a ``failed`` report with the ``error``: the client is answered all the same.
     """
-    flavours = {
-        flavour: {"scoops": scoops, "revenue_cents": scoops * prices.get(flavour, 0)} for flavour, scoops in sorted(totals.scoops.items())
-    }
-    return {
-        "client": client,
-        "status": STATUS_COMPLETE,
-        "batches": totals.batches,
-        "orders": totals.orders,
-        "flavours": flavours,
-        "revenue_cents": sum(entry["revenue_cents"] for entry in flavours.values()),
-        "unpriced": sorted(flavour for flavour in totals.scoops if flavour not in prices),
-    }
+    head = {"client": client, "status": STATUS_COMPLETE, "batches": totals.batches}
+    if totals.error is not None:
+        return {**head, "status": STATUS_FAILED, "error": totals.error}
+    try:
+        fields = job.join(client, totals.totals, side)
+        if not isinstance(fields, Mapping):
+            raise TypeError(f"join must return a mapping (the report's fields), got {type(fields).__name__}")
+        return {**{str(name): value for name, value in fields.items()}, **head}
+    except Exception as error:  # the job's code: the client gets a failed report, the worker goes on
+        return {**head, "status": STATUS_FAILED, "error": f"join failed: {describe(error)}"}
 
 
-def _maybe_join(state: ClientJoin) -> JoinTransition:
-    if state.reported or state.prices is None or state.totals is None:
+def _maybe_join(state: ClientJoin, job: EofJob) -> JoinTransition:
+    if state.reported or not state.has_side or state.totals is None:
         return JoinTransition(state)
-    return JoinTransition(replace(state, reported=True), [Emit("reports", join_report(state.client, state.totals, state.prices))])
+    return JoinTransition(replace(state, reported=True), [Emit("reports", join_report(state.client, state.totals, state.side, job))])
 
 
 def _joining(previous: ClientJoin | None, client: str, now_ms: int) -> ClientJoin:
     return previous if previous is not None else ClientJoin(client=client, last_activity_ms=now_ms)
 
 
-def on_prices(previous: ClientJoin | None, client: str, prices: Mapping[str, int], now_ms: int) -> JoinTransition:
-    """The gateway's price list for the client (one per client: the same list again changes nothing)."""
+def on_side(previous: ClientJoin | None, client: str, side: Any, now_ms: int, job: EofJob) -> JoinTransition:
+    """The gateway's side data for the client (one per client: the same again changes nothing)."""
     state = _joining(previous, client, now_ms)
     if state.closed_ms is not None:
         return JoinTransition(state)  # late duplicate of a finished client
-    if state.prices is not None:
-        if state.prices != dict(prices):
-            return JoinTransition(state, rejected=f"eof joiner: client {client!r} already has a price list, a different one arrived")
+    if state.has_side:
+        if state.side != side:
+            return JoinTransition(state, rejected=f"eof joiner: client {client!r} already has its side data, different data arrived")
         return JoinTransition(state)
-    return _maybe_join(replace(state, prices=dict(prices), last_activity_ms=max(state.last_activity_ms, now_ms)))
+    return _maybe_join(replace(state, has_side=True, side=side, last_activity_ms=max(state.last_activity_ms, now_ms)), job)
 
 
-def on_totals(previous: ClientJoin | None, client: str, totals: Totals, now_ms: int) -> JoinTransition:
+def on_totals(previous: ClientJoin | None, client: str, totals: Totals, now_ms: int, job: EofJob) -> JoinTransition:
     """The aggregator's totals for the client, flushed once its count was final (again: changes nothing)."""
     state = _joining(previous, client, now_ms)
     if state.closed_ms is not None:
@@ -588,11 +581,11 @@ def on_totals(previous: ClientJoin | None, client: str, totals: Totals, now_ms: 
             error = f"eof joiner: client {client!r} was flushed with {state.totals.batches} batches, then totals of {totals.batches} came"
             return JoinTransition(state, rejected=error)
         return JoinTransition(state)
-    return _maybe_join(replace(state, totals=totals, last_activity_ms=max(state.last_activity_ms, now_ms)))
+    return _maybe_join(replace(state, totals=totals, last_activity_ms=max(state.last_activity_ms, now_ms)), job)
 
 
 def on_join_cleanup(previous: ClientJoin | None, client: str, now_ms: int) -> JoinTransition:
-    """Drop the client's price list and totals, keeping a tombstone that absorbs late messages for the retention."""
+    """Drop the client's side data and totals, keeping a tombstone that absorbs late messages for the retention."""
     if previous is not None and previous.closed_ms is not None:
         return JoinTransition(previous)
     return JoinTransition(ClientJoin(client=client, last_activity_ms=now_ms, closed_ms=now_ms))
@@ -604,18 +597,17 @@ def on_joiner_tick(state: ClientJoin, config: EofConfig, now_ms: int) -> JoinTra
     return JoinTransition(None)
 
 
-def reference_report(
-    client: str, lines: Iterable[str], catalogue: Mapping[str, int], hours: OpeningHours, prices: Mapping[str, int] | None = None
-) -> dict[str, Any]:
-    """The report computed sequentially, without the protocol (what tests compare against); ``batches`` left out.
-
-    ``prices`` is the client's price list (default: the catalogue's prices).
-    """
-    orders = [order for order, _ in (parse_order(line, catalogue, hours) for line in lines) if order is not None]
-    scoops: dict[str, int] = {}
-    for order in orders:
-        for flavour, number in order.items:
-            scoops[flavour] = scoops.get(flavour, 0) + number
-    report = join_report(client, Totals(0, len(orders), scoops), catalogue if prices is None else prices)
+def reference_report(client: str, records: Iterable[Any], job: EofJob, side: Any = None) -> dict[str, Any]:
+    """The report computed sequentially, without the protocol (what tests compare against); ``batches`` left out."""
+    totals = job.zero()
+    count = 0
+    for record in records:
+        try:
+            selected = job.select(record)
+        except ValueError:
+            continue
+        totals = job.merge(totals, selected)
+        count += 1
+    report = join_report(client, Totals(0, count, totals), side, job)
     del report["batches"]
     return report

@@ -61,9 +61,16 @@ TEMPLATES: dict[str, dict[str, Any]] = {
         "kind": "batch",
         "client": "c-1",
         "batch_id": 0,
-        "orders": [{"order_id": "a", "time": "12:00", "items": [["vanilla", 1]]}],
+        "records": [{"order_id": "a", "time": "12:00", "items": [["vanilla", 1]]}],
     },
-    "eof-join": {"kind": "totals", "client": "c-1", "batches": 1, "orders": 1, "scoops": {"vanilla": 1}},
+    "eof-join": {
+        "kind": "totals",
+        "client": "c-1",
+        "batches": 1,
+        "records": 1,
+        "totals": {"orders": 1, "scoops": {"vanilla": 1}},
+        "error": None,
+    },
     "shop.orders": {"ticket": "d/s/1", "screen": "d/s", "line": 1, "text": SHOP_LINE},
     "shop.payments": {
         "kind": "capture",

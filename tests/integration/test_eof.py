@@ -16,23 +16,15 @@ from aiokafka import AIOKafkaProducer
 
 from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
+from app.demo_eof import ORDERS
 from app.eof_gateway import Gateway, batched
 from app.kafka_io import produce, read_topic
-from tables.eof import (
-    TOPIC_AGGREGATE,
-    TOPIC_BATCHES,
-    TOPIC_COUNTER,
-    TOPIC_JOIN,
-    TOPIC_REPORTS,
-    OpeningHours,
-    filter_batch,
-    reference_report,
-)
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, EofJob, filter_batch, reference_report
 from tests.integration.conftest import Pipeline
+from tests.integration.eof_jobs import WORDS, word_lines
 
 pytestmark = pytest.mark.integration
 
-HOURS = OpeningHours()
 BATCH_SIZE = 5
 MAX_BATCH_ORDERS = 3  # the filter splits batches with more valid orders than this
 FLAVOURS = sorted(CATALOGUE_CENTS)
@@ -90,13 +82,13 @@ def start_eof_workers(pipeline: Pipeline, **env: Any) -> dict[str, Any]:
 
 
 def assert_reports_exact(
-    reports: dict[str, dict[str, Any]], clients: dict[str, list[str]], prices: dict[str, dict[str, int]] | None = None
+    reports: dict[str, dict[str, Any]], clients: dict[str, list[str]], side: dict[str, Any] | None = None, job: EofJob = ORDERS
 ) -> None:
     wrong = {}
     for client, lines in clients.items():
         report = dict(reports[client])
         report.pop("batches", None)
-        expected = reference_report(client, lines, CATALOGUE_CENTS, HOURS, prices=(prices or {}).get(client))
+        expected = reference_report(client, lines, job, (side or {}).get(client))
         if report != expected:
             wrong[client] = (report, expected)
     assert not wrong, f"{len(wrong)} reports differ from the sequential reference, e.g. {next(iter(wrong.items()))}"
@@ -111,8 +103,8 @@ def last_values(pipeline: Pipeline, table: str) -> dict[str, Any]:
 #: What a stage's value holds of a client besides the bookkeeping a tombstone keeps (client, times, closed).
 CLIENT_DATA = {
     "eof_counters": ("sent_total", "reported", "finish_sent"),
-    "eof_totals": ("seen", "orders", "scoops", "expected", "flushed"),
-    "eof_joins": ("prices", "totals", "reported"),
+    "eof_totals": ("seen", "records", "totals", "expected", "flushed"),
+    "eof_joins": ("has_side", "side", "totals", "reported"),
 }
 
 
@@ -152,12 +144,12 @@ def assert_cleaned_up(pipeline: Pipeline, timeout_s: float = 30.0) -> None:
 
 
 async def run_all(
-    pipeline: Pipeline, clients: dict[str, list[str]], timeout_s: float = 240.0, prices: dict[str, dict[str, int]] | None = None
+    pipeline: Pipeline, clients: dict[str, list[Any]], timeout_s: float = 240.0, side: dict[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
     async with Gateway(pipeline.bootstrap, pipeline.topic) as gateway:
         results = await asyncio.gather(
             *(
-                gateway.run_client(c, lines, batch_size=BATCH_SIZE, timeout_s=timeout_s, prices=(prices or {}).get(c))
+                gateway.run_client(c, lines, batch_size=BATCH_SIZE, timeout_s=timeout_s, side=(side or {}).get(c))
                 for c, lines in clients.items()
             )
         )
@@ -170,7 +162,7 @@ def test_twenty_clients_get_exact_reports_and_are_cleaned_up(pipeline: Pipeline)
     prices = {"screen-1": SHOP_PRICES, "screen-5": SHOP_PRICES}
     start_eof_workers(pipeline, WEIR_EOF_IDLE_TIMEOUT_MS=30_000, WEIR_EOF_CLOSED_RETENTION_MS=20_000)
     started = time.monotonic()
-    reports = asyncio.run(run_all(pipeline, clients, prices=prices))
+    reports = asyncio.run(run_all(pipeline, clients, side=prices))
     elapsed = time.monotonic() - started
     batches = sum(len(batched(lines, BATCH_SIZE)) for lines in clients.values())
     print(f"\n20 clients, {batches} batches, {sum(map(len, clients.values()))} lines: all reports in {elapsed:.1f}s")
@@ -210,14 +202,13 @@ def client_totals(lines: list[str]) -> dict[str, Any]:
     forwarded = [
         chunk
         for number, batch in enumerate(batched(lines, BATCH_SIZE))
-        for chunk in filter_batch(number, batch, CATALOGUE_CENTS, HOURS, MAX_BATCH_ORDERS).forwarded
+        for chunk in filter_batch(number, batch, ORDERS, MAX_BATCH_ORDERS).forwarded
     ]
-    scoops: Counter[str] = Counter()
+    totals = ORDERS.zero()
     for _, orders in forwarded:
         for order in orders:
-            for flavour, count in order.items:
-                scoops[flavour] += count
-    return {"batches": len(forwarded), "orders": sum(len(orders) for _, orders in forwarded), "scoops": dict(scoops)}
+            totals = ORDERS.merge(totals, order)
+    return {"batches": len(forwarded), "records": sum(len(orders) for _, orders in forwarded), "totals": totals, "error": None}
 
 
 async def produce_at(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
@@ -248,7 +239,7 @@ def wait_until_committed(trace: Path, topic: str, positions: list[tuple[int, int
     raise AssertionError(f"{len(pending)} records of {topic} not committed after {timeout_s}s, e.g. {pending[:3]}")
 
 
-def test_duplicated_counter_reports_batches_price_lists_and_totals_change_nothing(pipeline: Pipeline, tmp_path: Path) -> None:
+def test_duplicated_counter_reports_batches_side_data_and_totals_change_nothing(pipeline: Pipeline, tmp_path: Path) -> None:
     clients = make_clients(seed=7, count=8)
     trace = tmp_path / "trace.txt"
     # Tombstones outlast the test's late duplicates: a duplicate after the retention would open a stray key.
@@ -258,8 +249,8 @@ def test_duplicated_counter_reports_batches_price_lists_and_totals_change_nothin
     async def scenario() -> dict[str, dict[str, Any]]:
         duplicates_batches: list[tuple[bytes, bytes]] = []
         duplicates_reports: list[tuple[bytes, bytes]] = []
-        # The joiner gets each client's price list before the gateway sends it (the same list: nothing changes).
-        duplicates_prices = [(c.encode(), dumps({"kind": "prices", "client": c, "prices": CATALOGUE_CENTS})) for c in clients]
+        # The joiner gets each client's side data before the gateway sends it (the same, none: nothing changes).
+        duplicates_side = [(c.encode(), dumps({"kind": "side", "client": c, "side": None})) for c in clients]
         for client, lines in clients.items():
             for batch_id, batch in enumerate(batched(lines, BATCH_SIZE)):
                 if batch_id % 3:
@@ -267,14 +258,14 @@ def test_duplicated_counter_reports_batches_price_lists_and_totals_change_nothin
                 duplicates_batches.append(
                     (f"{client}/{batch_id}".encode(), dumps({"client": client, "batch_id": batch_id, "lines": batch}))
                 )
-                outcome = filter_batch(batch_id, batch, CATALOGUE_CENTS, HOURS, MAX_BATCH_ORDERS)
+                outcome = filter_batch(batch_id, batch, ORDERS, MAX_BATCH_ORDERS)
                 report = {"kind": "filtered", "client": client, "batch_id": batch_id, "forwarded": len(outcome.forwarded)}
                 duplicates_reports.append((client.encode(), dumps(report)))
                 for out_id, orders in outcome.forwarded:
-                    forwarded = {"kind": "batch", "client": client, "batch_id": out_id, "orders": [order.to_dict() for order in orders]}
+                    forwarded = {"kind": "batch", "client": client, "batch_id": out_id, "records": orders}
                     duplicates_batches.append((client.encode(), dumps(forwarded)))
-        # Reports, forwarded batches and price lists injected *before* the real ones, then the input batches again.
-        await produce(pipeline.bootstrap, pipeline.topic(TOPIC_JOIN), duplicates_prices)
+        # Reports, forwarded batches and side data injected *before* the real ones, then the input batches again.
+        await produce(pipeline.bootstrap, pipeline.topic(TOPIC_JOIN), duplicates_side)
         await produce(pipeline.bootstrap, pipeline.topic(TOPIC_COUNTER), duplicates_reports)
         await produce(
             pipeline.bootstrap, pipeline.topic(TOPIC_AGGREGATE), [record for record in duplicates_batches if b"/" not in record[0]]
@@ -347,3 +338,24 @@ def test_sigkill_of_controller_joiner_and_a_filter_mid_run_keeps_every_report_ex
     before = sum(1 for record in records if record.timestamp < killed)
     assert before < len(clients), "every report was out before the kill: it hit no work in flight"
     assert_cleaned_up(pipeline)
+
+
+def test_a_job_of_one_s_own_runs_through_the_same_stages_and_a_failing_merge_fails_its_client_alone(pipeline: Pipeline) -> None:
+    """WEIR_EOF_JOB names another job (words counted per client, tests/integration/eof_jobs.py): exact reports, one
+    client's poison record fails that client's report (``failed``, with the error) while the others complete, and
+    every stage is cleaned up."""
+    rng = random.Random(5)
+    clients: dict[str, list[Any]] = {f"reader-{n}": word_lines(rng, 40 + 13 * n) for n in range(4)}
+    clients["reader-poisoned"] = [*word_lines(rng, 20), "poison", *word_lines(rng, 20)]
+    side = {"reader-1": 3}  # this client's report keeps the words said at least 3 times
+    start_eof_workers(pipeline, WEIR_EOF_JOB="tests.integration.eof_jobs:WORDS", WEIR_EOF_IDLE_TIMEOUT_MS=30_000)
+    reports = asyncio.run(run_all(pipeline, clients, side=side))
+    poisoned = reports.pop("reader-poisoned")
+    assert poisoned["status"] == "failed"
+    assert "merge of batch" in poisoned["error"]
+    assert "ValueError: poison in the merge" in poisoned["error"]
+    healthy = {client: lines for client, lines in clients.items() if client != "reader-poisoned"}
+    assert_reports_exact(reports, healthy, side, job=WORDS)
+    assert all(report["status"] == "complete" and report["words"] for report in reports.values())
+    assert min(reports["reader-1"]["words"].values()) >= 3
+    assert_every_stage_held_and_dropped(pipeline, list(clients), timeout_s=15.0)

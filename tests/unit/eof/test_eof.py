@@ -1,23 +1,28 @@
-"""Unit and property tests for the end-of-stream core in ``tables/eof.py`` (fake clock, no Kafka)."""
+"""Unit and property tests for the end-of-stream core in ``tables/eof.py`` and the demo's job (fake clock, no Kafka)."""
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app import demo_eof
+from app.catalogue import CATALOGUE_CENTS
+from app.demo_eof import OpeningHours, parse_order, parse_prices
 from tables.eof import (
     CLIENT_STATE_STAGES,
     ClientJoin,
     ClientTotals,
     ControllerState,
+    Dropped,
     Emit,
     EofConfig,
-    OpeningHours,
-    Order,
+    EofJob,
     Totals,
     filter_batch,
     on_aggregator_tick,
@@ -28,12 +33,10 @@ from tables.eof import (
     on_finish,
     on_join_cleanup,
     on_joiner_tick,
-    on_prices,
     on_report,
     on_sent,
+    on_side,
     on_totals,
-    parse_order,
-    parse_prices,
     reference_report,
 )
 
@@ -41,6 +44,35 @@ PROPERTY = settings(max_examples=200, deadline=None, database=None, suppress_hea
 CATALOGUE = {"vanilla": 250, "chocolate": 275, "lemon": 230}
 HOURS = OpeningHours("10:00", "22:00")
 CONFIG = EofConfig(idle_timeout_ms=60_000, closed_retention_ms=10_000)
+#: The demo's job with this file's catalogue (the filter's side of it; the join prices with the client's list).
+JOB = EofJob("orders", lambda line: parse_order(line, CATALOGUE, HOURS), demo_eof.zero, demo_eof.merge, demo_eof.join)
+
+
+def _count_words(totals: dict[str, int], record: str) -> dict[str, int]:
+    for word in record.split():
+        totals[word] = totals.get(word, 0) + 1
+    return totals
+
+
+def _keep_text(record: object) -> str:
+    if not isinstance(record, str) or not record.strip():
+        raise Dropped("not a line of text")
+    return record.lower()
+
+
+#: Another job: words counted per client, the report the words said at least ``side`` times (a number; None: 1).
+WORDS = EofJob(
+    "words",
+    select=_keep_text,
+    zero=dict,
+    merge=_count_words,
+    join=lambda client, totals, side: {"words": {word: n for word, n in sorted(totals.items()) if n >= (side or 1)}},
+)
+
+
+def order(order_id: str, *items: tuple[str, int], time: str = "12:00") -> dict[str, object]:
+    """An order as the demo's filter forwards it."""
+    return {"order_id": order_id, "time": time, "items": [[flavour, scoops] for flavour, scoops in items]}
 
 
 def order_line(order_id: str, *, time: str = "12:30", flavour: str = "vanilla", scoops: int = 2) -> str:
@@ -48,7 +80,7 @@ def order_line(order_id: str, *, time: str = "12:30", flavour: str = "vanilla", 
 
 
 def test_parse_order_names_each_reason_to_drop() -> None:
-    assert parse_order(order_line("o1"), CATALOGUE, HOURS) == (Order("o1", "12:30", (("vanilla", 2),)), None)
+    assert parse_order(order_line("o1"), CATALOGUE, HOURS) == order("o1", ("vanilla", 2), time="12:30")
     cases = {
         "{not json": "broken line",
         "[1]": "must be a JSON object",
@@ -61,21 +93,30 @@ def test_parse_order_names_each_reason_to_drop() -> None:
         json.dumps({"order_id": "o8", "time": "12:00", "items": []}): "'items' must be a non-empty list",
     }
     for line, reason in cases.items():
-        order, why = parse_order(line, CATALOGUE, HOURS)
-        assert order is None
-        assert why is not None
-        assert reason in why, (line, why)
+        with pytest.raises(Dropped) as dropped:
+            parse_order(line, CATALOGUE, HOURS)
+        assert reason in str(dropped.value), (line, dropped.value)
+    with pytest.raises(Dropped, match="must be a string"):
+        parse_order(["not", "a", "line"], CATALOGUE, HOURS)
 
 
 def test_filter_forwards_drops_or_splits_with_deterministic_ids() -> None:
     lines = [order_line(f"o{n}") for n in range(5)] + ["broken"]
-    kept = filter_batch(7, lines, CATALOGUE, HOURS, max_batch_orders=2)
+    kept = filter_batch(7, lines, JOB, max_batch_records=2)
     assert [batch_id for batch_id, _ in kept.forwarded] == ["7.0", "7.1", "7.2"]
     assert [len(orders) for _, orders in kept.forwarded] == [2, 2, 1]
     assert kept.dropped == [(5, kept.dropped[0][1])]
     assert "broken line" in kept.dropped[0][1]
-    assert filter_batch(7, lines, CATALOGUE, HOURS, max_batch_orders=2) == kept
-    assert filter_batch(8, ["broken"], CATALOGUE, HOURS, max_batch_orders=2).forwarded == []
+    assert filter_batch(7, lines, JOB, max_batch_records=2) == kept
+    assert filter_batch(8, ["broken"], JOB, max_batch_records=2).forwarded == []
+
+
+def test_a_select_that_fails_otherwise_than_by_value_error_is_the_batch_s_error_not_a_drop() -> None:
+    def select(record: object) -> object:
+        raise KeyError("a bug in the job")
+
+    with pytest.raises(KeyError):
+        filter_batch(0, ["x"], EofJob("bug", select, dict, _count_words, lambda c, t, s: {}), max_batch_records=2)
 
 
 def test_controller_finishes_once_when_every_batch_is_reported() -> None:
@@ -106,9 +147,10 @@ def test_controller_rejects_contradictions() -> None:
 def test_empty_client_finishes_with_zero_batches_and_gets_an_empty_report() -> None:
     finish = on_sent(None, "c", 0, now_ms=0).emits
     assert finish == [Emit("aggregate", {"kind": "finish", "client": "c", "expected": 0, "batches_sent": 0})]
-    flushed = on_finish(None, "c", 0, now_ms=1)
-    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 0, "orders": 0, "scoops": {}})]
-    joined = on_totals(on_prices(None, "c", CATALOGUE, now_ms=2).state, "c", Totals(0, 0, {}), now_ms=3)
+    flushed = on_finish(None, "c", 0, now_ms=1, job=JOB)
+    totals = {"orders": 0, "scoops": {}}
+    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 0, "records": 0, "totals": totals, "error": None})]
+    joined = on_totals(on_side(None, "c", CATALOGUE, now_ms=2, job=JOB).state, "c", Totals(0, 0, totals), now_ms=3, job=JOB)
     assert joined.emits[0].value == {
         "client": "c",
         "status": "complete",
@@ -146,28 +188,76 @@ def test_idle_client_is_reported_abandoned_and_cleaned_up() -> None:
 
 
 def test_aggregator_groups_by_flavour_counts_batches_by_id_and_rejects_one_too_many() -> None:
-    order = Order("o", "12:00", (("lemon", 3), ("mint", 1)))
-    state = on_batch(None, "c", "0.0", [order, Order("p", "12:01", (("lemon", 2),))], now_ms=0).state
-    assert on_batch(state, "c", "0.0", [order], now_ms=1).state == state
-    flushed = on_finish(state, "c", 1, now_ms=2)
-    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 1, "orders": 2, "scoops": {"lemon": 5, "mint": 1}})]
-    assert "then batch '1.0' arrived" in (on_batch(flushed.state, "c", "1.0", [], now_ms=3).rejected or "")
-    told = on_finish(None, "d", 1, now_ms=0).state
-    assert "now 2" in (on_finish(told, "d", 2, now_ms=1).rejected or "")
+    first = order("o", ("lemon", 3), ("mint", 1))
+    state = on_batch(None, "c", "0.0", [first, order("p", ("lemon", 2))], now_ms=0, job=JOB).state
+    assert on_batch(state, "c", "0.0", [first], now_ms=1, job=JOB).state == state
+    flushed = on_finish(state, "c", 1, now_ms=2, job=JOB)
+    totals = {"orders": 2, "scoops": {"lemon": 5, "mint": 1}}
+    assert flushed.emits == [Emit("join", {"kind": "totals", "client": "c", "batches": 1, "records": 2, "totals": totals, "error": None})]
+    assert "then batch '1.0' arrived" in (on_batch(flushed.state, "c", "1.0", [], now_ms=3, job=JOB).rejected or "")
+    told = on_finish(None, "d", 1, now_ms=0, job=JOB).state
+    assert "now 2" in (on_finish(told, "d", 2, now_ms=1, job=JOB).rejected or "")
+    full = on_batch(told, "d", "0.0", [], now_ms=1, job=JOB).state
+    assert "is one more" in (on_batch(replace(full, flushed=False), "d", "1.0", [], now_ms=2, job=JOB).rejected or "")
+
+
+def test_a_merge_does_not_change_the_state_it_was_given() -> None:
+    state = on_batch(None, "c", "0.0", [order("o", ("lemon", 3))], now_ms=0, job=JOB).state
+    assert state is not None
+    before = state.to_dict()
+    on_batch(state, "c", "1.0", [order("p", ("lemon", 2))], now_ms=1, job=JOB)
+    assert state.to_dict() == before
+
+
+def test_a_merge_that_raises_still_counts_its_batch_and_the_client_gets_a_failed_report() -> None:
+    def merge(totals: dict[str, int], record: str) -> dict[str, int]:
+        if record == "boom":
+            raise ZeroDivisionError("the job's bug")
+        return _count_words(totals, record)
+
+    job = EofJob("fragile", _keep_text, dict, merge, WORDS.join)
+    state = on_batch(None, "c", "0.0", ["a b"], now_ms=0, job=job).state
+    failed = on_batch(state, "c", "1.0", ["c", "boom"], now_ms=1, job=job).state
+    assert failed is not None
+    assert (len(failed.seen), failed.records, failed.totals) == (2, 1, {"a": 1, "b": 1}), "the failed batch merged nothing"
+    assert failed.error == "merge of batch '1.0' failed: ZeroDivisionError: the job's bug"
+    later = on_batch(failed, "c", "2.0", ["d"], now_ms=2, job=job).state  # counted, not merged
+    flushed = on_finish(later, "c", 3, now_ms=3, job=job)
+    [emit] = flushed.emits
+    assert emit.value["error"] == failed.error
+    report = on_totals(on_side(None, "c", None, now_ms=4, job=job).state, "c", Totals.from_dict(emit.value), now_ms=5, job=job)
+    assert report.emits == [Emit("reports", {"client": "c", "status": "failed", "batches": 3, "error": failed.error})]
+
+
+def test_a_join_that_raises_or_returns_no_object_gives_a_failed_report() -> None:
+    totals = Totals(1, 1, {"orders": 1, "scoops": {"lemon": 1}})
+    [bad_side] = on_totals(on_side(None, "c", ["not", "prices"], now_ms=0, job=JOB).state, "c", totals, now_ms=1, job=JOB).emits
+    assert bad_side.value["status"] == "failed"
+    assert bad_side.value["error"].startswith("join failed: ValueError: the side data of client 'c' must be a price list")
+    job = EofJob("odd", _keep_text, dict, _count_words, lambda client, totals, side: ["a list"])
+    [odd] = on_totals(on_side(None, "c", None, now_ms=0, job=job).state, "c", Totals(1, 1, {}), now_ms=1, job=job).emits
+    error = "join failed: TypeError: join must return a mapping (the report's fields), got list"
+    assert odd.value == {"client": "c", "status": "failed", "batches": 1, "error": error}
+
+
+def test_the_job_s_report_fields_never_replace_the_protocol_s() -> None:
+    job = EofJob("liar", _keep_text, dict, _count_words, lambda client, totals, side: {"client": "other", "status": "fine", "n": 1})
+    [emit] = on_totals(on_side(None, "c", None, now_ms=0, job=job).state, "c", Totals(2, 1, {}), now_ms=1, job=job).emits
+    assert emit.value == {"client": "c", "status": "complete", "batches": 2, "n": 1}
 
 
 def test_aggregator_cleanup_leaves_a_tombstone_that_expires() -> None:
-    state = on_batch(None, "c", "0.0", [], now_ms=0).state
+    state = on_batch(None, "c", "0.0", [], now_ms=0, job=JOB).state
     closed = on_cleanup(state, "c", now_ms=50).state
     assert closed is not None
     assert closed.seen == frozenset()
     assert closed.closed_ms == 50
-    assert on_batch(closed, "c", "3.0", [], now_ms=60).state == closed
+    assert on_batch(closed, "c", "3.0", [], now_ms=60, job=JOB).state == closed
     assert on_aggregator_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms).state is None
 
 
 def test_joiner_joins_totals_with_the_clients_prices_once_whichever_comes_first() -> None:
-    totals = Totals(batches=2, orders=3, scoops={"lemon": 3, "durian": 1})
+    totals = Totals(batches=2, records=3, totals={"orders": 3, "scoops": {"lemon": 3, "durian": 1}})
     prices = {"lemon": 100, "vanilla": 7}
     expected = {
         "client": "c",
@@ -178,29 +268,38 @@ def test_joiner_joins_totals_with_the_clients_prices_once_whichever_comes_first(
         "revenue_cents": 300,
         "unpriced": ["durian"],
     }
-    first = on_totals(None, "c", totals, now_ms=0)
+    first = on_totals(None, "c", totals, now_ms=0, job=JOB)
     assert first.emits == []
-    joined = on_prices(first.state, "c", prices, now_ms=1)
+    joined = on_side(first.state, "c", prices, now_ms=1, job=JOB)
     assert joined.emits == [Emit("reports", expected)]
-    other_way = on_totals(on_prices(None, "c", prices, now_ms=0).state, "c", totals, now_ms=1)
+    other_way = on_totals(on_side(None, "c", prices, now_ms=0, job=JOB).state, "c", totals, now_ms=1, job=JOB)
     assert other_way.emits == joined.emits
     assert other_way.state == joined.state
-    assert on_totals(joined.state, "c", totals, now_ms=2).emits == []  # redelivered: nothing again
-    assert on_prices(joined.state, "c", prices, now_ms=2).emits == []
-    assert "a different one" in (on_prices(joined.state, "c", {"lemon": 1}, now_ms=2).rejected or "")
-    assert "then totals of 9" in (on_totals(joined.state, "c", Totals(9, 3, {}), now_ms=2).rejected or "")
+    assert on_totals(joined.state, "c", totals, now_ms=2, job=JOB).emits == []  # redelivered: nothing again
+    assert on_side(joined.state, "c", prices, now_ms=2, job=JOB).emits == []
+    assert "different data" in (on_side(joined.state, "c", {"lemon": 1}, now_ms=2, job=JOB).rejected or "")
+    assert "then totals of 9" in (on_totals(joined.state, "c", Totals(9, 3, {}), now_ms=2, job=JOB).rejected or "")
+
+
+def test_no_side_data_is_side_data_too_the_demo_prices_with_the_catalogue() -> None:
+    totals = Totals(1, 1, {"orders": 1, "scoops": {"mint": 2}})
+    waiting = on_totals(None, "c", totals, now_ms=0, job=JOB)
+    assert waiting.emits == [], "the joiner waits for the gateway's side data, even when it is None"
+    [report] = on_side(waiting.state, "c", None, now_ms=1, job=JOB).emits
+    assert report.value["revenue_cents"] == 2 * CATALOGUE_CENTS["mint"]
 
 
 def test_joiner_cleanup_leaves_a_tombstone_that_absorbs_late_messages_and_expires() -> None:
-    state = on_prices(None, "c", CATALOGUE, now_ms=0).state
+    state = on_side(None, "c", CATALOGUE, now_ms=0, job=JOB).state
     closed = on_join_cleanup(state, "c", now_ms=50).state
     assert closed == ClientJoin("c", 50, closed_ms=50)
-    assert on_totals(closed, "c", Totals(1, 1, {"lemon": 1}), now_ms=60) == on_totals(closed, "c", Totals(1, 1, {}), now_ms=60)
-    assert on_totals(closed, "c", Totals(1, 1, {"lemon": 1}), now_ms=60).state == closed
-    assert on_prices(closed, "c", CATALOGUE, now_ms=60).state == closed
+    late = Totals(1, 1, {"orders": 1, "scoops": {"lemon": 1}})
+    assert on_totals(closed, "c", late, now_ms=60, job=JOB) == on_totals(closed, "c", Totals(1, 1, {}), now_ms=60, job=JOB)
+    assert on_totals(closed, "c", late, now_ms=60, job=JOB).state == closed
+    assert on_side(closed, "c", CATALOGUE, now_ms=60, job=JOB).state == closed
     assert on_joiner_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms - 1).state == closed
     assert on_joiner_tick(closed, CONFIG, now_ms=50 + CONFIG.closed_retention_ms).state is None
-    stray = on_prices(None, "s", CATALOGUE, now_ms=0).state
+    stray = on_side(None, "s", CATALOGUE, now_ms=0, job=JOB).state
     assert stray is not None
     assert on_joiner_tick(stray, CONFIG, now_ms=stray.deadline_ms(CONFIG)).state is None
 
@@ -214,10 +313,12 @@ def test_parse_prices_accepts_only_non_negative_integer_cents() -> None:
 def test_states_round_trip_through_json() -> None:
     controller = ControllerState("c", 5, sent_total=3, reported={0: 1, 2: 0}, finish_sent=True)
     assert ControllerState.from_dict(json.loads(json.dumps(controller.to_dict()))) == controller
-    totals = ClientTotals("c", 5, seen=frozenset({"0.0", "1.1"}), orders=3, scoops={"mint": 2}, expected=4)
+    totals = ClientTotals("c", 5, seen=frozenset({"0.0", "1.1"}), records=3, totals={"scoops": {"mint": 2}}, expected=4, error="x")
     assert ClientTotals.from_dict(json.loads(json.dumps(totals.to_dict()))) == totals
-    join = ClientJoin("c", 5, prices={"mint": 2}, totals=Totals(2, 3, {"mint": 4}), reported=True)
+    join = ClientJoin("c", 5, has_side=True, side={"mint": 2}, totals=Totals(2, 3, {"mint": 4}), reported=True)
     assert ClientJoin.from_dict(json.loads(json.dumps(join.to_dict()))) == join
+    no_side = ClientJoin("c", 5, has_side=True, side=None, totals=Totals(2, 3, [1, "a"], error="merge failed"))
+    assert ClientJoin.from_dict(json.loads(json.dumps(no_side.to_dict()))) == no_side
 
 
 clients = st.lists(
@@ -243,10 +344,7 @@ prices_lists = st.dictionaries(st.sampled_from(sorted(CATALOGUE)), st.integers(m
 def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_the_cleanup_empties_every_stage(
     batches: list[tuple[int, float]], seed: int, max_batch_orders: int, prices: dict[str, int]
 ) -> None:
-    """The protocol end to end through every stage (controller, group-by/aggregate, joiner): shuffled, duplicated
-    reports, batches, totals and price lists give exactly one report, equal to the reference; then the cleanup
-    broadcast, duplicated and mixed with late messages, leaves every stage's key a tombstone, and the retention
-    none at all."""
+    """The demo's job end to end through every stage (see :func:`_run_protocol`)."""
     rng = random.Random(seed)
     flavours = sorted(CATALOGUE)
     input_batches: list[list[str]] = []
@@ -259,11 +357,30 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_
             else:
                 lines.append(order_line(order_id, flavour=rng.choice(flavours), scoops=rng.randint(1, 4)))
         input_batches.append(lines)
+    _run_protocol(JOB, input_batches, prices, rng, max_batch_orders)
 
+
+@PROPERTY
+@given(
+    batches=st.lists(st.lists(st.one_of(st.text(alphabet="ab ", max_size=6), st.integers()), max_size=6), max_size=8),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    max_batch_records=st.integers(min_value=1, max_value=3),
+    least=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
+)
+def test_another_job_gets_the_same_guarantees(batches: list[list[object]], seed: int, max_batch_records: int, least: int | None) -> None:
+    """A job of words and numbers (numbers and blank lines dropped) through the same protocol: one exact report."""
+    _run_protocol(WORDS, batches, least, random.Random(seed), max_batch_records)
+
+
+def _run_protocol(job: EofJob, input_batches: list[list[Any]], side: Any, rng: random.Random, max_batch: int) -> None:
+    """The protocol end to end through every stage (controller, group-by/aggregate, joiner): shuffled, duplicated
+    reports, batches, totals and side data give exactly one report, equal to the reference; then the cleanup
+    broadcast, duplicated and mixed with late messages, leaves every stage's key a tombstone, and the retention
+    none at all."""
     controller_inbox: list[tuple[str, Any]] = [("sent", len(input_batches))]
     aggregator_inbox: list[tuple[str, Any]] = []
     for batch_id, lines in enumerate(input_batches):
-        outcome = filter_batch(batch_id, lines, CATALOGUE, HOURS, max_batch_orders)
+        outcome = filter_batch(batch_id, lines, job, max_batch)
         controller_inbox.append(("report", (batch_id, len(outcome.forwarded))))
         aggregator_inbox.extend(("batch", forwarded) for forwarded in outcome.forwarded)
     controller_inbox += rng.sample(controller_inbox, k=len(controller_inbox) // 2)  # redeliveries
@@ -282,10 +399,10 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_
     rng.shuffle(aggregator_inbox)
 
     totals: ClientTotals | None = None
-    joiner_inbox: list[tuple[str, Any]] = [("prices", prices), ("prices", prices)]  # the gateway's, sent twice
+    joiner_inbox: list[tuple[str, Any]] = [("side", side), ("side", side)]  # the gateway's, sent twice
     for kind, payload in aggregator_inbox:
         now += 1
-        step = on_finish(totals, "c", payload, now) if kind == "finish" else on_batch(totals, "c", payload[0], payload[1], now)
+        step = on_finish(totals, "c", payload, now, job) if kind == "finish" else on_batch(totals, "c", *payload, now, job)
         assert step.rejected is None
         totals = step.state
         for emit in step.emits:
@@ -298,17 +415,18 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_
     reports: list[dict[str, Any]] = []
     for kind, payload in joiner_inbox:
         now += 1
-        joined = on_prices(join, "c", payload, now) if kind == "prices" else on_totals(join, "c", payload, now)
+        joined = on_side(join, "c", payload, now, job) if kind == "side" else on_totals(join, "c", payload, now, job)
         assert joined.rejected is None
         join = joined.state
         reports.extend(emit.value for emit in joined.emits if emit.to == "reports")
 
-    lines = [line for lines in input_batches for line in lines]
-    expected = reference_report("c", lines, CATALOGUE, HOURS, prices=prices)
+    records = [record for batch in input_batches for record in batch]
+    expected = reference_report("c", records, job, side)
     assert len(reports) == 1
     report = dict(reports[0])
     assert report.pop("batches") == len({forwarded[0] for kind, forwarded in aggregator_inbox if kind == "batch"})
     assert report == expected
+    assert report["status"] == "complete"
 
     # The gateway says "delivered" (twice): the controller broadcasts one cleanup per stage with per-client state.
     delivered = on_delivered(controller, "c", now)
@@ -326,17 +444,17 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_
         if kind == "cleanup":
             totals = on_cleanup(totals, "c", now).state
         elif kind == "finish":
-            totals = on_finish(totals, "c", payload, now).state
+            totals = on_finish(totals, "c", payload, now, job).state
         else:
-            totals = on_batch(totals, "c", payload[0], payload[1], now).state
+            totals = on_batch(totals, "c", payload[0], payload[1], now, job).state
     for kind, payload in late_for_joiner:
         now += 1
         if kind == "cleanup":
             step_join = on_join_cleanup(join, "c", now)
-        elif kind == "prices":
-            step_join = on_prices(join, "c", payload, now)
+        elif kind == "side":
+            step_join = on_side(join, "c", payload, now, job)
         else:
-            step_join = on_totals(join, "c", payload, now)
+            step_join = on_totals(join, "c", payload, now, job)
         assert not [emit for emit in step_join.emits if emit.to == "reports"], "a second report"
         join = step_join.state
     assert controller is not None
@@ -345,9 +463,9 @@ def test_any_order_and_duplication_gives_the_sequential_report_exactly_once_and_
     assert controller.reported == {}
     assert controller.closed_ms is not None
     assert totals.closed_ms is not None
-    assert totals == ClientTotals("c", totals.last_activity_ms, closed_ms=totals.closed_ms)  # no batch, no scoops left
+    assert totals == ClientTotals("c", totals.last_activity_ms, closed_ms=totals.closed_ms)  # no batch, no totals left
     assert join.closed_ms is not None
-    assert join == ClientJoin("c", join.last_activity_ms, closed_ms=join.closed_ms)  # no prices, no totals left
+    assert join == ClientJoin("c", join.last_activity_ms, closed_ms=join.closed_ms)  # no side data, no totals left
     later = now + CONFIG.closed_retention_ms + 10
     assert on_controller_tick(controller, CONFIG, later).state is None
     assert on_aggregator_tick(totals, CONFIG, later).state is None

@@ -224,13 +224,13 @@ def test_trigger_and_eof_summaries() -> None:
     controller = ControllerState(client=XSS, last_activity_ms=NOW, sent_total=4, reported={1: 1, 2: 2})
     summary = web.summarize_value("eof_counters", controller.to_dict(), NOW)
     assert (summary["batches_sent"], summary["batches_reported"], summary["batches_forwarded"]) == (4, 2, 3)
-    totals = ClientTotals(client="c", last_activity_ms=NOW, seen=frozenset({"1", "2"}), orders=7, scoops={"vanilla": 3}, expected=3)
+    totals = ClientTotals(client="c", last_activity_ms=NOW, seen=frozenset({"1", "2"}), records=7, totals={"n": 7}, expected=3)
     assert web.summarize_value("eof_totals", totals.to_dict(), NOW) == {
         "batches_merged": 2,
         "batches_expected": 3,
-        "orders": 7,
-        "scoops": 3,
+        "records": 7,
         "flushed": False,
+        "error": None,
         "closed": False,
     }
 
