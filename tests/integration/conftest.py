@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import sys
@@ -20,11 +21,31 @@ from app.kafka_io import delete_topics
 from app.processes import WorkerProcess
 from tests.conftest import ROOT
 
+#: Ports handed out by :func:`free_port` in this process (a worker may not have bound its port yet).
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port for a worker's web server, below the kernel's ephemeral range (32768-60999 on Linux).
+
+    A port the kernel picks for ``bind(0)`` is ephemeral: between this check and the worker's own bind, an
+    outgoing connection (any Kafka client's) may take it as its local port, and the worker then fails to
+    start ("address already in use"; it happened once). Ports below that range are never given to outgoing
+    connections.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20_000, 32_000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass
