@@ -69,6 +69,10 @@ __all__ = [
     "describe",
     "is_count",
     "reference_report",
+    "count_runs",
+    "counts_of_runs",
+    "id_runs",
+    "ids_of_runs",
 ]
 
 #: gateway -> filters, keyed ``<client>/<batch id>``: ``{"client", "batch_id", "lines"}``
@@ -154,6 +158,62 @@ def filter_batch(batch_id: int, records: list[Any], job: EofJob, max_batch_recor
     return FilterOutcome([(f"{batch_id}.{number}", chunk) for number, chunk in enumerate(chunks)], dropped)
 
 
+# ------------------------------------------------------------------------------------ stored id sets
+
+# A client's batch ids are stored as runs, not one by one: a client of N batches would otherwise write a value
+# that grows with N at every batch, its changelog's bytes with N squared. Batches mostly come in order, so a
+# client's ids are a few runs whatever N is.
+
+
+def count_runs(counts: Mapping[int, int]) -> list[list[int]]:
+    """``{batch: count}`` as runs ``[first, end, count]``: batches first..end-1 each with that count."""
+    runs: list[list[int]] = []
+    for batch in sorted(counts):
+        count = counts[batch]
+        if runs and runs[-1][1] == batch and runs[-1][2] == count:
+            runs[-1][1] = batch + 1
+        else:
+            runs.append([batch, batch + 1, count])
+    return runs
+
+
+def counts_of_runs(raw: Any) -> dict[int, int]:
+    """The counts of :func:`count_runs` (or of the older ``{"batch": count}`` form)."""
+    if isinstance(raw, Mapping):
+        return {int(batch): int(count) for batch, count in raw.items()}
+    return {batch: int(count) for first, end, count in raw for batch in range(int(first), int(end))}
+
+
+def id_runs(ids: Iterable[str]) -> dict[str, Any]:
+    """Forwarded batch ids ``<batch>.<k>`` as runs of batches per ``k`` (``{"<k>": [[first, end], ...]}``); an id
+    of another form is kept as it is, under ``"other"``."""
+    by_part: dict[int, list[int]] = {}
+    other: list[str] = []
+    for batch_id in ids:
+        batch, dot, part = batch_id.partition(".")
+        if dot and batch.isdigit() and part.isdigit() and str(int(batch)) == batch and str(int(part)) == part:
+            by_part.setdefault(int(part), []).append(int(batch))
+        else:
+            other.append(batch_id)
+    stored: dict[str, Any] = {
+        str(part): [run[:2] for run in count_runs(dict.fromkeys(batches, 0))] for part, batches in sorted(by_part.items())
+    }
+    if other:
+        stored["other"] = sorted(other)
+    return stored
+
+
+def ids_of_runs(raw: Any) -> frozenset[str]:
+    """The ids of :func:`id_runs` (or of the older list of ids)."""
+    if not isinstance(raw, Mapping):
+        return frozenset(str(batch_id) for batch_id in raw)
+    ids = {str(batch_id) for batch_id in raw.get("other", ())}
+    for part, runs in raw.items():
+        if part != "other":
+            ids.update(f"{batch}.{part}" for first, end in runs for batch in range(int(first), int(end)))
+    return frozenset(ids)
+
+
 # ----------------------------------------------------------------------------------------- controller
 
 
@@ -201,7 +261,7 @@ class ControllerState:
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
             "sent_total": self.sent_total,
-            "reported": {str(batch): count for batch, count in self.reported.items()},
+            "reported": count_runs(self.reported),
             "finish_sent": self.finish_sent,
             "closed_ms": self.closed_ms,
             "outcome": self.outcome,
@@ -213,7 +273,7 @@ class ControllerState:
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
             sent_total=raw.get("sent_total"),
-            reported={int(batch): int(count) for batch, count in (raw.get("reported") or {}).items()},
+            reported=counts_of_runs(raw.get("reported") or ()),
             finish_sent=bool(raw.get("finish_sent")),
             closed_ms=raw.get("closed_ms"),
             outcome=raw.get("outcome"),
@@ -338,7 +398,7 @@ class ClientTotals:
         return {
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
-            "seen": sorted(self.seen),
+            "seen": id_runs(self.seen),
             "records": self.records,
             "totals": self.totals,
             "expected": self.expected,
@@ -352,7 +412,7 @@ class ClientTotals:
         return cls(
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
-            seen=frozenset(raw.get("seen") or ()),
+            seen=ids_of_runs(raw.get("seen") or ()),
             records=int(raw.get("records") or 0),
             totals=raw.get("totals"),
             expected=raw.get("expected"),
