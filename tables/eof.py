@@ -24,7 +24,7 @@ delete the key) and the messages to send.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,6 +121,11 @@ class EofJob:
 
     Each step runs again when its input is redelivered: deterministic, no side effects. A ``merge`` or
     ``join`` that raises does not lose the client: its report comes, with status ``failed`` and the error.
+
+    ``cleanups(client)``: stages of one's own that keep a client's state under keys of their own, as
+    ``(topic name, key)`` pairs (each topic named in ``cleanup_topics``, without the deployment's prefix); the
+    controller's cleanup broadcast sends each one ``{"kind": "cleanup", "client"}``, besides the pipeline's
+    own stages (:data:`CLIENT_STATE_STAGES`).
     """
 
     name: str
@@ -128,6 +133,8 @@ class EofJob:
     zero: Callable[[], Any]
     merge: Callable[[Any, Any], Any]
     join: Callable[[str, Any, Any], Mapping[str, Any]]
+    cleanup_topics: tuple[str, ...] = ()
+    cleanups: Callable[[str], Sequence[tuple[str, str]]] | None = None
 
 
 # --------------------------------------------------------------------------------------------- filter
@@ -227,10 +234,12 @@ class EofConfig:
 
 @dataclass(frozen=True)
 class Emit:
-    """A message to send: ``to`` is "aggregate", "join" or "reports" (keyed by the client)."""
+    """A message to send: ``to`` is "aggregate", "join" or "reports" (keyed by the client), or a topic of the job's
+    ``cleanup_topics`` (keyed by ``key``)."""
 
     to: str
     value: dict[str, Any]
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -338,25 +347,29 @@ def _close(state: ControllerState, now_ms: int, outcome: str) -> ControllerState
     return ControllerState(client=state.client, last_activity_ms=now_ms, closed_ms=now_ms, outcome=outcome)
 
 
-def cleanup_emits(client: str) -> list[Emit]:
-    """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client."""
-    return [Emit(stage, {"kind": "cleanup", "client": client}) for stage in CLIENT_STATE_STAGES]
+def cleanup_emits(client: str, job: EofJob | None = None) -> list[Emit]:
+    """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client, the job's own included."""
+    cleanup = {"kind": "cleanup", "client": client}
+    emits = [Emit(stage, cleanup) for stage in CLIENT_STATE_STAGES]
+    if job is not None and job.cleanups is not None:
+        emits += [Emit(topic, cleanup, key=key) for topic, key in job.cleanups(client)]
+    return emits
 
 
-def on_delivered(previous: ControllerState | None, client: str, now_ms: int) -> ControllerTransition:
+def on_delivered(previous: ControllerState | None, client: str, now_ms: int, job: EofJob | None = None) -> ControllerTransition:
     """The gateway holds the client's report: every stage drops the client's keys."""
     if previous is None or previous.closed_ms is not None:
         return ControllerTransition(previous)
-    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), cleanup_emits(client))
+    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), cleanup_emits(client, job))
 
 
-def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -> ControllerTransition:
+def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int, job: EofJob | None = None) -> ControllerTransition:
     """Drop an expired tombstone; report an idle client abandoned and clean it up."""
     if now_ms < state.deadline_ms(config):
         return ControllerTransition(state)
     if state.closed_ms is not None:
         return ControllerTransition(None)
-    emits = cleanup_emits(state.client)
+    emits = cleanup_emits(state.client, job)
     if not state.finish_sent:
         report = {
             "client": state.client,
