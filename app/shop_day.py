@@ -10,7 +10,9 @@ day's totals (:func:`tables.shop.day_merge`) and flushes them to the joiner, whi
 list into the report (:func:`tables.shop.day_report`). The screen says "delivered", and the cleanup broadcast
 reaches the aggregate and join stages and every shard of the day's order ids (agents/shop_claims.py).
 
-The shop's workers run the end-of-stream agents with ``WEIR_EOF_JOB=app.shop_day:DAY``.
+The shop's workers run the end-of-stream agents with ``WEIR_EOF_JOB=app.shop_day:DAY``. A day with no line
+decided for ``WEIR_EOF_IDLE_TIMEOUT_MS`` (5 min) is reported ``abandoned``: keep it above an order's longest wait,
+twice ``WEIR_SHOP_DISPATCH_TIMEOUT_MS`` (two barriers; 30 s each by default).
 """
 
 from __future__ import annotations

@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  topics {pipeline.prefix}*, worker logs in {tmp}")
     env = {
         "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
+        "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,  # a screen's day outlasts an order's longest wait (two barriers)
         "WEIR_GUARANTEE": arguments.guarantee,
         "WEIR_STATIC_MEMBERSHIP": int(arguments.static_membership),
     }

@@ -196,7 +196,12 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
     orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "90")) // 3
     screens = make_screens(orders, seed=8)
     # No order may time out at the barrier while a rebalance holds its partition: the reports must equal the reference.
-    env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_STATIC_MEMBERSHIP": int(membership == "static")}
+    # The end of day's idle timeout outlasts an order's longest wait (two barriers' timeouts): a day is not abandoned.
+    env = {
+        "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
+        "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,
+        "WEIR_STATIC_MEMBERSHIP": int(membership == "static"),
+    }
     workers = start_shop(pipeline, **env)
     done = threading.Event()
     kills: list[str] = []
