@@ -56,12 +56,21 @@ def load_job(spec: str) -> EofJob:
 
 #: The job the filter, aggregator and joiner run (every worker of one deployment names the same one).
 JOB = load_job(settings.eof_job)
+#: Where the cores' messages go: the pipeline's stages, and the job's own stages that keep per-client state.
+_TARGETS: dict[str, faust.TopicT] = {
+    "aggregate": aggregate_topic,
+    "join": join_topic,
+    "reports": reports_topic,
+    **{name: _topic(name) for name in JOB.cleanup_topics},
+}
 
 
 def outputs(client: str, emits: list[Emit]) -> tuple[Output, ...]:
-    """The core's messages as the runtime's outputs, keyed by the client."""
-    targets = {"aggregate": aggregate_topic, "join": join_topic, "reports": reports_topic}
-    return tuple(Output(targets[message.to], client, message.value, what=f"the {message.to} message") for message in emits)
+    """The core's messages as the runtime's outputs, keyed by the client (a job's cleanup: by its own key)."""
+    return tuple(
+        Output(_TARGETS[message.to], client if message.key is None else message.key, message.value, what=f"the {message.to} message")
+        for message in emits
+    )
 
 
 class _ClientState(Protocol):

@@ -6,7 +6,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.eof_common import ClientStates, counter_topic
+from agents.eof_common import JOB, ClientStates, counter_topic
 from app.core import InvalidMessage, app, handle_events, now_ms
 from app.ticks import tick_every
 from tables.eof import ControllerState, on_controller_tick, on_delivered, on_report, on_sent
@@ -31,7 +31,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     now = now_ms()
     kind = message.get("kind")
     if kind == "tick":
-        await clients.tick(event, now, on_controller_tick)
+        await clients.tick(event, now, lambda state, config, at: on_controller_tick(state, config, at, JOB))
         return
     client = message.get("client")
     if not isinstance(client, str) or not client:
@@ -42,7 +42,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
     elif kind == "filtered":
         transition = on_report(previous, client, _count(message, "batch_id", client), _count(message, "forwarded", client), now)
     elif kind == "delivered":
-        transition = on_delivered(previous, client, now)
+        transition = on_delivered(previous, client, now, JOB)
     else:
         raise InvalidMessage(f"eof controller: 'kind' must be 'sent', 'filtered', 'delivered' or 'tick', got {kind!r:.60}")
     await clients.apply(event, client, previous, transition)

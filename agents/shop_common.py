@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import faust
 from faust.types import EventT
 
+from agents.eof_common import aggregate_topic, counter_topic
 from app.core import app, settings, topics
 from app.runtime.keyed import Output, Undeliverable, send_checked
-from tables.shop import SHOP_TOPICS, Send
+from tables.shop import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
 
 __all__ = ["shop_topics", "send_all", "outputs"]
 
@@ -20,11 +21,21 @@ def _topic(name: str) -> faust.TopicT:
 
 shop_topics: dict[str, faust.TopicT] = {name: _topic(name) for name in SHOP_TOPICS}
 topics.extra.extend(shop_topics.values())
+#: Every topic a core's message may go to: the shop's, and the end of day's (the end-of-stream pattern's).
+_TARGETS: dict[str, faust.TopicT] = {
+    **{name: topic for name, topic in shop_topics.items()},
+    DAY_AGGREGATE: aggregate_topic,
+    DAY_COUNTER: counter_topic,
+}
+_WHAT = {DAY_AGGREGATE: DAY_AGGREGATE, DAY_COUNTER: DAY_COUNTER}
 
 
 def outputs(sends: Sequence[Send]) -> tuple[Output, ...]:
     """The core's messages as the runtime's outputs."""
-    return tuple(Output(shop_topics[send.to], send.key, send.value, what=f"shop.{send.to}") for send in sends)
+    return tuple(
+        Output(_TARGETS[send.to], send.key, send.value, what=send.to if send.to in (DAY_AGGREGATE, DAY_COUNTER) else f"shop.{send.to}")
+        for send in sends
+    )
 
 
 async def send_all(event: EventT[bytes], sends: Sequence[Send], *, agent: str) -> list[Undeliverable]:

@@ -1,6 +1,6 @@
 """Shop orders: a screen's line is read as an order and sent to claim its order id on the screen's day.
 
-The claim (agents/shop_reports.py) sends the order on: a capture and an open at the dispatch barrier (the
+The claim (agents/shop_claims.py) sends the order on: a capture and an open at the dispatch barrier (the
 dispatch asks the kitchen once the capture succeeded); or answers the line ``duplicate`` when an earlier line of
 the screen took the id. The line's card is the reference the screen made of it (tables/shop_cards.py); a line
 written by something else may hold the number itself: it becomes a reference here, and every dead letter of this stage
@@ -99,7 +99,7 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
     # What the claim will send is measured here too (its deadline as large as any), so that an order that
     # cannot go on is answered invalid now, not left without an outcome after its id was taken.
     forward = order_sends(order, ticket, screen, line, deadline_ms=now_ms() + settings.shop_dispatch_timeout_ms)
-    sends = [Send("screens", claim_key(screen, order.order_id), claim), *forward]
+    sends = [Send("claims", claim_key(screen, order.order_id), claim), *forward]
     prepared = prepare_outputs(outputs(sends), record_limit())
     if prepared.undeliverable:
         # The order cannot go on as it is (its open, say, would not fit a record): nothing of it is sent, the

@@ -37,7 +37,7 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "shop_payments",
     "shop_kitchen",
     "shop_dispatch",
-    "shop_reports",
+    "shop_claims",
 )
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -26,15 +26,25 @@ from app.jsonlines import read_lines
 from app.kafka_io import check_broker, delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
+from app.shop_day import JOB_SETTING
 from app.shop_flows import describe as dispatch_flows
 from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "shop"
-#: The shop's processes: two kitchen robots and two payment workers share their partitions.
-STAGES = ("shop_orders,shop_reports", "shop_payments", "shop_payments", "shop_kitchen", "shop_kitchen", "shop_dispatch")
+#: The shop's processes: two kitchen robots and two payment workers share their partitions; the end of day runs
+#: on the end-of-stream agents (the screens' outcomes are its filter stage's output, app/shop_day.py).
+STAGES = (
+    "shop_orders,shop_claims",
+    "shop_payments",
+    "shop_payments",
+    "shop_kitchen",
+    "shop_kitchen",
+    "shop_dispatch",
+    "eof_controller,eof_aggregator,eof_joiner",
+)
 #: The demo's defaults (each can be overridden from the environment).
-DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
+DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1", "WEIR_EOF_JOB": JOB_SETTING}
 
 
 def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
@@ -44,7 +54,7 @@ def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[W
         worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
         worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
         workers.append(worker)
-        print(f"  worker {number}: {agents:<26} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
+        print(f"  worker {number}: {agents:<41} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
     print("  shop_dispatch runs the flows of app/shop_flows.py on weir's flow API:")
     for flow in dispatch_flows():
         print(f"    {flow}")
@@ -66,6 +76,9 @@ def _report_or_failure(outcome: dict[str, Any] | BaseException) -> dict[str, Any
 def print_report(name: str, report: dict[str, Any]) -> None:
     if "failed" in report:
         print(f"  {name:<10} NO REPORT: the screen failed: {report['failed']}")
+        return
+    if report.get("status") != "complete":
+        print(f"  {name:<10} NO REPORT: the day ended {report.get('status')}: {report.get('error', report)}")
         return
     reasons = ", ".join(f"{count} {reason}" for reason, count in report["aborted_by_reason"].items()) or "none"
     print(
@@ -151,7 +164,7 @@ def print_summary(result: dict[str, Any]) -> bool:
     ok = True
     for name, report in result["reports"].items():
         print_report(name, report)
-        ok &= "failed" not in report
+        ok &= report.get("status") == "complete"
     print("\nstock left")
     for flavour, container in sorted(result["stock"].items()):
         balanced = container["initial"] - container["delivered"] == container["available"] and not container["reserved"]

@@ -4,7 +4,7 @@ Seed 002's two-phase commit, in its sequence, as a flow with two barriers keyed 
 
     open ─▶ check ─▶ barrier await-payment ─▶ reserve ─▶ to kitchen ─▶ barrier await-kitchen ─▶ settle ─▶ to payments,
             (the gateway's answer to the capture)    (captured only)      (every flavour's answer)         kitchen, outcomes,
-                                                                                                           screens
+                                                                                                           the end of day
 
 The gateway's and the kitchen's answers are flows of their own (they read ``shop.payment-answers`` and
 ``shop.kitchen-answers``), whose executions the barriers await: the payment once, the kitchen once per flavour
@@ -19,7 +19,7 @@ from typing import Any
 
 from app.flows import Await, Exchange, Flow, payload
 from app.settings import load_settings
-from tables.shop import DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
+from tables.shop import DAY_AGGREGATE, DAY_COUNTER, DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
 
 __all__ = ["FLOWS", "describe", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
 
@@ -78,7 +78,8 @@ def reservations_sent(exchange: Exchange) -> int:
 
 
 def _each(name: str) -> Any:
-    """The payloads of the settlement for topic ``shop.<name>`` (none when it sends nothing there)."""
+    """The payloads of the settlement for topic ``name`` (``shop.<name>``, or an end of day's topic; none when it sends
+    nothing there)."""
 
     def read(exchange: Exchange) -> list[dict[str, Any]]:
         return list(exchange.payload.get(name, []))
@@ -121,7 +122,9 @@ def _flows(timeout_ms: int) -> list[Flow]:
         .to("shop.payments", "commit-or-void", each=_each("payments"), key=payload("order_id"))
         .to("shop.kitchen", "deliver-or-release", each=_each("kitchen"), key=payload("flavour"))
         .to("shop.outcomes", "outcome", each=_each("outcomes"), key=payload("ticket"))
-        .to("shop.screens", "report", each=_each("screens"), key=payload("screen"))
+        # The outcome is the end of day's filter output (app/shop_day.py): forwarded, and reported to its controller.
+        .to(DAY_AGGREGATE, "day-outcome", each=_each(DAY_AGGREGATE), key=payload("client"))
+        .to(DAY_COUNTER, "day-count", each=_each(DAY_COUNTER), key=payload("client"))
     )
     return [payment_answers, kitchen_answers, dispatch]
 

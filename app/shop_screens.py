@@ -2,9 +2,10 @@
 
 A screen sends each line (an order, or whatever the line holds) to the shop keyed by its ticket
 ``<day>/<screen>/<line>``, and waits for that ticket's outcome before the next customer: ready, aborted
-(with a reason) or invalid. At the end of its file it tells the shop how many lines it had; the shop's
-report stage counts outcomes once per line (the end-of-stream counting protocol) and sends the screen's
-end-of-day report when every line is accounted for.
+(with a reason) or invalid. Its day is a client of the end-of-stream pattern (app/shop_day.py): the screen is
+the gateway. It sends its side data first (none: the report prices with the catalogue), "sent N" once its N
+lines are out, waits for its report (``eof-reports``), and says "delivered", upon which every stage that keeps
+state of its day drops it.
 
 A screen is where a customer's card number is read, and the only place it is: before a line goes to Kafka its
 ``card`` becomes a reference (a token keyed by this run's secret, the last four digits, the Luhn fact) and any
@@ -27,6 +28,7 @@ import orjson
 from app.codec import dumps
 from app.kafka_io import ReplyDesk, read_topic
 from app.settings import load_settings
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 from tables.shop import SHOP_TOPICS
 from tables.shop_cards import protect_line
 
@@ -71,12 +73,13 @@ class Screens:
         """Outcomes are filed as ``outcome:<ticket>``, reports as ``report:<screen>``."""
         if record.key is None or record.value is None:
             return None
-        kind = "report" if record.topic == self._topic("shop.reports") else "outcome"
+        kind = "report" if record.topic == self._topic(TOPIC_REPORTS) else "outcome"
         return f"{kind}:{record.key.decode()}", orjson.loads(record.value)
 
     async def __aenter__(self) -> Screens:
         names = [self._topic(f"shop.{name}") for name in SHOP_TOPICS]
-        await self._desk.start(names, self._partitions, [self._topic("shop.outcomes"), self._topic("shop.reports")])
+        names += [self._topic(name) for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_JOIN, TOPIC_REPORTS)]
+        await self._desk.start(names, self._partitions, [self._topic("shop.outcomes"), self._topic(TOPIC_REPORTS)])
         return self
 
     async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
@@ -103,6 +106,8 @@ class Screens:
         """Serve the file's customers in order; then announce the end of day and return the screen's report."""
         producer = self._desk.producer
         screen = self.screen_id(name)
+        side = {"kind": "side", "client": screen, "side": None}  # the report prices with the catalogue
+        await producer.send_and_wait(self._topic(TOPIC_JOIN), key=screen.encode(), value=dumps(side))
         count = 0
         for number, text in enumerate(lines, start=1):
             count = number
@@ -116,9 +121,11 @@ class Screens:
                 progress.by_status[outcome["status"]] = progress.by_status.get(outcome["status"], 0) + 1
                 progress.outcomes.append(outcome)
         self._desk.expect(f"report:{screen}")
-        end = {"kind": "end", "screen": screen, "lines": count}
-        await producer.send_and_wait(self._topic("shop.screens"), key=screen.encode(), value=dumps(end))
+        sent = {"kind": "sent", "client": screen, "batches": count}
+        await producer.send_and_wait(self._topic(TOPIC_COUNTER), key=screen.encode(), value=dumps(sent))
         report: dict[str, Any] = await self._desk.wait(f"report:{screen}", timeout_s)
+        delivered = {"kind": "delivered", "client": screen}
+        await producer.send_and_wait(self._topic(TOPIC_COUNTER), key=screen.encode(), value=dumps(delivered))
         return report
 
 

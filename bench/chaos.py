@@ -35,12 +35,13 @@ from app.kafka_io import client_options_or_env, delete_topics, ensure_topics, re
 from app.processes import Terminated, terminate
 from app.settings import load_settings
 from app.shop_demo import run_shop
+from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER, TOPIC_JOIN
 from tables.shop import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
-from tests.integration.test_shop import SHOP_ENV, make_screens, reference_reports, start_shop
+from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
 
-#: The shop's input topics (what the screens and the stages send to each other).
-INPUT_TOPICS = tuple(f"shop.{name}" for name in SHOP_INPUTS)
+#: The shop's input topics (what the screens and the stages send to each other), its end of day's included.
+INPUT_TOPICS = (*(f"shop.{name}" for name in SHOP_INPUTS), TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_JOIN)
 #: Bad inputs that no stage can take for valid: not JSON, not UTF-8, not an object, too deep, a tombstone.
 NASTY: list[tuple[bytes | None, bytes | None]] = [
     (b"k", None),
@@ -112,8 +113,8 @@ def invariant_violations(result: dict[str, Any], screens: dict[str, list[str]]) 
         if container["initial"] - container["delivered"] != container["available"]:
             broken.append(f"stock: {flavour} does not balance")
     expected = reference_reports(screens)
-    for name, report in result["reports"].items():
-        if dict(report, screen=None) != dict(expected[name], screen=None):
+    for name, report in comparable(result["reports"]).items():
+        if report != expected[name]:
             broken.append(f"{name}: report differs from the sequential reference")
     return broken
 
@@ -136,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--victims",
         default="all",
-        help="comma list of the stages whose workers are SIGKILLed (default 'all': every stage, the orders+reports and"
-        " dispatch workers included; e.g. shop_kitchen,shop_payments for those two only)",
+        help="comma list of the stages whose workers are SIGKILLed (default 'all': every stage, the orders+claims,"
+        " dispatch and end-of-day workers included; e.g. shop_kitchen,shop_payments for those two only)",
     )
     parser.add_argument(
         "--guarantee",
@@ -179,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  topics {pipeline.prefix}*, worker logs in {tmp}")
     env = {
         "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
+        "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,  # a screen's day outlasts an order's longest wait (two barriers)
         "WEIR_GUARANTEE": arguments.guarantee,
         "WEIR_STATIC_MEMBERSHIP": int(arguments.static_membership),
     }
     workers = start_shop(pipeline, **env)
-    # a stage is named by any agent it runs ("shop_orders" is the orders+reports worker)
+    # a stage is named by any agent it runs ("shop_orders" is the orders+claims worker, "eof_controller" the end of day's)
     wanted = {name.strip() for name in arguments.victims.split(",") if name.strip()}
     victims = [stage for stage in workers if arguments.victims == "all" or wanted & set(stage.split(","))]
     unknown = sorted(wanted - {agent for stage in workers for agent in stage.split(",")} - {"all"})

@@ -24,7 +24,7 @@ delete the key) and the messages to send.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,6 +69,10 @@ __all__ = [
     "describe",
     "is_count",
     "reference_report",
+    "count_runs",
+    "counts_of_runs",
+    "id_runs",
+    "ids_of_runs",
 ]
 
 #: gateway -> filters, keyed ``<client>/<batch id>``: ``{"client", "batch_id", "lines"}``
@@ -117,6 +121,11 @@ class EofJob:
 
     Each step runs again when its input is redelivered: deterministic, no side effects. A ``merge`` or
     ``join`` that raises does not lose the client: its report comes, with status ``failed`` and the error.
+
+    ``cleanups(client)``: stages of one's own that keep a client's state under keys of their own, as
+    ``(topic name, key)`` pairs (each topic named in ``cleanup_topics``, without the deployment's prefix); the
+    controller's cleanup broadcast sends each one ``{"kind": "cleanup", "client"}``, besides the pipeline's
+    own stages (:data:`CLIENT_STATE_STAGES`).
     """
 
     name: str
@@ -124,6 +133,8 @@ class EofJob:
     zero: Callable[[], Any]
     merge: Callable[[Any, Any], Any]
     join: Callable[[str, Any, Any], Mapping[str, Any]]
+    cleanup_topics: tuple[str, ...] = ()
+    cleanups: Callable[[str], Sequence[tuple[str, str]]] | None = None
 
 
 # --------------------------------------------------------------------------------------------- filter
@@ -154,6 +165,62 @@ def filter_batch(batch_id: int, records: list[Any], job: EofJob, max_batch_recor
     return FilterOutcome([(f"{batch_id}.{number}", chunk) for number, chunk in enumerate(chunks)], dropped)
 
 
+# ------------------------------------------------------------------------------------ stored id sets
+
+# A client's batch ids are stored as runs, not one by one: a client of N batches would otherwise write a value
+# that grows with N at every batch, its changelog's bytes with N squared. Batches mostly come in order, so a
+# client's ids are a few runs whatever N is.
+
+
+def count_runs(counts: Mapping[int, int]) -> list[list[int]]:
+    """``{batch: count}`` as runs ``[first, end, count]``: batches first..end-1 each with that count."""
+    runs: list[list[int]] = []
+    for batch in sorted(counts):
+        count = counts[batch]
+        if runs and runs[-1][1] == batch and runs[-1][2] == count:
+            runs[-1][1] = batch + 1
+        else:
+            runs.append([batch, batch + 1, count])
+    return runs
+
+
+def counts_of_runs(raw: Any) -> dict[int, int]:
+    """The counts of :func:`count_runs` (or of the older ``{"batch": count}`` form)."""
+    if isinstance(raw, Mapping):
+        return {int(batch): int(count) for batch, count in raw.items()}
+    return {batch: int(count) for first, end, count in raw for batch in range(int(first), int(end))}
+
+
+def id_runs(ids: Iterable[str]) -> dict[str, Any]:
+    """Forwarded batch ids ``<batch>.<k>`` as runs of batches per ``k`` (``{"<k>": [[first, end], ...]}``); an id
+    of another form is kept as it is, under ``"other"``."""
+    by_part: dict[int, list[int]] = {}
+    other: list[str] = []
+    for batch_id in ids:
+        batch, dot, part = batch_id.partition(".")
+        if dot and batch.isdigit() and part.isdigit() and str(int(batch)) == batch and str(int(part)) == part:
+            by_part.setdefault(int(part), []).append(int(batch))
+        else:
+            other.append(batch_id)
+    stored: dict[str, Any] = {
+        str(part): [run[:2] for run in count_runs(dict.fromkeys(batches, 0))] for part, batches in sorted(by_part.items())
+    }
+    if other:
+        stored["other"] = sorted(other)
+    return stored
+
+
+def ids_of_runs(raw: Any) -> frozenset[str]:
+    """The ids of :func:`id_runs` (or of the older list of ids)."""
+    if not isinstance(raw, Mapping):
+        return frozenset(str(batch_id) for batch_id in raw)
+    ids = {str(batch_id) for batch_id in raw.get("other", ())}
+    for part, runs in raw.items():
+        if part != "other":
+            ids.update(f"{batch}.{part}" for first, end in runs for batch in range(int(first), int(end)))
+    return frozenset(ids)
+
+
 # ----------------------------------------------------------------------------------------- controller
 
 
@@ -167,10 +234,12 @@ class EofConfig:
 
 @dataclass(frozen=True)
 class Emit:
-    """A message to send: ``to`` is "aggregate", "join" or "reports" (keyed by the client)."""
+    """A message to send: ``to`` is "aggregate", "join" or "reports" (keyed by the client), or a topic of the job's
+    ``cleanup_topics`` (keyed by ``key``)."""
 
     to: str
     value: dict[str, Any]
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +270,7 @@ class ControllerState:
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
             "sent_total": self.sent_total,
-            "reported": {str(batch): count for batch, count in self.reported.items()},
+            "reported": count_runs(self.reported),
             "finish_sent": self.finish_sent,
             "closed_ms": self.closed_ms,
             "outcome": self.outcome,
@@ -213,7 +282,7 @@ class ControllerState:
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
             sent_total=raw.get("sent_total"),
-            reported={int(batch): int(count) for batch, count in (raw.get("reported") or {}).items()},
+            reported=counts_of_runs(raw.get("reported") or ()),
             finish_sent=bool(raw.get("finish_sent")),
             closed_ms=raw.get("closed_ms"),
             outcome=raw.get("outcome"),
@@ -278,25 +347,29 @@ def _close(state: ControllerState, now_ms: int, outcome: str) -> ControllerState
     return ControllerState(client=state.client, last_activity_ms=now_ms, closed_ms=now_ms, outcome=outcome)
 
 
-def cleanup_emits(client: str) -> list[Emit]:
-    """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client."""
-    return [Emit(stage, {"kind": "cleanup", "client": client}) for stage in CLIENT_STATE_STAGES]
+def cleanup_emits(client: str, job: EofJob | None = None) -> list[Emit]:
+    """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client, the job's own included."""
+    cleanup = {"kind": "cleanup", "client": client}
+    emits = [Emit(stage, cleanup) for stage in CLIENT_STATE_STAGES]
+    if job is not None and job.cleanups is not None:
+        emits += [Emit(topic, cleanup, key=key) for topic, key in job.cleanups(client)]
+    return emits
 
 
-def on_delivered(previous: ControllerState | None, client: str, now_ms: int) -> ControllerTransition:
+def on_delivered(previous: ControllerState | None, client: str, now_ms: int, job: EofJob | None = None) -> ControllerTransition:
     """The gateway holds the client's report: every stage drops the client's keys."""
     if previous is None or previous.closed_ms is not None:
         return ControllerTransition(previous)
-    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), cleanup_emits(client))
+    return ControllerTransition(_close(previous, now_ms, STATUS_COMPLETE), cleanup_emits(client, job))
 
 
-def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int) -> ControllerTransition:
+def on_controller_tick(state: ControllerState, config: EofConfig, now_ms: int, job: EofJob | None = None) -> ControllerTransition:
     """Drop an expired tombstone; report an idle client abandoned and clean it up."""
     if now_ms < state.deadline_ms(config):
         return ControllerTransition(state)
     if state.closed_ms is not None:
         return ControllerTransition(None)
-    emits = cleanup_emits(state.client)
+    emits = cleanup_emits(state.client, job)
     if not state.finish_sent:
         report = {
             "client": state.client,
@@ -338,7 +411,7 @@ class ClientTotals:
         return {
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
-            "seen": sorted(self.seen),
+            "seen": id_runs(self.seen),
             "records": self.records,
             "totals": self.totals,
             "expected": self.expected,
@@ -352,7 +425,7 @@ class ClientTotals:
         return cls(
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
-            seen=frozenset(raw.get("seen") or ()),
+            seen=ids_of_runs(raw.get("seen") or ()),
             records=int(raw.get("records") or 0),
             totals=raw.get("totals"),
             expected=raw.get("expected"),

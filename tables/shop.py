@@ -1,13 +1,17 @@
-"""The ice-cream shop's state: typed values of its tables and their pure cores (payments, stock, dispatch, reports).
+"""The ice-cream shop's state: typed values of its tables and their pure cores (orders, payments, stock, dispatch, end of day).
 
 The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
 two-phase commit) rebuilt as streams. A card number never reaches this module's messages: a line's card is a
 :class:`~tables.shop_cards.CardRef` (token, last four digits, Luhn fact) from the screen that read it. Every
 message is keyed so that one partition owns each piece of state: an order's payment and dispatch by order id,
-a flavour's stock by flavour (the token that gave one robot a container), a screen's report by screen, an
-order id taken on a screen's day by both. Every function here takes the state and ``now_ms`` and returns the
-new state and the messages to send; none touches Kafka or a clock, and each is idempotent under redelivery: a
-message seen before changes nothing and sends nothing it did not send the first time.
+a flavour's stock by flavour (the token that gave one robot a container), the order ids taken on a screen's day
+by screen and shard. A screen's end of day runs on the end-of-stream pattern (seed 000): each line's outcome is
+a batch forwarded to the group-by/aggregate stage and reported to the controller (:func:`outcome_sends`), the
+day's totals and report are this module's :func:`day_merge` and :func:`day_report`.
+
+Every function here takes the state and ``now_ms`` and returns the new state and the messages to send; none
+touches Kafka or a clock, and each is idempotent under redelivery: a message seen before changes nothing and
+sends nothing it did not send the first time.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from tables.shop_cards import CardRef, card_ref
 __all__ = [
     "SHOP_TOPICS",
     "SHOP_INPUTS",
+    "DAY_AGGREGATE",
+    "DAY_COUNTER",
     "SIZES",
     "ShopOrder",
     "parse_shop_order",
@@ -33,11 +39,15 @@ __all__ = [
     "gateway_decision",
     "Capture",
     "Send",
-    "OrderClaim",
+    "CLAIM_SHARDS",
+    "ClaimShard",
     "claim_key",
+    "claim_shard_keys",
     "order_sends",
     "line_outcome",
+    "outcome_sends",
     "on_order",
+    "on_claims_cleanup",
     "Payment",
     "on_capture",
     "on_settle",
@@ -55,18 +65,16 @@ __all__ = [
     "reservations",
     "settle",
     "dispatch_outcome",
-    "ScreenReport",
-    "on_outcome",
-    "on_end",
-    "LineRanges",
-    "add_line",
-    "has_line",
-    "lines_counted",
+    "read_outcome",
+    "day_zero",
+    "day_merge",
+    "day_report",
 ]
 
 #: Every topic of the shop (``shop.<name>``) and its key: orders/payments/dispatch/outcomes/transactions and the
-#: payment's and the kitchen's answers by ticket, kitchen by flavour, screens/reports by screen. The dispatch flow
-#: (app/shop_flows.py) reads dispatch and the two answer topics.
+#: payment's and the kitchen's answers by ticket, kitchen by flavour, claims by screen and shard. The dispatch flow
+#: (app/shop_flows.py) reads dispatch and the two answer topics. The end of day runs on the end-of-stream topics
+#: (``eof-counter``, ``eof-aggregate``, ``eof-join``, ``eof-reports``, keyed by screen).
 SHOP_TOPICS = (
     "orders",
     "payments",
@@ -75,12 +83,14 @@ SHOP_TOPICS = (
     "payment-answers",
     "kitchen-answers",
     "outcomes",
-    "screens",
-    "reports",
+    "claims",
     "transactions",
 )
 #: The topics a shop stage reads (the others are read by the screens and the audit).
-SHOP_INPUTS = ("orders", "payments", "kitchen", "dispatch", "payment-answers", "kitchen-answers", "screens")
+SHOP_INPUTS = ("orders", "payments", "kitchen", "dispatch", "payment-answers", "kitchen-answers", "claims")
+#: Where a line's outcome goes for the end of day: the end-of-stream pattern's group-by/aggregate and controller topics.
+DAY_AGGREGATE = "eof-aggregate"
+DAY_COUNTER = "eof-counter"
 
 #: Scoops per size of an item.
 SIZES: dict[str, int] = {"small": 1, "medium": 2, "large": 3}
@@ -94,7 +104,7 @@ DUPLICATE = "duplicate"
 @dataclass(frozen=True)
 class Send:
     """A message to send: ``to`` names the topic (``shop.<to>``: "payments", "kitchen", "dispatch", "payment-answers",
-    "kitchen-answers", "outcomes", "screens", "transactions")."""
+    "kitchen-answers", "outcomes", "claims", "transactions"; or the end of day's "eof-aggregate", "eof-counter")."""
 
     to: str
     key: str
@@ -193,7 +203,7 @@ def gateway_decision(card: CardRef, key: str, seed: int, reject_rate: float) -> 
 
 
 def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, status: str, reason: str) -> list[Send]:
-    """A line that sets no order going (invalid, duplicate): its outcome, to the screen and to the screen's report."""
+    """A line that sets no order going (invalid, duplicate): its outcome, to the screen and to the screen's day."""
     outcome = {
         "ticket": ticket,
         "screen": screen,
@@ -203,7 +213,19 @@ def line_outcome(ticket: str, screen: str, line: int, order_id: str | None, stat
         "reason": reason,
         "amount_cents": 0,
     }
-    return [Send("outcomes", ticket, outcome), Send("screens", screen, {"kind": "outcome", **outcome})]
+    return outcome_sends(outcome)
+
+
+def outcome_sends(outcome: dict[str, Any]) -> list[Send]:
+    """A line's one outcome: to the screen (``outcomes``, by ticket), and to the screen's end of day as seed 000's
+    filter stage does it, in one transaction: the outcome forwarded as batch ``<line - 1>.0`` to the
+    group-by/aggregate stage, and the report "batch <line - 1>: forwarded 1" to the controller. The screen says it
+    sent as many batches as it had lines; each line has exactly one outcome, so the count is final once every
+    line's report is in. Sent again (a redelivery), both are counted once, by batch id."""
+    screen, batch = outcome["screen"], int(outcome["line"]) - 1
+    forwarded = {"kind": "batch", "client": screen, "batch_id": f"{batch}.0", "records": [outcome]}
+    report = {"kind": "filtered", "client": screen, "batch_id": batch, "forwarded": 1, "dropped": 0}
+    return [Send("outcomes", str(outcome["ticket"]), outcome), Send(DAY_AGGREGATE, screen, forwarded), Send(DAY_COUNTER, screen, report)]
 
 
 def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, deadline_ms: int) -> list[Send]:
@@ -227,44 +249,68 @@ def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, deadline_
 # ------------------------------------------------------------------------------------ order ids
 
 
+#: The shards of a screen's day's order ids: a shard's value grows with the ids it holds, the day's cleanup sends
+#: one message per shard.
+CLAIM_SHARDS = 32
+
+
 @dataclass(frozen=True)
-class OrderClaim:
-    """An order id taken on a screen's day (table ``shop_order_ids``, keyed by :func:`claim_key`): the line that took it."""
+class ClaimShard:
+    """The order ids taken on a screen's day, one shard of them (table ``shop_order_ids``, keyed by :func:`claim_key`):
+    each id with the ticket and line that took it."""
 
     screen: str
-    order_id: str
-    ticket: str
-    line: int
+    shard: int
+    taken: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"screen": self.screen, "order_id": self.order_id, "ticket": self.ticket, "line": self.line}
+        return {"screen": self.screen, "shard": self.shard, "taken": {order_id: list(by) for order_id, by in self.taken.items()}}
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> OrderClaim:
-        return cls(str(raw["screen"]), str(raw["order_id"]), str(raw["ticket"]), int(raw["line"]))
+    def from_dict(cls, raw: Mapping[str, Any]) -> ClaimShard:
+        taken = {str(order_id): (str(ticket), int(line)) for order_id, (ticket, line) in (raw.get("taken") or {}).items()}
+        return cls(str(raw["screen"]), int(raw["shard"]), taken)
+
+
+def _shard_key(screen: str, shard: int) -> str:
+    return json.dumps([screen, shard], ensure_ascii=False, separators=(",", ":"))
 
 
 def claim_key(screen: str, order_id: str) -> str:
-    """The key of an order id on a screen's day: both, as a JSON pair (no separator a name could hold)."""
-    return json.dumps([screen, order_id], ensure_ascii=False, separators=(",", ":"))
+    """The key of the shard that holds ``order_id`` on a screen's day: the screen and the shard, as a JSON pair."""
+    digest = hashlib.sha256(order_id.encode("utf-8", "surrogatepass")).digest()
+    return _shard_key(screen, int.from_bytes(digest[:4], "big") % CLAIM_SHARDS)
+
+
+def claim_shard_keys(screen: str) -> list[str]:
+    """Every shard key of a screen's day: where its end-of-day cleanup goes."""
+    return [_shard_key(screen, shard) for shard in range(CLAIM_SHARDS)]
 
 
 def on_order(
-    previous: OrderClaim | None, screen: str, ticket: str, line: int, order_id: str, forward: list[Send]
-) -> tuple[OrderClaim, list[Send], str | None]:
-    """A line's order asks for its id on the screen's day; returns the claim, what to send and why it is refused.
+    previous: ClaimShard | None, screen: str, ticket: str, line: int, order_id: str, forward: list[Send]
+) -> tuple[ClaimShard, list[Send], str | None]:
+    """A line's order asks for its id on the screen's day; returns the shard, what to send and why it is refused.
 
     The first line to ask takes the id, and its order goes on (``forward``: the capture and the open). Another
     line with that id is a duplicate: it is answered (status ``duplicate``, nothing charged, nothing reserved)
     and refused. The same line asking again (its orders stage ran twice under at_least_once) gets ``forward``
     again: each of those messages is idempotent where it lands.
     """
-    if previous is None:
-        return OrderClaim(screen, order_id, ticket, line), list(forward), None
-    if previous.ticket == ticket:
-        return previous, list(forward), None
-    reason = f"duplicate order: order id {order_id!r} was taken by line {previous.line} of this screen"
-    return previous, line_outcome(ticket, screen, line, order_id, DUPLICATE, reason), f"screen {screen} line {line}: {reason}"
+    shard = previous if previous is not None else ClaimShard(screen, json.loads(claim_key(screen, order_id))[1])
+    taken = shard.taken.get(order_id)
+    if taken is None:
+        return replace(shard, taken={**shard.taken, order_id: (ticket, line)}), list(forward), None
+    if taken[0] == ticket:
+        return shard, list(forward), None
+    reason = f"duplicate order: order id {order_id!r} was taken by line {taken[1]} of this screen"
+    return shard, line_outcome(ticket, screen, line, order_id, DUPLICATE, reason), f"screen {screen} line {line}: {reason}"
+
+
+def on_claims_cleanup(previous: ClaimShard | None) -> ClaimShard | None:
+    """The screen's day is over (its report delivered): the shard goes (None: the key is deleted)."""
+    del previous
+    return None
 
 
 # ----------------------------------------------------------------------------------------- payments
@@ -548,7 +594,8 @@ def reservations(order: DispatchOrder, payment: WaitEnd) -> list[Send]:
 
 
 def dispatch_outcome(order: DispatchOrder, status: str, reason: str | None) -> list[Send]:
-    """The order's one outcome, to the screen and to the screen's report."""
+    """The order's one outcome, to the screen and to the screen's day (:func:`outcome_sends`); a served order's
+    scoops per flavour go with it, for the day's report."""
     outcome = {
         "ticket": order.ticket,
         "screen": order.screen,
@@ -558,7 +605,9 @@ def dispatch_outcome(order: DispatchOrder, status: str, reason: str | None) -> l
         "reason": reason,
         "amount_cents": order.order.amount_cents if status == READY else 0,
     }
-    return [Send("outcomes", order.ticket, outcome), Send("screens", order.screen, {"kind": "outcome", **outcome})]
+    if status == READY:
+        outcome["scoops"] = dict(sorted(order.order.scoops.items()))
+    return outcome_sends(outcome)
 
 
 def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Send]:
@@ -595,87 +644,26 @@ def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Sen
     return [void, *releases, *dispatch_outcome(order, ABORTED, reason)]
 
 
-# ------------------------------------------------------------------------------------------ reports
+# ------------------------------------------------------------------------------------------ end of day
+
+# A screen's day is a client of the end-of-stream pattern (tables/eof.py): its lines are the batches the screen
+# (the gateway) sent, each line's outcome the one batch forwarded for it (:func:`outcome_sends`). These are the
+# day's job's steps (app/shop_day.py): the outcome kept, the day's totals, and the report.
 
 
-@dataclass(frozen=True)
-class ScreenReport:
-    """A screen's day in table ``shop_reports``: outcomes counted once per line, until its end says how many."""
-
-    screen: str
-    #: the lines counted so far, as sorted half-open ranges ``(first, end)``: a screen's lines come in order,
-    #: so this stays one range or a few, and a write's size does not grow with the day
-    lines_seen: tuple[tuple[int, int], ...] = ()
-    served: int = 0
-    revenue_cents: int = 0
-    aborted: dict[str, int] = field(default_factory=dict)
-    invalid: int = 0
-    expected_lines: int | None = None
-    flushed: bool = False
-    #: lines refused because their order id was taken by an earlier line of the screen's day
-    duplicate: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "screen": self.screen,
-            "lines_seen": [list(span) for span in self.lines_seen],
-            "served": self.served,
-            "revenue_cents": self.revenue_cents,
-            "aborted": dict(self.aborted),
-            "invalid": self.invalid,
-            "duplicate": self.duplicate,
-            "expected_lines": self.expected_lines,
-            "flushed": self.flushed,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> ScreenReport:
-        return cls(
-            screen=str(raw["screen"]),
-            lines_seen=_line_ranges(raw.get("lines_seen") or ()),
-            served=int(raw.get("served") or 0),
-            revenue_cents=int(raw.get("revenue_cents") or 0),
-            aborted={str(reason): int(count) for reason, count in (raw.get("aborted") or {}).items()},
-            invalid=int(raw.get("invalid") or 0),
-            expected_lines=raw.get("expected_lines"),
-            flushed=bool(raw.get("flushed")),
-            duplicate=int(raw.get("duplicate") or 0),
-        )
-
-
-LineRanges = tuple[tuple[int, int], ...]
-
-
-def has_line(ranges: LineRanges, line: int) -> bool:
-    return any(first <= line < end for first, end in ranges)
-
-
-def lines_counted(ranges: LineRanges) -> int:
-    return sum(end - first for first, end in ranges)
-
-
-def add_line(ranges: LineRanges, line: int) -> LineRanges:
-    """``ranges`` with ``line`` in it, merged with its neighbours (sorted, no overlaps, no touching ranges)."""
-    spans = sorted([*ranges, (line, line + 1)])
-    merged: list[tuple[int, int]] = []
-    for first, end in spans:
-        if merged and first <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((first, end))
-    return tuple(merged)
-
-
-def _line_ranges(raw: Any) -> LineRanges:
-    """Ranges as stored (``[[first, end], ...]``), or the older list of line numbers."""
-    ranges: LineRanges = ()
-    for entry in raw:
-        if isinstance(entry, list | tuple):
-            for line in range(int(entry[0]), int(entry[1])):
-                ranges = add_line(ranges, line) if not has_line(ranges, line) else ranges
-        else:
-            ranges = add_line(ranges, int(entry))
-    return ranges
+def read_outcome(record: Any) -> dict[str, Any]:
+    """A line's outcome as the day's totals need it; ``ValueError`` when it is not one."""
+    if not isinstance(record, dict):
+        raise ValueError(f"an outcome must be a JSON object, got {type(record).__name__}")
+    status, reason, amount, scoops = (record.get(name) for name in ("status", "reason", "amount_cents", "scoops"))
+    if status not in (READY, ABORTED, INVALID, DUPLICATE):
+        raise ValueError(f"an outcome's 'status' must be ready, aborted, invalid or duplicate, got {status!r:.60}")
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0 or not (reason is None or isinstance(reason, str)):
+        raise ValueError("an outcome needs 'amount_cents' (a non-negative integer) and 'reason' (a string or null)")
+    scoops = scoops or {}
+    if not isinstance(scoops, dict) or not all(isinstance(f, str) and isinstance(n, int) and n > 0 for f, n in scoops.items()):
+        raise ValueError("an outcome's 'scoops' must map flavours to positive integers")
+    return {"status": status, "reason": reason, "amount_cents": amount, "scoops": scoops}
 
 
 def _reason_class(reason: str | None) -> str:
@@ -687,45 +675,43 @@ def _reason_class(reason: str | None) -> str:
     return text
 
 
-def _maybe_report(state: ScreenReport) -> tuple[ScreenReport, list[Send]]:
-    if state.flushed or state.expected_lines is None or lines_counted(state.lines_seen) < state.expected_lines:
-        return state, []
-    report = {
-        "screen": state.screen,
-        "lines": state.expected_lines,
-        "served": state.served,
-        "aborted": sum(state.aborted.values()),
-        "aborted_by_reason": dict(sorted(state.aborted.items())),
-        "invalid": state.invalid,
-        "duplicate": state.duplicate,
-        "revenue_cents": state.revenue_cents,
-    }
-    return replace(state, flushed=True), [Send("reports", state.screen, report)]
+def day_zero() -> dict[str, Any]:
+    """The totals of a screen's day before its first outcome."""
+    return {"lines": 0, "served": 0, "revenue_cents": 0, "aborted": {}, "invalid": 0, "duplicate": 0, "scoops": {}}
 
 
-def on_outcome(
-    previous: ScreenReport | None, screen: str, line: int, status: str, reason: str | None, amount_cents: int
-) -> tuple[ScreenReport, list[Send]]:
-    """One line's outcome, counted once (by line number)."""
-    state = previous if previous is not None else ScreenReport(screen)
-    if has_line(state.lines_seen, line) or state.flushed:
-        return state, []
-    state = replace(state, lines_seen=add_line(state.lines_seen, line))
+def day_merge(totals: dict[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """One line's outcome more (the aggregate stage merges each line once, by its batch id)."""
+    totals["lines"] += 1
+    status = outcome["status"]
     if status == READY:
-        state = replace(state, served=state.served + 1, revenue_cents=state.revenue_cents + amount_cents)
+        totals["served"] += 1
+        totals["revenue_cents"] += outcome["amount_cents"]
+        for flavour, count in outcome["scoops"].items():
+            totals["scoops"][flavour] = totals["scoops"].get(flavour, 0) + count
     elif status == INVALID:
-        state = replace(state, invalid=state.invalid + 1)
+        totals["invalid"] += 1
     elif status == DUPLICATE:
-        state = replace(state, duplicate=state.duplicate + 1)
+        totals["duplicate"] += 1
     else:
-        kind = _reason_class(reason)
-        state = replace(state, aborted={**state.aborted, kind: state.aborted.get(kind, 0) + 1})
-    return _maybe_report(state)
+        kind = _reason_class(outcome["reason"])
+        totals["aborted"][kind] = totals["aborted"].get(kind, 0) + 1
+    return totals
 
 
-def on_end(previous: ScreenReport | None, screen: str, lines: int) -> tuple[ScreenReport, list[Send]]:
-    """The screen's end of day: how many lines its file had (each has exactly one outcome)."""
-    state = previous if previous is not None else ScreenReport(screen)
-    if state.expected_lines is not None:
-        return state, []
-    return _maybe_report(replace(state, expected_lines=lines))
+def day_report(screen: str, totals: Mapping[str, Any], prices: Mapping[str, int]) -> dict[str, Any]:
+    """The screen's end-of-day report: its totals, and the scoops served per flavour joined with ``prices``."""
+    flavours = {
+        flavour: {"scoops": count, "revenue_cents": count * prices.get(flavour, 0)} for flavour, count in sorted(totals["scoops"].items())
+    }
+    return {
+        "screen": screen,
+        "lines": totals["lines"],
+        "served": totals["served"],
+        "aborted": sum(totals["aborted"].values()),
+        "aborted_by_reason": dict(sorted(totals["aborted"].items())),
+        "invalid": totals["invalid"],
+        "duplicate": totals["duplicate"],
+        "revenue_cents": totals["revenue_cents"],
+        "flavours": flavours,
+    }

@@ -1,4 +1,4 @@
-"""The shop's order ids table: which line of a screen's day took each order id."""
+"""The shop's order ids table: which line of a screen's day took each order id, by screen and shard."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ __all__ = ["order_ids"]
 
 order_ids = json_table(
     "shop_order_ids",
-    "Order ids taken on a screen's day, keyed by [screen, order id]: the ticket and line that took it; a later "
-    "line with the same id is answered 'duplicate' and never charged (value: tables.shop.OrderClaim).",
+    "Order ids taken on a screen's day, keyed by [screen, shard]: each id with the ticket and line that took it; a "
+    "later line with the same id is answered 'duplicate' and never charged. The day's cleanup deletes every shard "
+    "(value: tables.shop.ClaimShard).",
 )
 
 register_view(
     "shop_order_ids",
     title="order ids taken per screen",
-    summarize=lambda value, now_ms: {"screen": value["screen"], "order_id": value["order_id"], "line": value["line"]},
+    summarize=lambda value, now_ms: {"screen": value["screen"], "shard": value["shard"], "order_ids": len(value.get("taken") or {})},
     group_by=lambda value: str(value["screen"]),
 )

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from app.eof_gateway import Gateway
 from app.kafka_io import ensure_topics, produce_json, read_topic
+from app.shop_day import JOB_SETTING
 from app.shop_demo import run_shop
 from tables.shop import SHOP_INPUTS
 from tables.triggers import completion_message, publish_trigger_messages, registration_message
@@ -91,16 +92,31 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     },
     "shop.payment-answers": {"kind": "payment", "order_id": "d/s/1", "ok": True, "reason": None},
     "shop.kitchen-answers": {"kind": "kitchen", "order_id": "d/s/1", "flavour": "vanilla", "ok": True, "reason": None},
-    "shop.screens": {"kind": "end", "screen": "d/s", "lines": 3},
+    "shop.claims": {
+        "kind": "order",
+        "screen": "d/s",
+        "ticket": "d/s/1",
+        "line": 1,
+        "order": {
+            "order_id": "o-1",
+            "card": {"token": "tok_abc", "last4": "1111", "luhn_ok": True},
+            "scoops": {"vanilla": 1},
+            "amount_cents": 250,
+        },
+    },
     "triggers": {"kind": "completion", "parent_id": "p-1", "child_id": "c-1", "outcome": "ok"},
 }
+#: The shop's stages, its end of day's (the end-of-stream agents with the shop's job) included.
+SHOP_SET = "shop_orders,shop_claims,shop_payments,shop_kitchen,shop_dispatch,eof_controller,eof_aggregator,eof_joiner"
 #: Each agent set (one worker each) and the input topics its agents read.
 AGENT_SETS: dict[str, tuple[str, ...]] = {
     "all": ("orders", "items", "item-results"),
     "eof_filter,eof_controller,eof_aggregator,eof_joiner": ("eof-batches", "eof-counter", "eof-aggregate", "eof-join"),
-    "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": tuple(f"shop.{name}" for name in SHOP_INPUTS),
+    SHOP_SET: (*(f"shop.{name}" for name in SHOP_INPUTS), "eof-counter", "eof-aggregate", "eof-join"),
     "triggers": ("triggers",),
 }
+#: What a set's worker needs besides (the shop's end of day runs the shop's job).
+SET_ENV: dict[str, dict[str, str]] = {SHOP_SET: {"WEIR_EOF_JOB": JOB_SETTING}}
 
 ODD_TEXT = [
     "\u0000",
@@ -282,7 +298,7 @@ def _check_triggers(pipeline: Pipeline) -> None:
 VALID_AFTERWARDS: dict[str, Callable[[Pipeline], None]] = {
     "all": _check_split_aggregate,
     "eof_filter,eof_controller,eof_aggregator,eof_joiner": _check_eof,
-    "shop_orders,shop_reports,shop_payments,shop_kitchen,shop_dispatch": _check_shop,
+    SHOP_SET: _check_shop,
     "triggers": _check_triggers,
 }
 
@@ -290,7 +306,9 @@ VALID_AFTERWARDS: dict[str, Callable[[Pipeline], None]] = {
 @pytest.mark.parametrize("agents", list(AGENT_SETS), ids=["split-aggregate", "eof", "shop", "triggers"])
 def test_garbage_on_every_input_topic_is_dead_lettered_and_the_worker_survives(pipeline: Pipeline, agents: str, tmp_path: Path) -> None:
     trace = tmp_path / "trace.txt"
-    worker = pipeline.start_worker(agents, WEIR_TRACE_FILE=trace, WEIR_MAX_MESSAGE_BYTES=MAX_MESSAGE_BYTES, WEIR_COMMIT_INTERVAL=0.2)
+    worker = pipeline.start_worker(
+        agents, WEIR_TRACE_FILE=trace, WEIR_MAX_MESSAGE_BYTES=MAX_MESSAGE_BYTES, WEIR_COMMIT_INTERVAL=0.2, **SET_ENV.get(agents, {})
+    )
     worker.wait_ready(120)
     asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in AGENT_SETS[agents]], 4))
     sent: dict[tuple[str, int, int], tuple[bytes | None, bytes | None]] = {}

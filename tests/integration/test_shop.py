@@ -19,10 +19,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.catalogue import CATALOGUE_CENTS
 from app.kafka_io import produce, read_topic
+from app.shop_day import JOB_SETTING
 from app.shop_demo import STAGES, run_shop
 from scripts.make_shop_orders import order_lines
 from tables.shop import decision_key, gateway_decision, parse_shop_order
 from tests.integration.conftest import Pipeline
+from tests.integration.test_eof import last_values
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +37,7 @@ SHOP_ENV = {
     "WEIR_SHOP_STOCK": 100_000,
     "WEIR_SHOP_STOCK_OVERRIDES": f"pistachio={SCARCE}",
     "WEIR_COMMIT_INTERVAL": 0.1,
+    "WEIR_EOF_JOB": JOB_SETTING,
 }
 
 
@@ -44,12 +47,14 @@ def make_screens(orders_per_screen: int, seed: int = 5) -> dict[str, list[str]]:
 
 
 def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """The reports computed sequentially from the files and the seed (the scarce flavour is on one screen)."""
+    """The reports computed sequentially from the files and the seed (the scarce flavour is on one screen); without the
+    screen's id (see :func:`comparable`)."""
     reports = {}
     pistachio = SCARCE
     for name, lines in screens.items():
         served = invalid = duplicate = revenue = 0
         aborted: Counter[str] = Counter()
+        scoops: Counter[str] = Counter()
         taken: set[str] = set()
         for number, text in enumerate(lines, start=1):
             order, _ = parse_shop_order(text, CATALOGUE_CENTS)
@@ -68,9 +73,12 @@ def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]
                 pistachio -= wanted
                 served += 1
                 revenue += order.amount_cents
+                scoops.update(order.scoops)
             else:
                 aborted["card rejected" if not accepted else "out of stock"] += 1
         reports[name] = {
+            "status": "complete",
+            "batches": len(lines),
             "lines": len(lines),
             "served": served,
             "aborted": sum(aborted.values()),
@@ -78,8 +86,16 @@ def reference_reports(screens: dict[str, list[str]]) -> dict[str, dict[str, Any]
             "invalid": invalid,
             "duplicate": duplicate,
             "revenue_cents": revenue,
+            "flavours": {
+                flavour: {"scoops": count, "revenue_cents": count * CATALOGUE_CENTS[flavour]} for flavour, count in sorted(scoops.items())
+            },
         }
     return reports
+
+
+def comparable(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Reports without the screen's id (``<day>/<screen>``, the client of the end of day), to compare with the reference."""
+    return {name: {key: value for key, value in report.items() if key not in ("screen", "client")} for name, report in reports.items()}
 
 
 def start_shop(pipeline: Pipeline, **env: Any) -> dict[str, list[Any]]:
@@ -138,10 +154,31 @@ def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) 
     result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
     print(f"\n3 screens x 40 lines in {result['elapsed_s']:.1f}s: {result['reports']}")
     assert_invariants(result, screens)
-    assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
-        name: dict(report, screen=None) for name, report in reference_reports(screens).items()
-    }
+    assert comparable(result["reports"]) == reference_reports(screens)
     assert result["reports"]["screen-3"]["aborted_by_reason"].get("out of stock", 0) > 0, "the scarce flavour ran out"
+    assert_the_day_is_cleaned_up(pipeline, [report["screen"] for report in result["reports"].values()])
+
+
+def assert_the_day_is_cleaned_up(pipeline: Pipeline, screens: list[str], timeout_s: float = 30.0) -> None:
+    """Once the screens said "delivered", no stage keeps their day: every order-id shard is deleted and the end of
+    day's aggregate and join stages keep tombstones only (read_committed, from the changelogs). Each held data before:
+    else the check would prove nothing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shards = last_values(pipeline, "shop_order_ids")
+        totals, joins = last_values(pipeline, "eof_totals"), last_values(pipeline, "eof_joins")
+        left = [key for key, value in shards.items() if value is not None]
+        open_days = [
+            screen
+            for screen in screens
+            if not (totals.get(screen) or {}).get("closed_ms") or not (joins.get(screen) or {}).get("closed_ms")
+        ]
+        if not left and not open_days:
+            break
+        assert time.monotonic() < deadline, f"after {timeout_s}s: order-id shards left {left[:5]}, days not closed {open_days}"
+        time.sleep(1.0)
+    held = {orjson.loads(key)[0] for key in shards}
+    assert set(screens) <= held, f"no order id of {sorted(set(screens) - held)} was ever claimed: the check proves nothing"
 
 
 @pytest.mark.parametrize(
@@ -159,7 +196,12 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
     orders = int(os.environ.get("SHOP_CHAOS_ORDERS", "90")) // 3
     screens = make_screens(orders, seed=8)
     # No order may time out at the barrier while a rebalance holds its partition: the reports must equal the reference.
-    env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_STATIC_MEMBERSHIP": int(membership == "static")}
+    # The end of day's idle timeout outlasts an order's longest wait (two barriers' timeouts): a day is not abandoned.
+    env = {
+        "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
+        "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,
+        "WEIR_STATIC_MEMBERSHIP": int(membership == "static"),
+    }
     workers = start_shop(pipeline, **env)
     done = threading.Event()
     kills: list[str] = []
@@ -207,9 +249,7 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
     assert kills, "the run ended before any worker was killed"
     assert_outcomes_once_on_the_topic(pipeline, screens, killed_at_ms)
     assert_invariants(result, screens)
-    assert {name: dict(report, screen=None) for name, report in result["reports"].items()} == {
-        name: dict(report, screen=None) for name, report in reference_reports(screens).items()
-    }
+    assert comparable(result["reports"]) == reference_reports(screens)
 
 
 #: Lines with card numbers where no order can carry them: each must be masked in its dead letter.

@@ -29,7 +29,8 @@ def _line(order_id: str, flavour: str) -> str:
 
 def test_orders_time_out_at_the_payment_barrier_and_late_captures_are_voided(pipeline: Pipeline) -> None:
     env = {**SHOP_ENV, "WEIR_SHOP_CARD_REJECT_RATE": 0.0, "WEIR_SHOP_DISPATCH_TIMEOUT_MS": TIMEOUT_MS}
-    running = [pipeline.start_worker(agents, **env) for agents in ("shop_orders,shop_reports", "shop_kitchen", "shop_dispatch")]
+    stages = ("shop_orders,shop_claims", "shop_kitchen", "shop_dispatch", "eof_controller,eof_aggregator,eof_joiner")
+    running = [pipeline.start_worker(agents, **env) for agents in stages]
     for worker in running:
         worker.wait_ready()
     screens = {"screen-1": [_line(f"o-{number}", "vanilla") for number in range(1, 4)]}

@@ -24,7 +24,11 @@ from tables.eof import (
     EofConfig,
     EofJob,
     Totals,
+    count_runs,
+    counts_of_runs,
     filter_batch,
+    id_runs,
+    ids_of_runs,
     on_aggregator_tick,
     on_batch,
     on_cleanup,
@@ -470,3 +474,35 @@ def _run_protocol(job: EofJob, input_batches: list[list[Any]], side: Any, rng: r
     assert on_controller_tick(controller, CONFIG, later).state is None
     assert on_aggregator_tick(totals, CONFIG, later).state is None
     assert on_joiner_tick(join, CONFIG, later).state is None
+
+
+@PROPERTY
+@given(st.dictionaries(st.integers(min_value=0, max_value=300), st.integers(min_value=0, max_value=3)))
+def test_counts_stored_as_runs_come_back_the_same(counts: dict[int, int]) -> None:
+    stored = json.loads(json.dumps(count_runs(counts)))
+    assert counts_of_runs(stored) == counts
+    assert counts_of_runs({str(batch): count for batch, count in counts.items()}) == counts, "the older form"
+
+
+@PROPERTY
+@given(
+    st.sets(
+        st.one_of(
+            st.builds("{}.{}".format, st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=3)),
+            st.text(max_size=5),
+        )
+    )
+)
+def test_batch_ids_stored_as_runs_come_back_the_same(ids: set[str]) -> None:
+    stored = json.loads(json.dumps(id_runs(ids)))
+    assert ids_of_runs(stored) == frozenset(ids)
+    assert ids_of_runs(sorted(ids)) == frozenset(ids), "the older form"
+
+
+def test_a_client_s_stored_ids_do_not_grow_with_its_batches_when_they_come_in_order() -> None:
+    controller = ControllerState("c", 0, sent_total=5_000, reported=dict.fromkeys(range(5_000), 1))
+    totals = ClientTotals("c", 0, seen=frozenset(f"{batch}.0" for batch in range(5_000)))
+    assert len(json.dumps(controller.to_dict())) < 300
+    assert len(json.dumps(totals.to_dict())) < 300
+    assert ControllerState.from_dict(controller.to_dict()) == controller
+    assert ClientTotals.from_dict(totals.to_dict()) == totals

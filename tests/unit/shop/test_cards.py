@@ -24,6 +24,7 @@ from tables.shop import (
     Capture,
     DispatchOrder,
     OpenedOrder,
+    Send,
     WaitEnd,
     card_accepted,
     decision_key,
@@ -116,8 +117,13 @@ def test_a_rejected_card_is_aborted_without_a_word_to_the_kitchen() -> None:
     payment = _answered(False, CARD_DECLINED)
     assert reservations(ORDER, payment) == [], "nothing reserved for a rejected card"
     sends = settle(ORDER, payment, NOTHING_ASKED)
-    assert [send.to for send in sends] == ["outcomes", "screens"], "no void of a capture that was never made, no release"
+    assert [send.to for send in sends] == ["outcomes", "eof-aggregate", "eof-counter"], "no void of a capture never made, no release"
     assert (sends[0].value["status"], sends[0].value["reason"]) == ("aborted", CARD_DECLINED)
+
+
+def _outcome(sends: list[Send]) -> dict[str, Any]:
+    [outcome] = [send.value for send in sends if send.to == "outcomes"]
+    return outcome
 
 
 def test_a_captured_order_asks_the_kitchen_once_per_flavour_and_is_served_when_every_flavour_is_reserved() -> None:
@@ -132,7 +138,7 @@ def test_a_captured_order_asks_the_kitchen_once_per_flavour_and_is_served_when_e
         ("kitchen", "deliver"),
         ("kitchen", "deliver"),
     ]
-    assert (sends[-2].value["status"], sends[-2].value["amount_cents"]) == ("ready", 755)
+    assert (_outcome(sends)["status"], _outcome(sends)["amount_cents"]) == ("ready", 755)
 
 
 def test_a_refused_flavour_aborts_with_every_refusal_named_and_releases_every_flavour() -> None:
@@ -146,14 +152,19 @@ def test_a_refused_flavour_aborts_with_every_refusal_named_and_releases_every_fl
         ("kitchen", "mint", "release"),
         ("kitchen", "vanilla", "release"),
     ]
-    assert sends[-1].value["reason"] == "out of stock: mint; out of stock: vanilla"
+    assert _outcome(sends)["reason"] == "out of stock: mint; out of stock: vanilla"
 
 
 def test_a_timeout_before_the_payment_answered_voids_and_reserves_nothing() -> None:
     payment = WaitEnd(WAIT_TIMEOUT, (), "timed out")
     assert reservations(ORDER, payment) == []
     sends = settle(ORDER, payment, NOTHING_ASKED)
-    assert [(send.to, send.value.get("kind")) for send in sends] == [("payments", "void"), ("outcomes", None), ("screens", "outcome")]
+    assert [(send.to, send.value.get("kind")) for send in sends] == [
+        ("payments", "void"),
+        ("outcomes", None),
+        ("eof-aggregate", "batch"),
+        ("eof-counter", "filtered"),
+    ]
     assert sends[1].value["reason"] == "timeout waiting for payment"
 
 
@@ -161,7 +172,7 @@ def test_a_timeout_waiting_for_the_kitchen_voids_and_releases_what_was_asked() -
     kitchen = WaitEnd(WAIT_TIMEOUT, ({"order_id": "t", "flavour": "mint", "ok": True},), "timed out")
     sends = settle(ORDER, _answered(True), kitchen)
     assert [(send.to, send.key) for send in sends[:3]] == [("payments", "t"), ("kitchen", "mint"), ("kitchen", "vanilla")]
-    assert sends[-1].value["reason"] == "timeout waiting for kitchen"
+    assert _outcome(sends)["reason"] == "timeout waiting for kitchen"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -8,17 +8,19 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.shop_day import DAY
+from tables.eof import on_batch, on_finish
 from tables.shop import (
+    CLAIM_SHARDS,
     DUPLICATE,
-    OrderClaim,
-    ScreenReport,
+    ClaimShard,
     Send,
     ShopOrder,
     claim_key,
-    on_end,
+    claim_shard_keys,
     on_order,
-    on_outcome,
     order_sends,
+    outcome_sends,
     parse_shop_order,
 )
 from tables.shop_cards import card_ref
@@ -38,7 +40,9 @@ def _captures(sends: list[Send]) -> list[str]:
 
 def test_the_first_line_takes_the_id_a_later_line_is_a_duplicate_and_a_redelivery_changes_nothing() -> None:
     claim, sends, refused = on_order(None, SCREEN, f"{SCREEN}/1", 1, "o-1", _forward("o-1", 1))
-    assert claim == OrderClaim(SCREEN, "o-1", f"{SCREEN}/1", 1)
+    assert claim.taken == {"o-1": (f"{SCREEN}/1", 1)}
+    assert claim_key(SCREEN, "o-1") == f'["{SCREEN}",{claim.shard}]'
+    assert ClaimShard.from_dict(claim.to_dict()) == claim
     assert refused is None
     assert _captures(sends) == [f"{SCREEN}/1"]
     assert sorted(send.to for send in sends) == ["dispatch", "payments"], "the kitchen is asked only after the capture"
@@ -49,7 +53,7 @@ def test_the_first_line_takes_the_id_a_later_line_is_a_duplicate_and_a_redeliver
     kept, answer, refused = on_order(claim, SCREEN, f"{SCREEN}/2", 2, "o-1", _forward("o-1", 2))
     assert kept == claim
     assert _captures(answer) == [], "a duplicate is never charged"
-    assert [send.to for send in answer] == ["outcomes", "screens"]
+    assert [send.to for send in answer] == ["outcomes", "eof-aggregate", "eof-counter"]
     outcome = answer[0].value
     assert (outcome["ticket"], outcome["line"], outcome["status"], outcome["amount_cents"]) == (f"{SCREEN}/2", 2, DUPLICATE, 0)
     assert "taken by line 1" in outcome["reason"]
@@ -58,10 +62,13 @@ def test_the_first_line_takes_the_id_a_later_line_is_a_duplicate_and_a_redeliver
     assert "'o-1'" in refused
 
 
-def test_a_claim_key_tells_screen_and_id_apart_whatever_they_hold() -> None:
+def test_a_claim_key_tells_screens_apart_whatever_they_hold_and_is_one_of_the_screen_s_shards() -> None:
     assert claim_key("day/a:b", "c") != claim_key("day/a", "b:c")
     assert claim_key("day/a/b", "c") != claim_key("day/a", "b/c")
     assert claim_key(SCREEN, "o-1") == claim_key(SCREEN, "o-1")
+    keys = {claim_key(SCREEN, f"o-{number}") for number in range(2_000)}
+    assert keys == set(claim_shard_keys(SCREEN)), "ids spread over every shard, and only over them: the cleanup reaches all"
+    assert len(claim_shard_keys(SCREEN)) == CLAIM_SHARDS
 
 
 def test_an_order_id_longer_than_the_limit_is_invalid() -> None:
@@ -72,15 +79,22 @@ def test_an_order_id_longer_than_the_limit_is_invalid() -> None:
     assert "201 characters long" in (problem or "")
 
 
-def test_the_report_counts_a_duplicate_apart_from_invalid_and_aborted_lines() -> None:
-    report, _ = on_outcome(None, SCREEN, 1, "ready", None, 500)
-    report, _ = on_outcome(report, SCREEN, 2, DUPLICATE, "duplicate order: ...", 0)
-    report, _ = on_outcome(report, SCREEN, 2, DUPLICATE, "duplicate order: ...", 0)  # redelivered: counted once
-    report, sends = on_end(report, SCREEN, 2)
-    assert report.duplicate == 1
-    [final] = sends
-    assert (final.value["served"], final.value["duplicate"], final.value["invalid"], final.value["aborted"]) == (1, 1, 0, 0)
-    assert ScreenReport.from_dict(report.to_dict()) == report
+def _day_totals(sends: list[Send], state: object = None) -> object:
+    """The day's aggregate stage, fed the forwarded outcomes among ``sends``."""
+    for send in sends:
+        if send.to == "eof-aggregate":
+            selected = [DAY.select(record) for record in send.value["records"]]
+            state = on_batch(state, SCREEN, send.value["batch_id"], selected, 0, DAY).state  # type: ignore[arg-type]
+    return state
+
+
+def test_the_day_counts_a_duplicate_apart_from_invalid_and_aborted_lines() -> None:
+    ready = {"ticket": f"{SCREEN}/1", "screen": SCREEN, "line": 1, "status": "ready", "reason": None, "amount_cents": 500}
+    duplicate = {**ready, "ticket": f"{SCREEN}/2", "line": 2, "status": DUPLICATE, "reason": "duplicate order: ...", "amount_cents": 0}
+    state = _day_totals([*outcome_sends(ready), *outcome_sends(duplicate), *outcome_sends(duplicate)])  # redelivered: once
+    [flush] = on_finish(state, SCREEN, 2, 1, DAY).emits  # type: ignore[arg-type]
+    totals = flush.value["totals"]
+    assert (totals["lines"], totals["served"], totals["duplicate"], totals["invalid"], totals["aborted"]) == (2, 1, 1, 0, {})
 
 
 @PROPERTY
@@ -95,20 +109,17 @@ def test_each_id_is_charged_once_for_its_first_line_whatever_is_redelivered(ids:
     for line, order_id in list(deliveries):
         if rng.random() < 0.4:
             deliveries.insert(rng.randrange(deliveries.index((line, order_id)), len(deliveries) + 1), (line, order_id))
-    claims: dict[str, OrderClaim] = {}
+    claims: dict[str, ClaimShard] = {}
     charged: dict[str, set[int]] = {}
-    report: ScreenReport | None = None
+    day: object = None
     for line, order_id in deliveries:
         key = claim_key(SCREEN, order_id)
         claim, sends, _ = on_order(claims.get(key), SCREEN, f"{SCREEN}/{line}", line, order_id, _forward(order_id, line))
         claims[key] = claim
         for ticket in _captures(sends):
             charged.setdefault(order_id, set()).add(int(ticket.rsplit("/", 1)[1]))
-        for send in sends:
-            if send.to == "screens":
-                value = send.value
-                report, _ = on_outcome(report, SCREEN, value["line"], value["status"], value["reason"], value["amount_cents"])
+        day = _day_totals(sends, day)
     first_line = {order_id: ids.index(order_id) + 1 for order_id in set(ids)}
     assert charged == {order_id: {line} for order_id, line in first_line.items()}, "one charged line per id: its first"
     duplicates = len(ids) - len(set(ids))
-    assert (report.duplicate if report is not None else 0) == duplicates
+    assert (day.totals["duplicate"] if day is not None else 0) == duplicates  # type: ignore[attr-defined]

@@ -12,20 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.flows import Exchange, Flow, validate_flows
+from app.shop_day import DAY
 from app.shop_flows import FLOWS
 from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
+from tables.eof import ClientJoin, ClientTotals, ControllerState, Emit, Totals, on_batch, on_finish, on_report, on_sent, on_side, on_totals
 from tables.shop import (
     Capture,
     Payment,
-    ScreenReport,
     Send,
     ShopOrder,
     Stock,
     card_accepted,
     on_capture,
     on_deliver,
-    on_end,
-    on_outcome,
     on_release,
     on_reserve,
     on_settle,
@@ -124,7 +123,10 @@ class Shop:
         self.payments: dict[str, Payment] = {}
         self.stock = {flavour: Stock(flavour, available=stock, initial=stock) for flavour in CATALOGUE}
         self.barriers: dict[tuple[str, str], BarrierState | None] = {}
-        self.reports: dict[str, ScreenReport] = {}
+        #: the screen's day in the end-of-stream stages (app/shop_day.py): controller, aggregate, join
+        self.counter: ControllerState | None = None
+        self.day: ClientTotals | None = None
+        self.join: ClientJoin | None = None
         #: one queue per partition (topic, key): a queue's head is the next message that partition delivers
         self.queues: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.outcomes: list[dict[str, Any]] = []
@@ -276,10 +278,39 @@ class Shop:
             self.at_barrier(to.split(":", 1)[1], key, value)
         elif to == "resume":
             self.run(BY_SOURCE["shop.dispatch"], Exchange.from_dict(value["exchange"]), value["exchange_id"], value["step"])
-        elif to == "screens":
-            report, sends = on_outcome(self.reports.get("s"), "s", value["line"], value["status"], value["reason"], value["amount_cents"])
-            self.reports["s"] = report
-            self.send(sends)
+        elif to == "eof-counter":
+            if value["kind"] == "sent":
+                counted = on_sent(self.counter, key, value["batches"], self.now)
+            else:
+                counted = on_report(self.counter, key, value["batch_id"], value["forwarded"], self.now)
+            assert counted.rejected is None, counted.rejected
+            self.counter = counted.state
+            self.emit(key, counted.emits)
+        elif to == "eof-aggregate":
+            if value["kind"] == "finish":
+                merged = on_finish(self.day, key, value["expected"], self.now, DAY)
+            else:
+                records = [DAY.select(record) for record in value["records"]]
+                merged = on_batch(self.day, key, value["batch_id"], records, self.now, DAY)
+            assert merged.rejected is None, merged.rejected
+            self.day = merged.state
+            self.emit(key, merged.emits)
+        elif to == "eof-join":
+            if value["kind"] == "side":
+                joined = on_side(self.join, key, value["side"], self.now, DAY)
+            else:
+                joined = on_totals(self.join, key, Totals.from_dict(value), self.now, DAY)
+            assert joined.rejected is None, joined.rejected
+            self.join = joined.state
+            self.emit(key, joined.emits)
+
+    def emit(self, client: str, emits: list[Emit]) -> None:
+        """The end-of-stream cores' messages, on the bus like the shop's (``reports``: the screen's report)."""
+        for emit in emits:
+            if emit.to == "reports":
+                self.final_reports.append(emit.value)
+            else:
+                self.post(f"eof-{emit.to}", client, emit.value)
 
     def tick(self) -> None:
         for (name, key), state in list(self.barriers.items()):
@@ -320,8 +351,11 @@ def test_every_order_ends_once_and_money_and_stock_balance(
         shop.tick()
         while shop.busy:
             shop.step()
-    _report, sends = on_end(shop.reports.get("s"), "s", orders)
-    shop.send(sends)
+    # The screen's end of day: its side data (none: the catalogue's prices) and "sent N", then the stages settle.
+    shop.post("eof-join", "s", {"kind": "side", "client": "s", "side": None})
+    shop.post("eof-counter", "s", {"kind": "sent", "client": "s", "batches": orders})
+    while shop.busy:
+        shop.step()
 
     tickets = [outcome["ticket"] for outcome in shop.outcomes]
     assert sorted(tickets, key=int) == [str(number) for number in range(1, orders + 1)], "one outcome per order"
@@ -342,6 +376,12 @@ def test_every_order_ends_once_and_money_and_stock_balance(
     assert not rejected & shop.reservations, "a rejected card's order reached the kitchen"
     if timeout_after is None:  # (a deadline may pass before the gateway's answer: that order timed out)
         assert all(outcome["reason"].startswith("card rejected") for outcome in shop.outcomes if outcome["ticket"] in rejected)
-    assert len(shop.final_reports) == 1
-    assert shop.final_reports[0]["served"] == sum(1 for outcome in shop.outcomes if outcome["status"] == "ready")
-    assert shop.final_reports[0]["revenue_cents"] == committed
+    assert len(shop.final_reports) == 1, "one report of the day, whatever was redelivered"
+    [report] = shop.final_reports
+    assert report["status"] == "complete"
+    assert report["lines"] == orders
+    assert report["served"] == sum(1 for outcome in shop.outcomes if outcome["status"] == "ready")
+    assert report["revenue_cents"] == committed
+    assert sum(entry["scoops"] for entry in report["flavours"].values()) == sum(
+        sum(outcome["scoops"].values()) for outcome in shop.outcomes if outcome["status"] == "ready"
+    )

@@ -47,7 +47,7 @@ def test_a_rejected_card_reserves_nothing_and_settles_aborted_with_the_gateway_r
     assert exchange.payload["reservations"] == []
     exchange.properties["barriers"][AWAIT_KITCHEN] = _report("completed", KITCHEN_ANSWERS, [])
     settlement = settle_order(exchange)
-    assert sorted(settlement) == ["outcomes", "screens"]
+    assert sorted(settlement) == ["eof-aggregate", "eof-counter", "outcomes"]
     assert settlement["outcomes"][0]["reason"] == CARD_DECLINED
 
 

@@ -3,7 +3,6 @@ and the order files' reading (newlines only, a BOM, not UTF-8)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import orjson
@@ -12,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.shop_orders import parse_envelope, read_order, ticket_parts
+from app.shop_day import DAY
 from app.shop_demo import read_lines
 from app.shop_screens import Screens
-from tables.shop import LineRanges, ScreenReport, add_line, has_line, lines_counted, on_outcome
+from tables.eof import ClientTotals, on_batch, on_report
+from tables.shop import outcome_sends
 
 #: The lines that once ended the demo with no report for any screen.
 NASTY_LINES = {
@@ -88,25 +89,21 @@ def test_an_unknown_item_field_is_refused_by_name(extra: dict[str, int]) -> None
     assert f"unknown field(s) {sorted(extra)!r}" in str(problem)
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=60), max_size=80))
-def test_line_ranges_hold_exactly_the_lines_added_in_any_order(lines: list[int]) -> None:
-    ranges: LineRanges = ()
-    for line in lines:
-        ranges = add_line(ranges, line)
-    assert lines_counted(ranges) == len(set(lines))
-    assert all(has_line(ranges, line) for line in lines)
-    assert not any(has_line(ranges, line) for line in set(range(0, 62)) - set(lines))
-    assert all(first < end for first, end in ranges)
-    assert all(previous_end < first for (_, previous_end), (first, _) in itertools.pairwise(ranges))
-
-
-def test_a_report_written_after_many_lines_stays_small_and_reads_back_older_forms() -> None:
-    state: ScreenReport | None = None
+def test_a_screen_s_day_state_written_after_many_lines_stays_small() -> None:
+    """The controller's and the aggregate stage's values for a day of 10,000 lines: what each write holds does not
+    grow with the lines (the changelog's bytes grow with the lines, not with their square)."""
+    counter, day = None, None
     for line in range(1, 10_001):
-        state, _ = on_outcome(state, "d/s", line, "ready", None, 100)
-    assert state is not None
-    assert len(orjson.dumps(state.to_dict())) < 300
-    assert ScreenReport.from_dict(state.to_dict()) == state
-    older = {**state.to_dict(), "lines_seen": [1, 2, 3, 7]}
-    assert ScreenReport.from_dict(older).lines_seen == ((1, 4), (7, 8))
+        outcome = {"ticket": f"d/s/{line}", "screen": "d/s", "line": line, "status": "ready", "reason": None, "amount_cents": 100}
+        for send in outcome_sends({**outcome, "scoops": {"mint": 1}}):
+            if send.to == "eof-counter":
+                counter = on_report(counter, "d/s", send.value["batch_id"], send.value["forwarded"], line).state
+            elif send.to == "eof-aggregate":
+                records = [DAY.select(record) for record in send.value["records"]]
+                day = on_batch(day, "d/s", send.value["batch_id"], records, line, DAY).state
+    assert counter is not None
+    assert day is not None
+    assert (len(counter.reported), day.records, day.totals["served"]) == (10_000, 10_000, 10_000)
+    assert len(orjson.dumps(counter.to_dict())) < 300
+    assert len(orjson.dumps(day.to_dict())) < 600
+    assert ClientTotals.from_dict(orjson.loads(orjson.dumps(day.to_dict()))) == day

@@ -1,0 +1,104 @@
+"""Shop screens' days: each order id claimed once per screen's day; the day's claims dropped at its cleanup.
+
+Why an order id is checked here. A line reaches the orders stage keyed by its ticket, so that any partition
+can take it and a line that cannot even be read is still answered by its key; no orders partition sees a
+screen's other lines, hence no other line with the same id. The orders stage sends each parsed order here
+first, keyed by [screen, shard] (:func:`tables.shop.claim_key`), so that every line with that id on that
+screen's day lands on one key of one partition. The first line takes the id and its order goes on to the
+payments and the dispatch (which asks the kitchen once the capture succeeded); a later line with the same id is
+answered ``duplicate`` (dead letter ``duplicate-order``) before anything is charged or reserved. A record
+delivered again is not a second line: under exactly_once it is never seen twice, and under at_least_once the
+same ticket asking again gets its order sent again, which every later stage treats as the redelivery it is.
+
+The day's end is the end-of-stream pattern's (app/shop_day.py): once the screen holds its report, the
+controller's cleanup broadcast sends a ``cleanup`` to each of the screen's shards, and each is deleted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from faust.types import EventT, StreamT
+
+from agents.shop_common import outputs, send_all, shop_topics
+from app.core import InvalidMessage, app, handle_events, now_ms, settings
+from app.runtime.keyed import Change, KeyedState, Refusal, TableStore
+from tables.shop import INVALID, ClaimShard, ShopOrder, claim_key, line_outcome, on_claims_cleanup, on_order, order_sends
+from tables.shop_cards import CardRef
+from tables.shop_order_tables import order_ids
+
+__all__ = ["shop_claims"]
+
+AGENT = "shop_claims"
+#: The reason of a duplicate line's dead letter.
+DUPLICATE_ORDER = "duplicate-order"
+claims: KeyedState[ClaimShard] = KeyedState(
+    agent=AGENT, store=TableStore(order_ids, ClaimShard.to_dict, ClaimShard.from_dict), step="order-id"
+)
+
+
+def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder]:
+    """(ticket, line, order) of an order the orders stage sent to be claimed (its card a reference, never a number)."""
+    screen, ticket, line, order = (message.get(name) for name in ("screen", "ticket", "line", "order"))
+    if not isinstance(ticket, str) or not isinstance(line, int) or not isinstance(order, dict):
+        raise InvalidMessage(f"shop claims: order of screen {screen!r} needs 'ticket' (str), 'line' (int), 'order' (object)")
+    order_id, card, scoops, amount = (order.get(name) for name in ("order_id", "card", "scoops", "amount_cents"))
+    if not isinstance(order_id, str) or not isinstance(card, dict) or not isinstance(amount, int) or not isinstance(scoops, dict):
+        needs = "'order_id' (str), 'card' (object: token, last4, luhn_ok), 'scoops' (object), 'amount_cents' (int)"
+        raise InvalidMessage(f"shop claims: order of {ticket!r} needs {needs}")
+    if not all(isinstance(flavour, str) and isinstance(count, int) for flavour, count in scoops.items()):
+        raise InvalidMessage(f"shop claims: order of {ticket!r}: 'scoops' must map flavours to integers")
+    try:
+        reference = CardRef.from_dict(card)
+    except ValueError as error:
+        raise InvalidMessage(f"shop claims: order of {ticket!r}: {error}") from None
+    return ticket, line, ShopOrder(order_id, reference, dict(scoops), amount)
+
+
+async def _claim(event: EventT[bytes], screen: str, message: dict[str, Any]) -> None:
+    ticket, line, order = read_claim(message)
+    key = claim_key(screen, order.order_id)
+    previous = claims.load(key)
+    forward = order_sends(order, ticket, screen, line, now_ms() + settings.shop_dispatch_timeout_ms)
+    shard, sends, duplicate = on_order(previous, screen, ticket, line, order.order_id, forward)
+    refused = (Refusal(DUPLICATE_ORDER, duplicate),) if duplicate else ()
+    await claims.apply(event, key, previous, Change(state=shard, outputs=outputs(sends), rejected=refused))
+
+
+async def _owed(event: EventT[bytes], reason: str, error: str) -> None:
+    """An order that could not be claimed (its message malformed, a step that kept failing): still its line's one outcome."""
+    try:
+        message = orjson.loads(event.message.value or b"")
+    except orjson.JSONDecodeError:
+        return  # not an order the orders stage sent (no ticket to answer): the dead letter is all there is
+    if not isinstance(message, dict) or message.get("kind") != "order":
+        return  # a cleanup: nothing is owed for it
+    screen, ticket, line = message.get("screen"), message.get("ticket"), message.get("line")
+    if isinstance(screen, str) and isinstance(ticket, str) and isinstance(line, int):
+        await send_all(event, line_outcome(ticket, screen, line, None, INVALID, f"{reason}: {error[:300]}"), agent=AGENT)
+
+
+async def _handle(event: EventT[bytes], message: Any) -> None:
+    if not isinstance(message, dict):
+        raise InvalidMessage("shop claims: a message must be a JSON object")
+    kind = message.get("kind")
+    if kind == "order":
+        screen = message.get("screen")
+        if not isinstance(screen, str):
+            raise InvalidMessage("shop claims: an order needs a string 'screen'")
+        await _claim(event, screen, message)
+    elif kind == "cleanup":
+        # The end-of-stream controller's broadcast, keyed by the shard it is for.
+        key = event.message.key.decode("utf-8", "replace") if event.message.key else ""
+        previous = claims.load(key)
+        if previous is not None:
+            await claims.apply(event, key, previous, Change(state=on_claims_cleanup(previous)))
+    else:
+        raise InvalidMessage(f"shop claims: 'kind' must be 'order' or 'cleanup', got {kind!r:.60}")
+
+
+@app.agent(shop_topics["claims"])
+async def shop_claims(stream: StreamT[bytes]) -> None:
+    """Reads each screen's orders to claim and its day's cleanups (keyed by [screen, shard])."""
+    await handle_events(stream, agent=AGENT, what="shop claims: message", handler=_handle, owed=_owed)
