@@ -78,14 +78,18 @@ class Gateway:
         await self._desk.stop()
 
     async def send(self, client: str, lines: Iterable[Any], *, batch_size: int, side: Any = None) -> int:
-        """Send the client's side data, its batches and its end; returns how many batches it sent."""
+        """Send the client's batches, its side data and its end; returns how many batches it sent.
+
+        The side data goes with the end, not before the batches: the joiner drops a client it heard nothing else of
+        after ten idle timeouts, and a client's batches may take longer than that."""
         producer = self._desk.producer
         batches = batched(lines, batch_size)
         side_data = {"kind": "side", "client": client, "side": side}
-        pending = [await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(side_data))]
+        pending = []
         for batch_id, batch in enumerate(batches):
             value = {"client": client, "batch_id": batch_id, "lines": batch}
             pending.append(await producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
+        pending.append(await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(side_data)))
         # The end is sent once every batch is acknowledged (the controller may still see it first: it counts by id).
         await asyncio.gather(*pending)
         end = {"kind": "sent", "client": client, "batches": len(batches)}

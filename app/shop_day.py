@@ -43,8 +43,14 @@ def _join(screen: str, totals: dict[str, Any], side: Any) -> dict[str, Any]:
     return day_report(screen, totals, prices)
 
 
+def _merge(totals: dict[str, Any], record: Any) -> dict[str, Any]:
+    # The shop's stages forward outcomes without a filter step of their own: each is read here, and one that is
+    # not an outcome fails the day's report (with the error) rather than being miscounted.
+    return day_merge(totals, read_outcome(record))
+
+
 def _cleanups(screen: str) -> list[tuple[str, str]]:
     return [("shop.claims", key) for key in claim_shard_keys(screen)]
 
 
-DAY = EofJob("shop day", select=_select, zero=day_zero, merge=day_merge, join=_join, cleanup_topics=("shop.claims",), cleanups=_cleanups)
+DAY = EofJob("shop day", select=_select, zero=day_zero, merge=_merge, join=_join, cleanup_topics=("shop.claims",), cleanups=_cleanups)

@@ -3,8 +3,8 @@
 A screen sends each line (an order, or whatever the line holds) to the shop keyed by its ticket
 ``<day>/<screen>/<line>``, and waits for that ticket's outcome before the next customer: ready, aborted
 (with a reason) or invalid. Its day is a client of the end-of-stream pattern (app/shop_day.py): the screen is
-the gateway. It sends its side data first (none: the report prices with the catalogue), "sent N" once its N
-lines are out, waits for its report (``eof-reports``), and says "delivered", upon which every stage that keeps
+the gateway. Once its N lines are out it sends its side data (none: the report prices with the catalogue) and
+"sent N", waits for its report (``eof-reports``), and says "delivered", upon which every stage that keeps
 state of its day drops it.
 
 A screen is where a customer's card number is read, and the only place it is: before a line goes to Kafka its
@@ -106,8 +106,6 @@ class Screens:
         """Serve the file's customers in order; then announce the end of day and return the screen's report."""
         producer = self._desk.producer
         screen = self.screen_id(name)
-        side = {"kind": "side", "client": screen, "side": None}  # the report prices with the catalogue
-        await producer.send_and_wait(self._topic(TOPIC_JOIN), key=screen.encode(), value=dumps(side))
         count = 0
         for number, text in enumerate(lines, start=1):
             count = number
@@ -121,6 +119,10 @@ class Screens:
                 progress.by_status[outcome["status"]] = progress.by_status.get(outcome["status"], 0) + 1
                 progress.outcomes.append(outcome)
         self._desk.expect(f"report:{screen}")
+        # The side data goes at the end, with "sent N": the joiner drops a client it heard nothing else of after a
+        # long while, and a day may be long (none: the report prices with the catalogue).
+        side = {"kind": "side", "client": screen, "side": None}
+        await producer.send_and_wait(self._topic(TOPIC_JOIN), key=screen.encode(), value=dumps(side))
         sent = {"kind": "sent", "client": screen, "batches": count}
         await producer.send_and_wait(self._topic(TOPIC_COUNTER), key=screen.encode(), value=dumps(sent))
         report: dict[str, Any] = await self._desk.wait(f"report:{screen}", timeout_s)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
+
+import orjson
 
 __all__ = [
     "TOPIC_BATCHES",
@@ -198,7 +200,7 @@ def id_runs(ids: Iterable[str]) -> dict[str, Any]:
     other: list[str] = []
     for batch_id in ids:
         batch, dot, part = batch_id.partition(".")
-        if dot and batch.isdigit() and part.isdigit() and str(int(batch)) == batch and str(int(part)) == part:
+        if dot and _is_number(batch) and _is_number(part):
             by_part.setdefault(int(part), []).append(int(batch))
         else:
             other.append(batch_id)
@@ -208,6 +210,11 @@ def id_runs(ids: Iterable[str]) -> dict[str, Any]:
     if other:
         stored["other"] = sorted(other)
     return stored
+
+
+def _is_number(text: str) -> bool:
+    """Digits 0-9 only, without a leading zero (ids are made with ``f"{batch}.{k}"``)."""
+    return text.isascii() and text.isdigit() and str(int(text)) == text
 
 
 def ids_of_runs(raw: Any) -> frozenset[str]:
@@ -426,13 +433,20 @@ class ClientTotals:
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
             seen=ids_of_runs(raw.get("seen") or ()),
-            records=int(raw.get("records") or 0),
-            totals=raw.get("totals"),
+            records=int(raw.get("records") or raw.get("orders") or 0),
+            totals=raw.get("totals", _older_totals(raw)),
             expected=raw.get("expected"),
             flushed=bool(raw.get("flushed")),
             error=raw.get("error"),
             closed_ms=raw.get("closed_ms"),
         )
+
+
+def _older_totals(raw: Mapping[str, Any]) -> Any:
+    """The demo job's totals from a value written before jobs were pluggable (``orders`` and ``scoops`` fields)."""
+    if "scoops" not in raw:
+        return None
+    return {"orders": int(raw.get("orders") or 0), "scoops": {str(flavour): int(n) for flavour, n in raw["scoops"].items()}}
 
 
 def _stray_deadline_ms(last_activity_ms: int, config: EofConfig) -> int:
@@ -452,11 +466,25 @@ class AggregatorTransition:
 def _maybe_flush(state: ClientTotals, job: EofJob) -> AggregatorTransition:
     if state.flushed or state.expected is None or len(state.seen) < state.expected:
         return AggregatorTransition(state)
-    totals = state.totals if state.totals is not None or state.error is not None else job.zero()
-    flushed = Totals(batches=len(state.seen), records=state.records, totals=totals, error=state.error)
+    totals, error = state.totals, state.error
+    if totals is None and error is None:  # no batch came: the totals of nothing
+        try:
+            totals = _json_checked(job.zero())
+        except Exception as failure:  # the job's code: the client's report says it failed
+            error = f"zero failed: {describe(failure)}"
+    flushed = Totals(batches=len(state.seen), records=state.records, totals=totals, error=error)
     return AggregatorTransition(
         replace(state, flushed=True), [Emit("join", {"kind": "totals", "client": state.client, **flushed.to_dict()})]
     )
+
+
+T = TypeVar("T")
+
+
+def _json_checked(value: T) -> T:
+    """``value``, once it is known to encode as JSON (what the job returns is stored and sent as JSON)."""
+    orjson.dumps(value)
+    return value
 
 
 def describe(error: BaseException) -> str:
@@ -489,6 +517,7 @@ def on_batch(
             for record in records:
                 totals = job.merge(totals, record)
                 count += 1
+            _json_checked(totals)  # stored in a table and sent to the joiner: a failure here is the job's, reported
         except Exception as error:  # the job's code: its failure is the client's, reported, not the worker's
             totals, count, failed = state.totals, 0, f"merge of batch {batch_id!r} failed: {describe(error)}"
     merged = replace(
@@ -543,7 +572,8 @@ class Totals:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Totals:
         error = raw.get("error")
-        return cls(int(raw["batches"]), int(raw["records"]), raw.get("totals"), None if error is None else str(error))
+        records = raw["records"] if "records" in raw else raw["orders"]  # the older form: the demo's orders and scoops
+        return cls(int(raw["batches"]), int(records), raw.get("totals", _older_totals(raw)), None if error is None else str(error))
 
 
 #: The largest count or price a message may carry: integers any JSON reader holds exactly.
@@ -587,11 +617,12 @@ class ClientJoin:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ClientJoin:
         totals = raw.get("totals")
+        older_prices = raw.get("prices")  # the older form: the demo's price list, before side data
         return cls(
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
-            has_side=bool(raw.get("has_side")),
-            side=raw.get("side"),
+            has_side=bool(raw.get("has_side")) or older_prices is not None,
+            side=raw.get("side", older_prices),
             totals=None if totals is None else Totals.from_dict(totals),
             reported=bool(raw.get("reported")),
             closed_ms=raw.get("closed_ms"),
@@ -617,7 +648,7 @@ def join_report(client: str, totals: Totals, side: Any, job: EofJob) -> dict[str
         fields = job.join(client, totals.totals, side)
         if not isinstance(fields, Mapping):
             raise TypeError(f"join must return a mapping (the report's fields), got {type(fields).__name__}")
-        return {**{str(name): value for name, value in fields.items()}, **head}
+        return _json_checked({**{str(name): value for name, value in fields.items()}, **head})
     except Exception as error:  # the job's code: the client gets a failed report, the worker goes on
         return {**head, "status": STATUS_FAILED, "error": f"join failed: {describe(error)}"}
 

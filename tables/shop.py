@@ -48,6 +48,7 @@ __all__ = [
     "outcome_sends",
     "on_order",
     "on_claims_cleanup",
+    "claims_tombstone_due",
     "Payment",
     "on_capture",
     "on_settle",
@@ -257,19 +258,23 @@ CLAIM_SHARDS = 32
 @dataclass(frozen=True)
 class ClaimShard:
     """The order ids taken on a screen's day, one shard of them (table ``shop_order_ids``, keyed by :func:`claim_key`):
-    each id with the ticket and line that took it."""
+    each id with the ticket and line that took it. Once the day is cleaned up, a tombstone (``closed_ms``, no ids)
+    that answers a late claim until it goes."""
 
     screen: str
     shard: int
     taken: dict[str, tuple[str, int]] = field(default_factory=dict)
+    closed_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"screen": self.screen, "shard": self.shard, "taken": {order_id: list(by) for order_id, by in self.taken.items()}}
+        taken = {order_id: list(by) for order_id, by in self.taken.items()}
+        return {"screen": self.screen, "shard": self.shard, "taken": taken, "closed_ms": self.closed_ms}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ClaimShard:
         taken = {str(order_id): (str(ticket), int(line)) for order_id, (ticket, line) in (raw.get("taken") or {}).items()}
-        return cls(str(raw["screen"]), int(raw["shard"]), taken)
+        closed = raw.get("closed_ms")
+        return cls(str(raw["screen"]), int(raw["shard"]), taken, None if closed is None else int(closed))
 
 
 def _shard_key(screen: str, shard: int) -> str:
@@ -298,6 +303,9 @@ def on_order(
     again: each of those messages is idempotent where it lands.
     """
     shard = previous if previous is not None else ClaimShard(screen, json.loads(claim_key(screen, order_id))[1])
+    if shard.closed_ms is not None:
+        reason = "the screen's day is over: its report was delivered and its order ids dropped"
+        return shard, line_outcome(ticket, screen, line, order_id, INVALID, reason), f"screen {screen} line {line}: {reason}"
     taken = shard.taken.get(order_id)
     if taken is None:
         return replace(shard, taken={**shard.taken, order_id: (ticket, line)}), list(forward), None
@@ -307,10 +315,18 @@ def on_order(
     return shard, line_outcome(ticket, screen, line, order_id, DUPLICATE, reason), f"screen {screen} line {line}: {reason}"
 
 
-def on_claims_cleanup(previous: ClaimShard | None) -> ClaimShard | None:
-    """The screen's day is over (its report delivered): the shard goes (None: the key is deleted)."""
-    del previous
-    return None
+def on_claims_cleanup(previous: ClaimShard | None, key: str, now_ms: int) -> ClaimShard:
+    """The screen's day is over (its report delivered): the shard's ids go; a tombstone stays, which answers a late
+    claim ``invalid`` until :func:`claims_tombstone_due` (then the key is deleted)."""
+    if previous is not None and previous.closed_ms is not None:
+        return previous
+    screen, shard = json.loads(key)
+    return ClaimShard(str(screen), int(shard), {}, closed_ms=now_ms)
+
+
+def claims_tombstone_due(state: ClaimShard, retention_ms: int) -> int | None:
+    """When a shard's tombstone goes (None: an open shard, which the day's cleanup ends)."""
+    return None if state.closed_ms is None else state.closed_ms + retention_ms
 
 
 # ----------------------------------------------------------------------------------------- payments

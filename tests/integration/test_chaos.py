@@ -1,6 +1,6 @@
 """A short chaos run of the whole shop: every stage SIGKILLed at least once while orders and garbage flow.
 
-``bench.chaos`` (``make chaos`` runs a longer one) starts the shop's six workers, serves three screens, kills a
+``bench.chaos`` (``make chaos`` runs a longer one) starts the shop's seven workers, serves three screens, kills a
 worker of each stage in turn every few seconds and restarts it in its slot, injects bad inputs, then audits
 the topics with a read_committed consumer: every ticket answered once, every payment phase once, the stock
 and money invariants, every bad input dead-lettered. Static membership is on (the default: with dynamic
@@ -42,7 +42,7 @@ def test_a_short_chaos_run_kills_every_stage_and_loses_nothing(kafka_bootstrap: 
     try:
         stdout, stderr = run.communicate(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
-        # SIGTERM: bench.chaos stops its six workers (a SIGKILL of it alone would leave them running, and loading
+        # SIGTERM: bench.chaos stops its seven workers (a SIGKILL of it alone would leave them running, and loading
         # the machine for every later test), then its output says how far it got.
         run.send_signal(signal.SIGTERM)
         try:

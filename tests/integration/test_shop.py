@@ -150,7 +150,7 @@ def assert_outcomes_once_on_the_topic(pipeline: Pipeline, screens: dict[str, lis
 
 def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) -> None:
     screens = make_screens(40)
-    start_shop(pipeline)
+    start_shop(pipeline, WEIR_EOF_CLOSED_RETENTION_MS=5_000)  # tombstones go soon: the test sees every key deleted
     result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=90))
     print(f"\n3 screens x 40 lines in {result['elapsed_s']:.1f}s: {result['reports']}")
     assert_invariants(result, screens)
@@ -159,26 +159,23 @@ def test_a_day_at_the_shop_matches_the_sequential_reference(pipeline: Pipeline) 
     assert_the_day_is_cleaned_up(pipeline, [report["screen"] for report in result["reports"].values()])
 
 
-def assert_the_day_is_cleaned_up(pipeline: Pipeline, screens: list[str], timeout_s: float = 30.0) -> None:
-    """Once the screens said "delivered", no stage keeps their day: every order-id shard is deleted and the end of
-    day's aggregate and join stages keep tombstones only (read_committed, from the changelogs). Each held data before:
-    else the check would prove nothing."""
+def assert_the_day_is_cleaned_up(pipeline: Pipeline, screens: list[str], timeout_s: float = 60.0) -> None:
+    """Once the screens said "delivered" and the tombstones' retention passed, no stage keeps their day: every
+    order-id shard and the end of day's controller, aggregate and join keys are deleted (read_committed, from the
+    changelogs). Each held the day before: else the check would prove nothing."""
+    tables = ("shop_order_ids", "eof_counters", "eof_totals", "eof_joins")
     deadline = time.monotonic() + timeout_s
     while True:
-        shards = last_values(pipeline, "shop_order_ids")
-        totals, joins = last_values(pipeline, "eof_totals"), last_values(pipeline, "eof_joins")
-        left = [key for key, value in shards.items() if value is not None]
-        open_days = [
-            screen
-            for screen in screens
-            if not (totals.get(screen) or {}).get("closed_ms") or not (joins.get(screen) or {}).get("closed_ms")
-        ]
-        if not left and not open_days:
+        values = {table: last_values(pipeline, table) for table in tables}
+        left = {table: [key for key, value in rows.items() if value is not None] for table, rows in values.items()}
+        if not any(left.values()):
             break
-        assert time.monotonic() < deadline, f"after {timeout_s}s: order-id shards left {left[:5]}, days not closed {open_days}"
+        assert time.monotonic() < deadline, f"keys left {timeout_s}s after the day: {left}"
         time.sleep(1.0)
-    held = {orjson.loads(key)[0] for key in shards}
-    assert set(screens) <= held, f"no order id of {sorted(set(screens) - held)} was ever claimed: the check proves nothing"
+    claimed = {orjson.loads(key)[0] for key in values["shop_order_ids"]}
+    assert set(screens) <= claimed, f"no order id of {sorted(set(screens) - claimed)} was ever claimed: the check proves nothing"
+    for table in tables[1:]:
+        assert set(screens) <= set(values[table]), f"{table} never held {sorted(set(screens) - set(values[table]))}"
 
 
 @pytest.mark.parametrize(

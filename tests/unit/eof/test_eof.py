@@ -506,3 +506,34 @@ def test_a_client_s_stored_ids_do_not_grow_with_its_batches_when_they_come_in_or
     assert len(json.dumps(totals.to_dict())) < 300
     assert ControllerState.from_dict(controller.to_dict()) == controller
     assert ClientTotals.from_dict(totals.to_dict()) == totals
+
+
+def test_a_zero_that_raises_or_totals_and_reports_that_are_not_json_give_failed_reports() -> None:
+    def broken_zero() -> dict[str, int]:
+        raise RuntimeError("no zero")
+
+    job = EofJob("no zero", _keep_text, broken_zero, _count_words, WORDS.join)
+    [flush] = on_finish(None, "c", 0, now_ms=0, job=job).emits
+    assert flush.value["error"] == "zero failed: RuntimeError: no zero"
+    setty = EofJob("sets", _keep_text, set, lambda totals, record: totals | {record}, lambda c, t, s: {"n": len(t)})
+    state = on_batch(None, "c", "0.0", ["a"], now_ms=0, job=setty).state
+    assert state is not None
+    assert state.error is not None
+    assert state.error.startswith("merge of batch '0.0' failed: TypeError")
+    odd = EofJob("odd", _keep_text, dict, _count_words, lambda client, totals, side: {"when": {1, 2}})
+    [report] = on_totals(on_side(None, "c", None, now_ms=0, job=odd).state, "c", Totals(1, 1, {}), now_ms=1, job=odd).emits
+    assert report.value["status"] == "failed"
+    assert report.value["error"].startswith("join failed: TypeError")
+
+
+def test_values_written_before_jobs_were_pluggable_still_read() -> None:
+    totals = ClientTotals.from_dict(
+        {"client": "c", "last_activity_ms": 5, "seen": ["0.0"], "orders": 3, "scoops": {"mint": 4}, "expected": 1}
+    )
+    assert (totals.records, totals.totals) == (3, {"orders": 3, "scoops": {"mint": 4}})
+    older_totals = {"batches": 1, "orders": 3, "scoops": {"mint": 4}}
+    join = ClientJoin.from_dict({"client": "c", "last_activity_ms": 5, "prices": {"mint": 2}, "totals": older_totals, "reported": False})
+    assert (join.has_side, join.side) == (True, {"mint": 2})
+    assert join.totals == Totals(1, 3, {"orders": 3, "scoops": {"mint": 4}})
+    [report] = on_side(replace(join, has_side=False), "c", {"mint": 2}, now_ms=6, job=JOB).emits
+    assert report.value["revenue_cents"] == 8

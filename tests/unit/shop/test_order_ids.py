@@ -18,6 +18,8 @@ from tables.shop import (
     ShopOrder,
     claim_key,
     claim_shard_keys,
+    claims_tombstone_due,
+    on_claims_cleanup,
     on_order,
     order_sends,
     outcome_sends,
@@ -123,3 +125,20 @@ def test_each_id_is_charged_once_for_its_first_line_whatever_is_redelivered(ids:
     assert charged == {order_id: {line} for order_id, line in first_line.items()}, "one charged line per id: its first"
     duplicates = len(ids) - len(set(ids))
     assert (day.totals["duplicate"] if day is not None else 0) == duplicates  # type: ignore[attr-defined]
+
+
+def test_a_cleaned_up_shard_is_a_tombstone_that_answers_a_late_claim_and_then_goes() -> None:
+    claim, _, _ = on_order(None, SCREEN, f"{SCREEN}/1", 1, "o-1", _forward("o-1", 1))
+    key = claim_key(SCREEN, "o-1")
+    tombstone = on_claims_cleanup(claim, key, 1_000)
+    assert tombstone == ClaimShard(SCREEN, claim.shard, {}, closed_ms=1_000)
+    assert on_claims_cleanup(tombstone, key, 2_000) is tombstone, "a second cleanup changes nothing"
+    assert on_claims_cleanup(None, claim_shard_keys(SCREEN)[0], 1_000).closed_ms == 1_000, "an empty shard is closed too"
+    kept, answer, refused = on_order(tombstone, SCREEN, f"{SCREEN}/9", 9, "o-1", _forward("o-1", 9))
+    assert kept is tombstone
+    assert _captures(answer) == [], "a claim after the day is never charged"
+    assert answer[0].value["status"] == "invalid"
+    assert refused is not None
+    assert claims_tombstone_due(tombstone, 60_000) == 61_000
+    assert claims_tombstone_due(claim, 60_000) is None
+    assert ClaimShard.from_dict(tombstone.to_dict()) == tombstone
