@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -12,6 +11,7 @@ from faust.types import EventT, TableT
 from app.core import app, settings, topics
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, Output, TableStore
+from app.settings import load_named
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, Emit, EofConfig, EofJob
 
 __all__ = [
@@ -44,13 +44,7 @@ CONFIG = EofConfig(idle_timeout_ms=settings.eof_idle_timeout_ms, closed_retentio
 
 def load_job(spec: str) -> EofJob:
     """Import the end-of-stream job named ``module:NAME`` (``WEIR_EOF_JOB``)."""
-    module_name, _, name = spec.partition(":")
-    try:
-        job = getattr(importlib.import_module(module_name), name, None) if module_name and name else None
-    except ImportError as error:
-        raise ValueError(f"setting WEIR_EOF_JOB={spec!r}: cannot import {module_name!r} ({error})") from None
-    if not isinstance(job, EofJob):
-        raise ValueError(f"setting WEIR_EOF_JOB={spec!r}: expected 'module:NAME' naming a tables.eof.EofJob, got {type(job).__name__}")
+    job: EofJob = load_named("WEIR_EOF_JOB", spec, "a tables.eof.EofJob", lambda found: isinstance(found, EofJob))
     return job
 
 

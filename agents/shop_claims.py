@@ -34,6 +34,7 @@ from tables.shop import (
     ShopOrder,
     claim_key,
     claims_tombstone_due,
+    is_positive_count,
     line_outcome,
     on_claims_cleanup,
     on_order,
@@ -59,7 +60,7 @@ claims: KeyedState[ClaimShard] = KeyedState(
 def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder]:
     """(ticket, line, order) of an order the orders stage sent to be claimed (its card a reference, never a number)."""
     screen, ticket, line, order = (message.get(name) for name in ("screen", "ticket", "line", "order"))
-    if not isinstance(ticket, str) or not isinstance(line, int) or not _positive(line) or not isinstance(order, dict):
+    if not isinstance(ticket, str) or not isinstance(line, int) or not is_positive_count(line) or not isinstance(order, dict):
         raise InvalidMessage(f"shop claims: order of screen {screen!r} needs 'ticket' (str), 'line' (int, from 1), 'order' (object)")
     order_id, card, scoops, amount = (order.get(name) for name in ("order_id", "card", "scoops", "amount_cents"))
     if not isinstance(order_id, str) or not 0 < len(order_id) <= MAX_ORDER_ID_CHARS or not isinstance(card, dict):
@@ -68,17 +69,13 @@ def read_claim(message: dict[str, Any]) -> tuple[str, int, ShopOrder]:
         )
     if not (isinstance(amount, int) and not isinstance(amount, bool) and amount >= 0) or not isinstance(scoops, dict) or not scoops:
         raise InvalidMessage(f"shop claims: order of {ticket!r} needs 'amount_cents' (int, at least 0) and 'scoops' (a non-empty object)")
-    if not all(isinstance(flavour, str) and _positive(count) for flavour, count in scoops.items()):
+    if not all(isinstance(flavour, str) and is_positive_count(count) for flavour, count in scoops.items()):
         raise InvalidMessage(f"shop claims: order of {ticket!r}: 'scoops' must map flavours to positive integers")
     try:
         reference = CardRef.from_dict(card)
     except ValueError as error:
         raise InvalidMessage(f"shop claims: order of {ticket!r}: {error}") from None
     return ticket, line, ShopOrder(order_id, reference, dict(scoops), amount)
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 async def _claim(event: EventT[bytes], screen: str, message: dict[str, Any]) -> None:

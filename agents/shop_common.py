@@ -22,12 +22,7 @@ def _topic(name: str) -> faust.TopicT:
 shop_topics: dict[str, faust.TopicT] = {name: _topic(name) for name in SHOP_TOPICS}
 topics.extra.extend(shop_topics.values())
 #: Every topic a core's message may go to: the shop's, and the end of day's (the end-of-stream pattern's).
-_TARGETS: dict[str, faust.TopicT] = {
-    **{name: topic for name, topic in shop_topics.items()},
-    DAY_AGGREGATE: aggregate_topic,
-    DAY_COUNTER: counter_topic,
-}
-_WHAT = {DAY_AGGREGATE: DAY_AGGREGATE, DAY_COUNTER: DAY_COUNTER}
+_TARGETS: dict[str, faust.TopicT] = {**shop_topics, DAY_AGGREGATE: aggregate_topic, DAY_COUNTER: counter_topic}
 
 
 def outputs(sends: Sequence[Send]) -> tuple[Output, ...]:

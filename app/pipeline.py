@@ -8,13 +8,13 @@ without declaring the items agent, or the aggregator's tables, in its process.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from app.core import retry_policy, settings
 from app.errors import StepOutcome, run_with_retry
+from app.settings import load_named
 from tables.aggregates import AggregatorConfig
 
 __all__ = ["as_is", "load_processor", "make_step", "step", "STEP_IS_ASYNC", "STEP_RUNS_AT_ONCE", "STEP_IN_PLACE", "AGGREGATOR"]
@@ -38,12 +38,8 @@ def as_is(payload: Any) -> Any:
 
 def load_processor(spec: str) -> Callable[[Any], Any]:
     """Import the item step named ``module:function``."""
-    module_name, _, function_name = spec.partition(":")
-    function = getattr(importlib.import_module(module_name), function_name, None)
-    if not callable(function):
-        message = f"setting WEIR_ITEM_PROCESSOR={spec!r}: expected 'module:function' naming a callable"
-        raise ValueError(message)
-    return function  # type: ignore[no-any-return]
+    function: Callable[[Any], Any] = load_named("WEIR_ITEM_PROCESSOR", spec, "a callable", callable)
+    return function
 
 
 def make_step(process: Callable[[Any], Any], *, threads: int) -> tuple[ItemStep, bool]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -12,6 +14,7 @@ from typing import Any, TypedDict
 __all__ = [
     "Settings",
     "load_settings",
+    "load_named",
     "default_bootstrap",
     "default_postgres_url",
     "kafka_client_options",
@@ -90,6 +93,19 @@ def default_bootstrap() -> str:
 def default_postgres_url() -> str:
     """The PostgreSQL server: ``DATABASE_URL`` if set, else the local one on ``WEIR_PG_PORT`` (15432), as scripts/postgres.sh starts it."""
     return _env_str("DATABASE_URL", f"postgresql://weir@127.0.0.1:{_env_str('WEIR_PG_PORT', '15432')}/weir")
+
+
+def load_named(setting: str, spec: str, what: str, accept: Callable[[Any], bool]) -> Any:
+    """The object ``spec`` names (``module:NAME``) for setting ``setting``; ValueError naming the setting when the
+    module cannot be imported or the name is not ``what`` (``accept`` says)."""
+    module_name, _, name = spec.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), name, None) if module_name and name else None
+    except ImportError as error:
+        raise ValueError(f"setting {setting}={spec!r}: cannot import {module_name!r} ({error})") from None
+    if not accept(found):
+        raise ValueError(f"setting {setting}={spec!r}: expected 'module:NAME' naming {what}, got {type(found).__name__}")
+    return found
 
 
 def _env_str(name: str, default: str) -> str:

@@ -58,6 +58,7 @@ __all__ = [
     "on_deliver",
     "OpenedOrder",
     "DispatchOrder",
+    "is_positive_count",
     "read_answer",
     "WaitEnd",
     "WAIT_COMPLETED",
@@ -549,6 +550,11 @@ class OpenedOrder:
     amount_cents: int
 
 
+def is_positive_count(value: Any) -> bool:
+    """An integer above 0 (not a bool): a count of scoops, a line number."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @dataclass(frozen=True)
 class DispatchOrder:
     """An order at dispatch, from its open (keyed, paid and reserved by its ticket, not by the customer's order id)."""
@@ -570,7 +576,7 @@ class DispatchOrder:
             raise ValueError(message) from None
         if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int) or not isinstance(amount, int):
             raise ValueError("shop dispatch: an open needs 'ticket' (str), 'screen' (str), 'line' (int), 'order.amount_cents' (int)")
-        if not scoops or not all(isinstance(count, int) and not isinstance(count, bool) and count > 0 for count in scoops.values()):
+        if not scoops or not all(map(is_positive_count, scoops.values())):
             raise ValueError(f"shop dispatch: open of {ticket!r}: 'order.scoops' must map flavours to positive integers")
         return cls(ticket, screen, line, OpenedOrder(ticket, scoops, amount))
 
