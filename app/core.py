@@ -48,6 +48,7 @@ engine.install(
         static_member=settings.worker_id if settings.static_membership else None,
         commit_idle_s=settings.commit_idle_ms / 1000,
         defer_deliveries=settings.processing_guarantee == "exactly_once",
+        direct_batches=settings.direct_batches,
         trace_file=settings.trace_file or None,
     )
 )
@@ -309,15 +310,16 @@ async def handle_events(
 
         await handle_parts(stream, each)
         return
-    async for event in stream.events():
-        engine.trace("event", event.message.tp, event.message.offset)
-        async with engine.event_scope(event):
-            if not engine.to_process(event):
-                continue
-            await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
-            metrics.events_handled(agent)
-            # Acked inside the scope: the commit that covers this offset also covers all it produced.
-            engine.ack_handled(event)
+    async for batch in take_batches(stream, settings.batch_size, settings.batch_wait_ms / 1000):
+        for event in batch:  # one scope per event: a commit may come between two of them
+            engine.trace("event", event.message.tp, event.message.offset)
+            async with engine.event_scope(event):
+                if not engine.to_process(event):
+                    continue
+                await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+                metrics.events_handled(agent)
+                # Acked inside the scope: the commit that covers this offset also covers all it produced.
+                engine.ack_handled(event)
 
 
 async def handle_part_events(
@@ -378,9 +380,9 @@ PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 async def handle_parts(
     stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None, concurrent: bool = False
 ) -> None:
-    """Take events in batches (:func:`take_ready`: up to ``size``, what is ready) and run them (:func:`run_sliced`)."""
+    """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`)."""
     slicer = Slicer(size or settings.batch_size)
-    async for batch in take_ready(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
+    async for batch in take_batches(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
         await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
 
 
@@ -448,13 +450,13 @@ async def all_at_once(coroutines: Iterable[Awaitable[None]]) -> None:
         raise
 
 
-def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
-    """Adaptive batches: up to ``max_`` events, handed on as soon as no further event is ready (``within``
-    only bounds how long the loop sleeps between looks). Events are not acked here: the caller acks them
-    inside their exactly-once scope. Faust's ``noack_take`` without its timer, on Faust's Stream internals:
-    :func:`app.engine.streams.take_ready`.
+def take_batches(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
+    """An agent's batches: up to ``max_`` events, each handed on as soon as no further event is ready. Events are
+    not acked here: the caller acks them inside their exactly-once scope. With ``WEIR_DIRECT_BATCHES`` (the
+    default) they come from the agent's inbox, straight from the consumer's delivery loop; else from Faust's
+    stream (``within`` bounds how long it sleeps between looks): :func:`app.engine.streams.batches`.
     """
-    return engine.take_ready(stream, max_, within)
+    return engine.batches(stream, max_, within)
 
 
 async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *, concurrent: bool = False) -> int:

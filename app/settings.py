@@ -200,6 +200,9 @@ class Settings:
     #: for the session timeout). The default: with a SIGKILL of some stage every 5 s over 2,000 shop orders,
     #: static members served all of them in 224 s; dynamic members 315 in 900 s (the run was stopped).
     static_membership: bool = True
+    #: WEIR_DIRECT_BATCHES: the consumer hands each agent's records to it in batches, past Faust's conductor,
+    #: channel and Stream (``app.engine.inbox``); 0: Faust's stream, batched by weir's processor on it.
+    direct_batches: bool = True
     #: WEIR_SESSION_TIMEOUT / WEIR_HEARTBEAT_INTERVAL / WEIR_REBALANCE_TIMEOUT (seconds): failure detection.
     session_timeout: float = 10.0
     heartbeat_interval: float = 1.0
@@ -434,6 +437,7 @@ def load_settings() -> Settings:
         worker_id=_env_str("WEIR_WORKER_ID", defaults.worker_id),
         transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms),
         static_membership=_env_bool("WEIR_STATIC_MEMBERSHIP", defaults.static_membership),
+        direct_batches=_env_bool("WEIR_DIRECT_BATCHES", defaults.direct_batches),
         session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
         heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
         rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),

@@ -16,7 +16,8 @@ Modules:
 * :mod:`~app.engine.kip447`: KIP-447 (EOS v2) requests aiokafka lacks;
 * :mod:`~app.engine.fetcher`: aiokafka's fetcher and subscription state (skipped offsets, positions, pauses);
 * :mod:`~app.engine.restore`: where a changelog restore ends, and local stores rebuilt from the changelog;
-* :mod:`~app.engine.streams`: adaptive batches from a Faust stream (``take_ready``);
+* :mod:`~app.engine.streams`: an agent's batches (``batches``): from its inbox, or adaptive batches from a Faust stream (``take_ready``);
+* :mod:`~app.engine.inbox`: the inboxes the delivery loop hands an agent's records to, past Faust's conductor, channel and Stream;
 * :mod:`~app.engine.stores`: Faust's RocksDB store read by partition (the web views);
 * :mod:`~app.engine.diagnostics`: the trace file and the consumer's state for ``kill -USR1``.
 
@@ -120,7 +121,7 @@ from app.engine.overlay import WeirTable, WeirTopic, send_record
 from app.engine.restore import observe_restores, wipe_local_tables
 from app.engine.scopes import batch_scope, event_scope, gate, part_scope
 from app.engine.stores import by_partition, partition_get, partition_items
-from app.engine.streams import take_ready
+from app.engine.streams import batches, take_ready
 from app.engine.transactions import WeirProducer, WeirTransactionManager
 
 __all__ = [
@@ -146,6 +147,7 @@ __all__ = [
     "observe_aborts",
     "observe_restores",
     "take_ready",
+    "batches",
     "by_partition",
     "partition_items",
     "partition_get",

@@ -30,6 +30,9 @@ class EngineConfig:
     commit_spacing: float = 2.0
     #: Under exactly_once: a batch's deliveries are awaited by the commit, not by the batch (:func:`app.engine.scopes.batch_scope`).
     defer_deliveries: bool = False
+    #: WEIR_DIRECT_BATCHES: the delivery loop hands an agent's records to its inbox in batches, past Faust's
+    #: conductor, channel and Stream (:mod:`app.engine.inbox`). False: Faust's way (:func:`app.engine.streams.take_ready`).
+    direct_batches: bool = False
     #: How long a scope waits for its table changelog writes and sends to be delivered before the worker gives up.
     delivery_timeout_s: float = 30.0
     #: WEIR_TRACE_FILE: every event handled and every offset committed is appended there, one line each (a

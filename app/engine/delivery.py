@@ -27,6 +27,7 @@ from app.engine import commit, offsets, restore
 from app.engine.config import installed, worker_slot
 from app.engine.diagnostics import trace, tracing
 from app.engine.fetcher import assigned_position, kafka_assignment, kafka_client, set_fetching, skipped_offsets, until_listed
+from app.engine.inbox import drop_revoked, inbox_for
 from app.engine.scopes import gate
 
 __all__ = ["WeirConsumer", "WeirConsumerThread", "first_delivery", "to_process", "ack_handled"]
@@ -204,6 +205,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
             await self._commit_before_rebalance()
         for tp in revoked:
             self._next.pop(tp, None)
+        drop_revoked(revoked)
         await super().on_partitions_revoked(revoked)
 
     async def _commit_before_rebalance(self) -> None:
@@ -523,7 +525,14 @@ class WeirConsumer(aiokafka_driver.Consumer):
                         await self.commit()
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
                     before = positions.get(tp)
-                    if not await self._deliver(callback(self._to_message(tp, record))):
+                    inbox = inbox_for(tp.topic)
+                    if inbox is not None:  # straight to the agent's batch (app.engine.inbox)
+                        if inbox.full() and not await self._deliver(inbox.wait_space()):
+                            firsts[tp] = offset
+                            await self._rewind(firsts)  # not delivered: the flow stopped
+                            break
+                        inbox.put(self._to_message(tp, record))
+                    elif not await self._deliver(callback(self._to_message(tp, record))):
                         firsts[tp] = offset
                         await self._rewind(firsts)  # not delivered: the flow stopped
                         break

@@ -1,4 +1,5 @@
-"""Faust's Stream internals: adaptive batches taken from a stream's channel (Faust's ``noack_take``, without its timer)."""
+"""An agent's batches: from its inbox (:mod:`app.engine.inbox`), or taken from a Faust stream's channel (Faust's
+``noack_take``, without its timer, on Faust's Stream internals)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,27 @@ from typing import Any, cast
 
 from faust.types import EventT, StreamT
 
-__all__ = ["take_ready"]
+from app.engine.config import installed
+from app.engine.inbox import inbox_batches, open_inbox
+
+__all__ = ["batches", "take_ready"]
 
 log = logging.getLogger(__name__)
+
+
+async def batches(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
+    """An agent's batches of up to ``max_`` events, each handed on as soon as no further event is ready; not acked.
+
+    From the agent's inbox with ``EngineConfig.direct_batches`` (when its topics can have one), else from the
+    stream (:func:`take_ready`: ``within`` bounds how long it sleeps between looks).
+    """
+    inbox = open_inbox(stream, limit=max(2 * max_, stream.app.conf.stream_buffer_maxsize)) if installed().direct_batches else None
+    if inbox is None:
+        async for batch in take_ready(stream, max_, within):
+            yield batch
+        return
+    async for batch in inbox_batches(inbox, max_):
+        yield batch
 
 
 async def take_ready(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
