@@ -494,8 +494,7 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
         async def run(part: list[EventT[bytes]]) -> None:
             with scope.part(part[-1]):
                 await handle_part(part)
-            for event in part:
-                engine.ack_handled(event)
+            engine.ack_handled_all(part)
 
         if concurrent and len(parts) > 1:
             await all_at_once(run(part) for part in parts.values())

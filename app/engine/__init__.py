@@ -115,7 +115,7 @@ from app.engine import config as _config
 from app.engine import fetcher, kip447, restore
 from app.engine.commit import observe_aborts, observe_commits
 from app.engine.config import EngineConfig, worker_slot
-from app.engine.delivery import WeirConsumer, ack_handled, first_delivery, to_process
+from app.engine.delivery import WeirConsumer, ack_handled, ack_handled_all, first_delivery, to_process
 from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
 from app.engine.overlay import WeirTable, WeirTopic, send_record
 from app.engine.restore import observe_restores, wipe_local_tables
@@ -139,6 +139,7 @@ __all__ = [
     "to_process",
     "first_delivery",
     "ack_handled",
+    "ack_handled_all",
     "trace",
     "tracing",
     "describe_consumer",

@@ -154,7 +154,8 @@ def test_an_inbox_serves_only_a_raw_topic_no_other_agent_reads(monkeypatch: Any)
     app.agents = {"a": SimpleNamespace(channel=orders), "b": SimpleNamespace(channel=shared), "c": SimpleNamespace(channel=shared)}
 
     box = open_inbox(_stream(app, orders), limit=10)
-    assert box is not None and inboxes.inbox_for(ORDERS) is box
+    assert box is not None
+    assert inboxes.inbox_for(ORDERS) is box
     assert orders.iterated == 1, "the channel is iterated once: that subscribes the worker to the topic"
     assert open_inbox(_stream(app, orders), limit=10) is None, "a second reader of the topic gets Faust's way"
     assert open_inbox(_stream(app, shared), limit=10) is None, "two agents read it: Faust's conductor serves both"
