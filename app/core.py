@@ -492,7 +492,7 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
                 parts.setdefault(event.message.tp, []).append(event)
 
         async def run(part: list[EventT[bytes]]) -> None:
-            with scope.part(part[-1]):
+            async with scope.part(part[-1]):
                 await handle_part(part)
             engine.ack_handled_all(part)
 

@@ -8,13 +8,14 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from faust.streams import _current_event
 from faust.types import EventT
 from faust.types.tuples import FutureMessage
 
 from app.engine.config import installed
-from app.engine.overlay import _scope_sends, _scope_writes, write_out_tables
+from app.engine.overlay import _scope_changelog, _scope_sends, _scope_writes, send_changelogs, write_out_tables
 
 __all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "event_scope", "part_scope", "await_deliveries", "take_deferred"]
 
@@ -129,12 +130,16 @@ class BatchScope:
     def __init__(self) -> None:
         self.handled: list[tuple[EventT[bytes], list[FutureMessage]]] = []
 
-    @contextlib.contextmanager
-    def part(self, event: EventT[bytes]) -> Iterator[None]:
-        """One partition's part (``event`` is its last) or one event, in :func:`part_scope`."""
+    @contextlib.asynccontextmanager
+    async def part(self, event: EventT[bytes]) -> AsyncIterator[None]:
+        """One partition's part (``event`` is its last) or one event, in :func:`part_scope`; at its end its tables'
+        writes are written out and their changelog records sent (:func:`app.engine.overlay.send_changelogs`)."""
         pending: list[FutureMessage] = []
-        with part_scope(event, pending):
+        records: list[Any] = []
+        with part_scope(event, pending, records):
             yield
+            write_out_tables()
+            await send_changelogs(records, pending)
         self.handled.append((event, pending))
 
 
@@ -160,29 +165,31 @@ async def batch_scope() -> AsyncIterator[BatchScope]:
 @contextlib.asynccontextmanager
 async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
     """Process one event as one unit: a batch of one part."""
-    async with batch_scope() as scope:
-        with scope.part(event):
-            yield
+    async with batch_scope() as scope, scope.part(event):
+        yield
 
 
 @contextlib.contextmanager
-def part_scope(event: EventT[bytes], pending: list[FutureMessage]) -> Iterator[None]:
+def part_scope(event: EventT[bytes], pending: list[FutureMessage], records: list[Any] | None = None) -> Iterator[None]:
     """One event, or one partition's part of a batch (``event`` is its last): the unit of table writes and sends.
 
     Faust's current event is ``event`` (tables read and write its partition, sends join its partition's
     transaction); table writes are written once per key at the end; changelog writes and sends are added
     to ``pending``, which :func:`batch_scope` awaits (:func:`await_deliveries`) before it leaves the commit
     gate. When the body raises, its pending table writes are dropped: the event was not handled, and its
-    redelivery starts from the state before it.
+    redelivery starts from the state before it. ``records``: a RocksDB table's writes leave their changelog
+    records there, for the scope to send (:meth:`BatchScope.part`); None: Faust's own changelog sends.
     """
     sends_token = _scope_sends.set(pending)
     writes_token = _scope_writes.set({})
+    changelog_token = _scope_changelog.set(records)
     event_token = _current_event.set(weakref.ref(event))
     try:
         yield
         write_out_tables()
     finally:
         _current_event.reset(event_token)
+        _scope_changelog.reset(changelog_token)
         _scope_writes.reset(writes_token)
         _scope_sends.reset(sends_token)
 

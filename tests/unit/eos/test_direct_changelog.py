@@ -1,0 +1,120 @@
+"""A RocksDB table's writes in a scope go to the store and the changelog as Faust's own write would put them.
+
+``WeirTable._write_out_direct`` encodes each key and value once with the store's codecs, writes the store of
+the event's partition, and leaves the changelog record for the scope to send in its transaction
+(``BatchScope.part``). The same operations run here through Faust's own ``Table.__setitem__`` /
+``__delitem__`` (whose ``send_changelog`` is caught) on a second RocksDB store: both stores must hold the same
+bytes, and both changelogs the same records, partition, key and value bytes, tombstones included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import faust
+from faust.tables.base import Collection
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app import engine
+from app.engine.scopes import BatchScope
+
+KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
+VALUES = st.one_of(st.integers(0, 9), st.dictionaries(st.sampled_from(["n", "é"]), st.integers(0, 3), max_size=2), st.text(max_size=5))
+OPS = st.lists(st.one_of(st.tuples(st.just("set"), KEYS, VALUES), st.tuples(st.just("del"), KEYS)), max_size=12)
+PARTITION = 3
+
+
+class Event:
+    """The part of a Faust event a scope and a store use (weak-referenceable, like Faust's)."""
+
+    message = SimpleNamespace(partition=PARTITION, topic="weir.source", offset=0, generation_id=0, tp=None)
+
+
+class Transactions:
+    """The consumer's transaction manager: records what is sent, and answers with a delivered future."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int | None, bytes | None, bytes | None]] = []
+
+    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any) -> Any:
+        self.sent.append((topic, partition, key, value))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(SimpleNamespace(topic_partition=faust.types.TP(topic, partition), offset=len(self.sent)))
+        return future
+
+
+def make_table(directory: Path, name: str) -> Any:
+    app = faust.App(
+        f"direct-{name}",
+        store="rocksdb://",
+        datadir=str(directory / name),
+        processing_guarantee="exactly_once",
+        autodiscover=False,
+        Table="app.engine:WeirTable",
+    )
+    app.__dict__["in_transaction"] = True  # a worker's app under exactly_once
+    app.tables.persist_offset_on_commit = lambda store, tp, offset: None
+    table = app.Table("t", default=None, partitions=4, schema=faust.Schema(key_serializer="json", value_serializer="json"))
+    table._verify_source_topic_partitions = lambda topic: None
+    return table
+
+
+def stored(table: Any) -> dict[bytes, bytes]:
+    db = table.data._db_for_partition(PARTITION)
+    return {bytes(key): bytes(value) for key, value in db.items()}
+
+
+def run_ops(table: Any, ops: list[tuple[Any, ...]]) -> None:
+    for op in ops:
+        if op[0] == "set":
+            table[op[1]] = op[2]
+        elif op[1] in table:
+            del table[op[1]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(initial=st.lists(st.tuples(KEYS, VALUES), max_size=4), ops=OPS)
+def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path_factory: Any, initial: list[Any], ops: list[Any]) -> None:
+    directory = tmp_path_factory.mktemp("stores")
+    direct, faust_way = make_table(directory, "direct"), make_table(directory, "faust")
+    transactions = Transactions()
+    direct.app.consumer = SimpleNamespace(transactions=transactions)
+    caught: list[tuple[str, int | None, bytes | None, bytes | None]] = []
+
+    def send_changelog(self: Any, partition: int, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None) -> Any:
+        topic = self.changelog_topic
+        key_bytes = topic.prepare_key(key, key_serializer or self.key_serializer)[0]
+        value_bytes = topic.prepare_value(value, value_serializer or self.value_serializer)[0] if value is not None else None
+        caught.append((topic.get_topic_name().replace("faust", "direct"), partition, key_bytes, value_bytes))
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    async def run() -> None:
+        with mock.patch.object(Collection, "send_changelog", send_changelog):
+            with engine.part_scope(Event(), []):  # the initial state, Faust's way on both
+                for key, value in initial:
+                    direct[key] = value
+                    faust_way[key] = value
+            caught.clear()
+            scope = BatchScope()
+            async with scope.part(Event()):
+                run_ops(direct, ops)
+            event = Event()
+            with engine.part_scope(event, []):  # no records list: Faust's own writes, one per operation
+                run_ops(faust_way, ops)
+
+    asyncio.run(run())
+    assert stored(direct) == stored(faust_way)
+    # Faust's way writes every operation; the scope writes each key once, its last value: compare the last per key
+    last_faust = {key: (topic, partition, value) for topic, partition, key, value in caught}
+    last_direct = {key: (topic, partition, value) for topic, partition, key, value in transactions.sent}
+    assert len(last_direct) == len(transactions.sent), "each key written once per scope"
+    assert last_direct == {key: record for key, record in last_faust.items() if key in last_direct}
+    assert set(last_faust) - set(last_direct) <= {key for key, (_, _, value) in last_faust.items() if value is None}, (
+        "a key Faust wrote and the scope did not is one created and deleted in the scope"
+    )
+    assert all(partition == PARTITION for _, partition, _, _ in transactions.sent)
