@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import threading
@@ -508,8 +509,12 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     return sum(len(part) for part in parts.values())
 
 
+@functools.cache
 def record_limit() -> int:
-    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB."""
+    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB.
+
+    Both are fixed for the process: read once (Faust's settings are slow to read, and every output is measured).
+    """
     return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
 
 

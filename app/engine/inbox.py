@@ -38,7 +38,7 @@ __all__ = ["Inbox", "open_inbox", "close_inbox", "inbox_for", "drop_revoked", "i
 class Inbox:
     """One agent's records, appended by the delivery loop, taken by the agent in batches of up to ``max_``."""
 
-    __slots__ = ("_ready", "_space", "app", "events", "limit", "topics")
+    __slots__ = ("_event", "_ready", "_space", "app", "events", "limit", "topics")
 
     def __init__(self, app: AppT, topics: Iterable[str], limit: int) -> None:
         self.app = app
@@ -48,6 +48,8 @@ class Inbox:
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
+        #: the app's event class (what ``app.create_event`` makes, without reading Faust's settings per record)
+        self._event: Any = app.conf.Event
 
     def full(self) -> bool:
         return len(self.events) >= self.limit
@@ -58,7 +60,7 @@ class Inbox:
 
     def put(self, message: Message) -> None:
         """Deliver one record (its consumer message) to the agent."""
-        self.events.append(cast(EventT[bytes], self.app.create_event(message.key, message.value, message.headers, message)))
+        self.events.append(self._event(self.app, message.key, message.value, message.headers, message))
         if len(self.events) >= self.limit:
             self._space.clear()
         self._ready.set()

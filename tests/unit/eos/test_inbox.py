@@ -23,9 +23,7 @@ ORDERS = "weir.orders"
 
 
 def fake_app() -> Any:
-    app = SimpleNamespace(monitor=SimpleNamespace(stream_inbound_time={}))
-    app.create_event = lambda key, value, headers, message: faust.Event(app, key, value, headers, message)
-    return app
+    return SimpleNamespace(monitor=SimpleNamespace(stream_inbound_time={}), conf=SimpleNamespace(Event=faust.Event))
 
 
 def message(partition: int, offset: int) -> ConsumerMessage:
@@ -149,7 +147,7 @@ def _topic(app: Any, name: str, *, value_serializer: str | None = None) -> Any:
 def test_an_inbox_serves_only_a_raw_topic_no_other_agent_reads(monkeypatch: Any) -> None:
     monkeypatch.setattr(inboxes, "_inboxes", {})
     app = fake_app()
-    app.conf = SimpleNamespace(key_serializer="raw", value_serializer="raw")
+    app.conf = SimpleNamespace(key_serializer="raw", value_serializer="raw", Event=faust.Event)
     orders, shared, json_topic = _topic(app, ORDERS), _topic(app, "weir.shared"), _topic(app, "weir.json", value_serializer="json")
     app.agents = {"a": SimpleNamespace(channel=orders), "b": SimpleNamespace(channel=shared), "c": SimpleNamespace(channel=shared)}
 
