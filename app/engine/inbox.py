@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from faust.types import TP, AppT, EventT, Message, StreamT
 
-__all__ = ["Inbox", "open_inbox", "close_inbox", "inbox_for", "drop_revoked", "inbox_batches"]
+__all__ = ["Inbox", "open_inbox", "inbox_for", "drop_revoked", "inbox_batches"]
 
 
 class Inbox:
@@ -135,8 +135,16 @@ def open_inbox(stream: StreamT[bytes], limit: int) -> Inbox | None:
     for agent in faust_stream.app.agents.values():
         for name in _topic_names(agent.channel) or getattr(agent.channel, "topics", None) or ():
             readers[name] = readers.get(name, 0) + 1
-    if any(readers.get(name, 0) > 1 or name in _inboxes for name in names):
+    if any(readers.get(name, 0) > 1 for name in names):
         return None
+    opened = {_inboxes.get(name) for name in names}
+    if opened != {None}:
+        # This agent's inbox, opened by its actor before Faust's supervisor restarted it (an actor that raised):
+        # the records in it were delivered and not taken yet, and the delivery loop goes on filling it.
+        inbox = opened.pop()
+        if opened or inbox is None or inbox.topics != frozenset(names):
+            return None
+        return inbox
     inbox = Inbox(faust_stream.app, names, limit)
     for name in names:
         _inboxes[name] = inbox
@@ -144,16 +152,11 @@ def open_inbox(stream: StreamT[bytes], limit: int) -> Inbox | None:
     return inbox
 
 
-def close_inbox(inbox: Inbox) -> None:
-    for name in inbox.topics:
-        if _inboxes.get(name) is inbox:
-            del _inboxes[name]
-
-
 async def inbox_batches(inbox: Inbox, max_: int) -> AsyncIterator[list[EventT[bytes]]]:
-    """The agent's batches from its inbox, for as long as the agent runs; the inbox is closed when it stops."""
-    try:
-        while True:
-            yield await inbox.take(max_)
-    finally:
-        close_inbox(inbox)
+    """The agent's batches from its inbox, for as long as the agent runs.
+
+    The inbox outlives the actor: an actor that raised is restarted by Faust's supervisor and takes the same
+    inbox again (:func:`open_inbox`); records the delivery loop put there meanwhile are not lost to it.
+    """
+    while True:
+        yield await inbox.take(max_)

@@ -144,7 +144,7 @@ def _topic(app: Any, name: str, *, value_serializer: str | None = None) -> Any:
     return Topic(app=app, topics=(name,), pattern=None, key_serializer=None, value_serializer=value_serializer)
 
 
-def test_an_inbox_serves_only_a_raw_topic_no_other_agent_reads(monkeypatch: Any) -> None:
+def test_an_inbox_serves_only_a_raw_topic_no_other_agent_reads_and_outlives_its_actor(monkeypatch: Any) -> None:
     monkeypatch.setattr(inboxes, "_inboxes", {})
     app = fake_app()
     app.conf = SimpleNamespace(key_serializer="raw", value_serializer="raw", Event=faust.Event)
@@ -155,15 +155,18 @@ def test_an_inbox_serves_only_a_raw_topic_no_other_agent_reads(monkeypatch: Any)
     assert box is not None
     assert inboxes.inbox_for(ORDERS) is box
     assert orders.iterated == 1, "the channel is iterated once: that subscribes the worker to the topic"
-    assert open_inbox(_stream(app, orders), limit=10) is None, "a second reader of the topic gets Faust's way"
     assert open_inbox(_stream(app, shared), limit=10) is None, "two agents read it: Faust's conductor serves both"
     assert open_inbox(_stream(app, json_topic), limit=10) is None, "not raw records: Faust's codec decodes them"
 
-    async def close_when_the_agent_stops() -> None:
+    async def restart_the_agent() -> None:
         box.put(message(0, 0))
-        async for batch in inbox_batches(box, 10):
+        async for batch in inbox_batches(box, 10):  # an actor that takes a batch, then raises
             assert len(batch) == 1
             break
+        box.put(message(0, 1))  # delivered while Faust's supervisor restarts the actor
+        again = open_inbox(_stream(app, orders), limit=10)
+        assert again is box, "the restarted actor takes the same inbox"
+        assert [event.message.offset for event in await again.take(10)] == [1]
 
-    asyncio.run(close_when_the_agent_stops())
-    assert inboxes.inbox_for(ORDERS) is None, "an agent that stopped has no inbox: its records are not taken away"
+    asyncio.run(restart_the_agent())
+    assert inboxes.inbox_for(ORDERS) is box
