@@ -311,15 +311,22 @@ async def handle_events(
 
         await handle_parts(stream, each)
         return
+    async with worker_stops_on_escape():
+        await _handle_each(stream, agent=agent, what=what, handler=handler, owed=owed)
+
+
+async def _handle_each(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None) -> None:
     async for batch in take_batches(stream, settings.batch_size, settings.batch_wait_ms / 1000):
         for event in batch:  # one scope per event: a commit may come between two of them
             engine.trace("event", event.message.tp, event.message.offset)
-            async with engine.event_scope(event):
-                if not engine.to_process(event):
-                    continue
-                await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
-                metrics.events_handled(agent)
-                # Acked inside the scope: the commit that covers this offset also covers all it produced.
+            async with engine.batch_scope() as scope:
+                async with scope.part(event):
+                    if not engine.to_process(event):
+                        continue
+                    await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+                    metrics.events_handled(agent)
+                # Acked inside the commit gate once its part wrote its tables out and sent their changelog records:
+                # the commit that covers this offset also covers all it produced.
                 engine.ack_handled(event)
 
 
@@ -383,8 +390,27 @@ async def handle_parts(
 ) -> None:
     """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`)."""
     slicer = Slicer(size or settings.batch_size)
-    async for batch in take_batches(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
-        await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
+    async with worker_stops_on_escape():
+        async for batch in take_batches(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
+            await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
+
+
+@contextlib.asynccontextmanager
+async def worker_stops_on_escape() -> AsyncIterator[None]:
+    """An error that escapes an agent's loop stops the worker (it is not bad input: that is dead-lettered).
+
+    Only a refused output (:class:`app.errors.OutputFailed`) or a bug in weir escapes. Faust's supervisor would
+    restart the agent's actor, and the batch it held would be neither handled nor delivered again while the
+    worker runs: the partitions' committed offsets would stop below it for good, while the events after it
+    committed their outputs (sent again after the next restart). A restarted worker reads the batch again
+    from the committed offset, on tables rebuilt from the changelog.
+    """
+    try:
+        yield
+    except Exception as error:
+        log.error("an error escaped an agent's loop, the worker stops: %r", error)
+        await app.crash(error)
+        raise
 
 
 #: How long one slice of a batch may run before a commit due may go: well under the transaction timeout.

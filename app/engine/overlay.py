@@ -111,13 +111,8 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         records = _scope_changelog.get()
         store = self.data
         event = faust.current_event()
-        if (
-            isinstance(store, RocksDBStore)
-            and not self.use_partitioner
-            and self.app.in_transaction
-            and records is not None
-            and event is not None
-        ):
+        direct = not self.use_partitioner and not self._should_expire_keys() and self.app.in_transaction
+        if isinstance(store, RocksDBStore) and direct and records is not None and event is not None:
             self._write_out_direct(overlay, store, event, records)
             return
         for key, value in overlay.writes.items():
@@ -134,12 +129,10 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         the current event's partition, the changelog partition of that number. What it leaves out is Faust's
         way to the producer for every write: ``send_soon`` (a future message, the producer's buffer, its task,
         a publish and callbacks per record); the scope sends the records at its end (:func:`send_changelogs`).
+        A part that fails with records not sent stops the worker (``app.engine.scopes``): the store is then ahead
+        of its changelog. Windowed tables (keys that expire) keep Faust's write, and its expiry bookkeeping.
         """
-        source_topic = event.message.topic
-        verified: set[str] = self.__dict__.setdefault("_weir_verified_sources", set())
-        if source_topic not in verified:
-            self._verify_source_topic_partitions(source_topic)
-            verified.add(source_topic)
+        self._verify_source_topic_partitions(event.message.topic)  # once per part (Faust's write checked every key)
         partition = event.message.partition
         for key, value in overlay.writes.items():
             key_bytes = store._encode_key(key)

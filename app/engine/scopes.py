@@ -137,10 +137,35 @@ class BatchScope:
         pending: list[FutureMessage] = []
         records: list[Any] = []
         with part_scope(event, pending, records):
-            yield
-            write_out_tables()
-            await send_changelogs(records, pending)
+            try:
+                yield
+                write_out_tables()
+                await send_changelogs(records, pending)
+            except BaseException as error:
+                if records:
+                    await _store_ahead_of_changelog(event, error)
+                raise
         self.handled.append((event, pending))
+
+
+async def _store_ahead_of_changelog(event: EventT[bytes], error: BaseException) -> None:
+    """A part failed with table writes in the local store whose changelog records were not all sent: stop the worker.
+
+    The store's writes of a part go before its records are sent (:meth:`~app.engine.overlay.WeirTable._write_out_direct`);
+    a send refused, a write-out that raised halfway, the part cancelled meanwhile, or the part's body raising after a
+    table was written out early (an iteration) leaves the store holding values the changelog will not. Events
+    handled next on that store would commit what no restore can rebuild, so the worker stops; it restarts on a
+    store rebuilt from the committed changelog (``wipe_local_tables``). A worker stopping anyway (its agents
+    cancelled) just goes on stopping: its store is rebuilt at the next start too.
+    """
+    app = event.app
+    if isinstance(error, asyncio.CancelledError) and app.should_stop:
+        return
+    message = (
+        f"table writes of {event.message.tp}@{event.message.offset} are in the local store but not in the changelog ({error!r}): stopping"
+    )
+    log.error(message)
+    await app.crash(RuntimeError(message))
 
 
 @contextlib.asynccontextmanager

@@ -118,3 +118,71 @@ def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path
         "a key Faust wrote and the scope did not is one created and deleted in the scope"
     )
     assert all(partition == PARTITION for _, partition, _, _ in transactions.sent)
+
+
+class Refusing(Transactions):
+    """A transaction manager that refuses the second record (a full accumulator, a missing producer)."""
+
+    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any) -> Any:
+        if self.sent:
+            raise RuntimeError("refused")
+        return await super().send(topic, key, value, partition, timestamp, headers)
+
+
+def _crashes(tmp_path: Path, body: Any, transactions: Transactions) -> tuple[list[BaseException], BaseException | None]:
+    table = make_table(tmp_path, "crash")
+    table.app.consumer = SimpleNamespace(transactions=transactions)
+    crashes: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashes.append(reason)
+
+    table.app.crash = crash
+    raised: BaseException | None = None
+
+    async def run() -> None:
+        nonlocal raised
+        scope = BatchScope()
+        event = Event()
+        event.app = table.app  # type: ignore[attr-defined]
+        try:
+            async with scope.part(event):
+                body(table)
+        except BaseException as error:
+            raised = error
+
+    asyncio.run(run())
+    return crashes, raised
+
+
+def test_a_part_whose_changelog_records_are_not_all_sent_stops_the_worker(tmp_path: Path) -> None:
+    def two_keys(table: Any) -> None:
+        table["a"] = 1
+        table["b"] = 2
+
+    crashes, raised = _crashes(tmp_path, two_keys, Refusing())
+    assert isinstance(raised, RuntimeError), "the part fails with the send's error"
+    assert str(raised) == "refused"
+    assert len(crashes) == 1, "the store is ahead of its changelog: the worker stops"
+    assert "not in the changelog" in str(crashes[0])
+
+
+def test_a_part_that_raises_after_an_early_write_out_stops_the_worker(tmp_path: Path) -> None:
+    def iterate_then_fail(table: Any) -> None:
+        table["a"] = 1
+        list(table.items())  # writes the overlay out now: "a" is in the store, its record not sent yet
+        raise ValueError("a bug after the iteration")
+
+    crashes, raised = _crashes(tmp_path, iterate_then_fail, Transactions())
+    assert isinstance(raised, ValueError)
+    assert len(crashes) == 1
+
+
+def test_a_part_that_raises_before_any_write_out_does_not_stop_the_worker(tmp_path: Path) -> None:
+    def fail(table: Any) -> None:
+        table["a"] = 1
+        raise ValueError("bad input")
+
+    crashes, raised = _crashes(tmp_path, fail, Transactions())
+    assert isinstance(raised, ValueError)
+    assert crashes == [], "nothing reached the store: the part's writes are dropped, as before"
