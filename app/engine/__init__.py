@@ -100,6 +100,18 @@ aiokafka:
     ``_request_timeout_ms``. Why: on the consumer's own connection each one waited up to 1.5 s behind a fetch, and a
     restarted worker asked four before it restored its tables.
 
+16. Inboxes (:mod:`~app.engine.inbox`, ``EngineConfig.direct_batches``): the delivery loop puts an agent's
+    records in its inbox instead of calling the conductor's callback; relies on ``Stream.channel``, ``Topic.topics``,
+    ``pattern``, ``key_serializer`` / ``value_serializer``, ``app.agents`` and each agent's ``channel``, iterating the
+    channel once (``Topic.__aiter__`` adds it to the conductor: the subscription), ``app.conf.Event``, and
+    ``Monitor.stream_inbound_time``. Why: four layers per record (conductor, channel queue, Stream iterator, the
+    batching processor) cost more than the agent's own work on the record.
+17. A scope's RocksDB table writes (``WeirTable._write_out_direct``, :func:`~app.engine.overlay.send_changelogs`) use
+    ``faust.stores.rocksdb.Store._encode_key``, ``_encode_value``, ``_set``, ``_contains``, ``_del``, the table's
+    ``_should_expire_keys``, ``use_partitioner``, ``_verify_source_topic_partitions`` and
+    ``app.tables.persist_offset_on_commit``. Why: Faust's ``send_soon`` per changelog record (a future message, the
+    producer's buffer and its task, callbacks) cost more than the write.
+
 mode: ``Service.task``, ``wait_first``, ``wait_for_stopped``, ``itertimer`` and the private ``_stopped`` event of
 the consumer and the fetcher (:mod:`~app.engine.delivery`).
 """
