@@ -131,7 +131,7 @@ from app.engine.delivery import WeirConsumer, ack_handled, ack_handled_all, firs
 from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
 from app.engine.overlay import WeirTable, WeirTopic, send_record
 from app.engine.restore import observe_restores, wipe_local_tables
-from app.engine.scopes import batch_scope, event_scope, gate, part_scope
+from app.engine.scopes import batch_scope, gate, part_scope
 from app.engine.stores import by_partition, partition_get, partition_items
 from app.engine.streams import batches, take_ready
 from app.engine.transactions import WeirProducer, WeirTransactionManager
@@ -146,7 +146,6 @@ __all__ = [
     "send_record",
     "gate",
     "batch_scope",
-    "event_scope",
     "part_scope",
     "to_process",
     "first_delivery",

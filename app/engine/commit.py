@@ -97,7 +97,7 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
     began = time.monotonic()
     outcome = "failed"
     try:
-        # 3. Events delivered their own changelog writes (event_scope); a write made outside an event
+        # 3. Events delivered their own changelog writes (their part scope); a write made outside an event
         # would still wait in Faust's buffer, and belongs to this transaction.
         await manager.app.producer.buffer.flush()
         # 4. The batches handled since the last commit left their deliveries to it (batch_scope): a commit

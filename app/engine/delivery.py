@@ -245,19 +245,11 @@ class WeirConsumer(aiokafka_driver.Consumer):
         finally:
             gate.release()  # the new generation is set: events of the old one are told apart by it
 
-    @property
-    def _handled(self) -> set[tuple[TP, int, int | None]]:
-        """Messages an agent finished (``ack_handled``): the only acks that count toward a commit."""
-        try:
-            return cast(set[tuple[TP, int, int | None]], self.__dict__["_weir_handled"])
-        except KeyError:
-            self.__dict__["_weir_handled"] = set()
-            return cast(set[tuple[TP, int, int | None]], self.__dict__["_weir_handled"])
-
     def ack_part(self, messages: list[Message]) -> None:
-        """Ack, at once, messages an agent handled: what :meth:`mark_handled` then :meth:`ack` do for each, in one step.
+        """Ack messages an agent handled (:func:`ack_handled_all`): the only acks that count toward a commit.
 
-        Counted toward a commit as Faust counts an ack (``Consumer.ack``), unless of an older consumer
+        Counted as Faust counts an ack (``Message.ack`` then ``Consumer.ack``), in one step for a part: once the
+        last channel holding a message lets go of it (its reference count), unless of an older consumer
         generation (that record comes again from the committed offset) or below the committed offset.
         """
         generation = self.app.consumer_generation_id
@@ -267,7 +259,7 @@ class WeirConsumer(aiokafka_driver.Consumer):
         counted = 0
         with ack_lock:
             for message in messages:
-                if message.acked:
+                if message.acked or message.decref():  # acked already, or another agent's channel still holds it
                     continue
                 message.acked = True
                 unacked.discard(message)
@@ -284,11 +276,6 @@ class WeirConsumer(aiokafka_driver.Consumer):
             self._n_acked += counted
         notify(self._waiting_for_ack)
         self._weir_uncommitted += len(messages)
-        self._weir_work.set()
-
-    def mark_handled(self, message: Message) -> None:
-        self._handled.add((message.tp, message.offset, message.generation_id))
-        self._weir_uncommitted += 1
         self._weir_work.set()
 
     _weir_uncommitted = 0
@@ -372,19 +359,14 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 await self.wait_for_stopped(gate.idle_event, timeout=max(0.0, interval - (now - last)))  # type: ignore[arg-type]
 
     def ack(self, message: Message) -> bool:
-        # A stream acks the events it skips (an older generation, or flow control off during a rebalance)
-        # as if done: counted, the commit would cover records no agent processed. They come again from
-        # the committed offset after the rebalance's seek.
-        key = (message.tp, message.offset, message.generation_id)
-        if key not in self._handled or message.generation_id != self.app.consumer_generation_id:
-            self._handled.discard(key)
-            with ack_lock:
-                message.acked = True
-                self._unacked_messages.discard(message)
-            return False
-        self._handled.discard(key)
-        acked: bool = super().ack(message)
-        return acked
+        # Never counted: an event an agent handled is acked by ack_part. What comes here is a stream acking the
+        # events it skips (an older generation, or flow control off during a rebalance) as if done, or an agent
+        # leaving an event out (to_process); counted, the commit would cover records no agent processed. They
+        # come again from the committed offset after the rebalance's seek.
+        with ack_lock:
+            message.acked = True
+            self._unacked_messages.discard(message)
+        return False
 
     def _new_offset(self, tp: TP) -> int | None:
         acked = self._acked[tp]
@@ -660,14 +642,11 @@ def to_process(event: EventT[Any]) -> bool:
 
 def ack_handled(event: EventT[Any]) -> None:
     """Ack an event its agent processed (the only kind of ack a commit counts, see :class:`WeirConsumer`)."""
-    consumer = event.app.consumer
-    if isinstance(consumer, WeirConsumer):
-        consumer.mark_handled(event.message)
-    event.ack()
+    ack_handled_all([event])
 
 
 def ack_handled_all(events: list[EventT[Any]]) -> None:
-    """:func:`ack_handled` for each of ``events`` (a part, handled), in one step (:meth:`WeirConsumer.ack_part`)."""
+    """Ack the events of a part its agent processed, in one step (:meth:`WeirConsumer.ack_part`)."""
     if not events:
         return
     consumer = events[0].app.consumer

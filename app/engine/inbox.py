@@ -133,7 +133,7 @@ def open_inbox(stream: StreamT[bytes], limit: int) -> Inbox | None:
         return None
     readers: dict[str, int] = {}
     for agent in faust_stream.app.agents.values():
-        for name in _topic_names(agent.channel) or getattr(agent.channel, "topics", None) or ():
+        for name in getattr(agent.channel, "topics", None) or ():
             readers[name] = readers.get(name, 0) + 1
     if any(readers.get(name, 0) > 1 for name in names):
         return None

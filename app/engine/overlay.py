@@ -44,7 +44,7 @@ class _Writes:
 class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
     """A Faust table that writes once per key per scope, and whose writes the scope waits for.
 
-    Inside :func:`~app.engine.scopes.event_scope` (one event, or one partition's part of a batch) reads and writes go to a
+    Inside :func:`~app.engine.scopes.part_scope` (one event, or one partition's part of a batch) reads and writes go to a
     scope-local overlay: a key read twice is read from RocksDB once, a key written ten times is written
     (store and changelog record) once, when the scope's work is done and before its deliveries are
     awaited. Iterating the table writes the overlay out first. Outside a scope it is Faust's table.
@@ -190,7 +190,7 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
 
 
 class WeirTopic(faust.Topic):  # type: ignore[misc]
-    """A Faust topic whose sends inside :func:`~app.engine.scopes.event_scope` are delivered before a commit covers them.
+    """A Faust topic whose sends inside :func:`~app.engine.scopes.part_scope` are delivered before a commit covers them.
 
     An agent can send without awaiting each delivery: the scope collects them, and they are awaited once,
     at the end of the batch (at_least_once) or by the next commit (exactly_once, :func:`~app.engine.scopes.batch_scope`).

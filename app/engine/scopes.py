@@ -17,7 +17,7 @@ from faust.types.tuples import FutureMessage
 from app.engine.config import installed
 from app.engine.overlay import _scope_changelog, _scope_sends, _scope_writes, send_changelogs, write_out_tables
 
-__all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "event_scope", "part_scope", "await_deliveries", "take_deferred"]
+__all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "part_scope", "await_deliveries", "take_deferred"]
 
 log = logging.getLogger(__name__)
 
@@ -185,13 +185,6 @@ async def batch_scope() -> AsyncIterator[BatchScope]:
             _deferred.extend(part for part in scope.handled if part[1])
         else:
             await await_deliveries(scope.handled)
-
-
-@contextlib.asynccontextmanager
-async def event_scope(event: EventT[bytes]) -> AsyncIterator[None]:
-    """Process one event as one unit: a batch of one part."""
-    async with batch_scope() as scope, scope.part(event):
-        yield
 
 
 @contextlib.contextmanager

@@ -15,14 +15,19 @@ from app import core
 from app.errors import OutputFailed
 
 
-def test_an_error_escaping_an_agent_s_loop_stops_the_worker(monkeypatch: Any) -> None:
-    crashes: list[BaseException] = []
+@pytest.fixture
+def crashes(monkeypatch: Any) -> list[BaseException]:
+    """What the app was crashed with (its ``crash`` replaced by a recorder)."""
+    reasons: list[BaseException] = []
 
     async def crash(reason: BaseException) -> None:
-        crashes.append(reason)
+        reasons.append(reason)
 
     monkeypatch.setattr(core.app, "crash", crash)
+    return reasons
 
+
+def test_an_error_escaping_an_agent_s_loop_stops_the_worker(crashes: list[BaseException]) -> None:
     async def run() -> None:
         with pytest.raises(OutputFailed):
             async with core.worker_stops_on_escape():
@@ -34,14 +39,7 @@ def test_an_error_escaping_an_agent_s_loop_stops_the_worker(monkeypatch: Any) ->
     assert [str(reason) for reason in crashes] == ["the result could not be queued"]
 
 
-def test_a_cancelled_agent_does_not_stop_the_worker(monkeypatch: Any) -> None:
-    crashes: list[BaseException] = []
-
-    async def crash(reason: BaseException) -> None:
-        crashes.append(reason)
-
-    monkeypatch.setattr(core.app, "crash", crash)
-
+def test_a_cancelled_agent_does_not_stop_the_worker(crashes: list[BaseException]) -> None:
     async def run() -> None:
         with pytest.raises(asyncio.CancelledError):
             async with core.worker_stops_on_escape():
