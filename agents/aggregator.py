@@ -35,7 +35,7 @@ async def aggregator(stream: StreamT[bytes]) -> None:
     A batch's part of a partition is one scope (``app.core.run_parts``): a group that gets ten outcomes in
     it is read once and written once.
     """
-    await handle_events(stream, agent=AGENT, what="aggregator: message", handler=aggregation.handle, batched=True)
+    await handle_events(stream, agent=AGENT, what="aggregator: message", handler=aggregation.handle)
 
 
 tick_every(topics.item_results)

@@ -680,7 +680,7 @@ def _serve_aggregation(topic: faust.TopicT, aggregation: Aggregation) -> None:
     """The agent of an aggregate stage (a split's, or one by key) on its results topic, and the ticks of its deadlines."""
 
     async def _aggregate_agent(stream: StreamT[bytes]) -> None:
-        await handle_events(stream, agent=aggregation.agent, what=f"{aggregation.agent}: message", handler=aggregation.handle, batched=True)
+        await handle_events(stream, agent=aggregation.agent, what=f"{aggregation.agent}: message", handler=aggregation.handle)
 
     app.agent(topic, name=aggregation.agent.replace(":", "-"))(_aggregate_agent)
     tick_every(topic)

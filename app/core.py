@@ -291,43 +291,23 @@ EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 OwedOutcome = Callable[[EventT[bytes], str, str], Awaitable[None]]
 
 
-async def handle_events(
-    stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, batched: bool = False, owed: OwedOutcome | None = None
-) -> None:
+async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
     handler (a bug, not bad input: user steps have their own retry policy) is dead-lettered too, so the
-    agent keeps running and the partition is not blocked. ``batched``: events are taken in batches (see
-    :func:`handle_parts`), one scope per partition's part instead of one per event. A handler that waits on
-    I/O runs a batch's events at once with :func:`handle_parts` and :func:`handle_part_events`, both
-    ``concurrent=True`` (the items agent). ``owed``: the agent owes an outcome for every input; it is sent
-    for an input that failed, after its dead letter (:func:`dead_lettered`).
+    agent keeps running and the partition is not blocked. Events are taken in batches (:func:`handle_parts`)
+    and handled in offset order, one scope per partition's part of a batch: its table writes are written
+    once per key, and a commit comes between two slices of a batch (:class:`Slicer`), never inside an
+    event. A handler that waits on I/O runs a batch's events at once with :func:`handle_parts` and
+    :func:`handle_part_events`, both ``concurrent=True`` (the items agent). ``owed``: the agent owes an
+    outcome for every input; it is sent for an input that failed, after its dead letter (:func:`dead_lettered`).
     """
-    if batched:
 
-        async def each(part: Sequence[EventT[bytes]]) -> None:
-            await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
+    async def each(part: Sequence[EventT[bytes]]) -> None:
+        await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
 
-        await handle_parts(stream, each)
-        return
-    async with worker_stops_on_escape():
-        await _handle_each(stream, agent=agent, what=what, handler=handler, owed=owed)
-
-
-async def _handle_each(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None) -> None:
-    async for batch in take_batches(stream, settings.batch_size, settings.batch_wait_ms / 1000):
-        for event in batch:  # one scope per event: a commit may come between two of them
-            engine.trace("event", event.message.tp, event.message.offset)
-            async with engine.batch_scope() as scope:
-                async with scope.part(event):
-                    if not engine.to_process(event):
-                        continue
-                    await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
-                    metrics.events_handled(agent)
-                # Acked inside the commit gate once its part wrote its tables out and sent their changelog records:
-                # the commit that covers this offset also covers all it produced.
-                engine.ack_handled(event)
+    await handle_parts(stream, each)
 
 
 async def handle_part_events(

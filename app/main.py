@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from app import (
+    collector,
     metrics,
     web,  # noqa: F401  (the read-only /weir/ views)
 )
@@ -19,3 +20,13 @@ if "triggers" in _loaded:
     # time, so that the agent carries no metrics code of its own.
     _trigger_stats = _loaded["triggers"].stats
     metrics.TRIGGER_FIRES.read = lambda: dict(_trigger_stats.fired)
+
+
+async def _freeze_started() -> None:
+    """Once the worker started, its own objects leave the collector's walks (:mod:`app.collector`)."""
+    collector.freeze_started()
+
+
+collector.tune_collector(settings.gc_tuned)
+if settings.gc_tuned:
+    app.task(_freeze_started)

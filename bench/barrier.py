@@ -58,18 +58,23 @@ def _du(paths: list[Path]) -> int:
     return sum(file.stat().st_size for path in paths for file in path.rglob("*") if file.is_file())
 
 
-async def _count_waiting(bootstrap: str, topic: str, wanted: int, timeout_s: float) -> int:
+async def _count_waiting(bootstrap: str, topic: str, wanted: int, timeout_s: float) -> tuple[int, float]:
+    """(exchanges waiting in the barrier's changelog, the create time of the last changelog record that made one wait)."""
     latest: dict[bytes, bool] = {}
+    last_write = [0.0]
+    seen = [0]
 
     def enough(rows: list[object]) -> bool:
-        for row in rows[len(latest_rows) :]:
-            latest[row.key] = bool(row.value) and b'"waiting":[{' in row.value  # type: ignore[attr-defined]
-        latest_rows[:] = rows
+        for row in rows[seen[0] :]:
+            now_waiting = bool(row.value) and b'"waiting":[{' in row.value  # type: ignore[attr-defined]
+            if now_waiting and not latest.get(row.key):  # type: ignore[attr-defined]
+                last_write[0] = max(last_write[0], row.timestamp / 1000)  # type: ignore[attr-defined]
+            latest[row.key] = now_waiting  # type: ignore[attr-defined]
+        seen[0] = len(rows)
         return sum(latest.values()) >= wanted
 
-    latest_rows: list[object] = []
     await read_topic(bootstrap, topic, until=enough, timeout_s=timeout_s)
-    return sum(latest.values())
+    return sum(latest.values()), last_write[0]
 
 
 def start_worker(bootstrap: str, partitions: int, prefix: str, app_id: str, work_dir: Path, web_port: int) -> WorkerProcess:
@@ -88,11 +93,17 @@ def start_worker(bootstrap: str, partitions: int, prefix: str, app_id: str, work
 
 
 def fill(bootstrap: str, prefix: str, keys: list[str], timeout_s: float = 1800) -> tuple[int, float]:
-    """Sends ``keys`` to dispatch-in; (exchanges waiting in the barrier table, seconds until all of them wait)."""
-    started = time.monotonic()
+    """Sends ``keys`` to dispatch-in; (exchanges waiting in the barrier table, seconds until all of them wait).
+
+    The seconds run from the first send to the create time of the last changelog record that made an exchange
+    wait (the worker's clock, the same machine's), read back once all are sent: the time the reader takes to
+    catch up is not the barrier's. The records are read committed, so each of them was committed too.
+    """
+
+    started = time.time()
     asyncio.run(_send(bootstrap, prefix + "dispatch-in", keys))
-    waiting = asyncio.run(_count_waiting(bootstrap, f"{prefix}barrier-{BARRIER}-changelog", len(keys), timeout_s=timeout_s))
-    return waiting, time.monotonic() - started
+    waiting, last_write = asyncio.run(_count_waiting(bootstrap, f"{prefix}barrier-{BARRIER}-changelog", len(keys), timeout_s=timeout_s))
+    return waiting, last_write - started
 
 
 def disk_bytes(prefix: str, data_dir: Path) -> tuple[int, int]:
@@ -129,6 +140,12 @@ def release(bootstrap: str, prefix: str, keys: list[str], rate: float, settle_s:
     return sorted(row.timestamp / 1000 - sent[row.key.decode()] for row in rows if row.key.decode() in sent)  # type: ignore[attr-defined]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--waiting", type=int, default=20_000)
@@ -142,9 +159,11 @@ def main() -> None:
     worker = start_worker(settings.bootstrap, settings.partitions, prefix, f"bb-{run}", log_dir, 6300)
     try:
         keys = [f"w-{number}" for number in range(args.waiting)]
-        waiting, fill_seconds = fill(settings.bootstrap, prefix, keys)
         assert worker.process is not None
         pid = worker.process.pid
+        cpu_before = _cpu_seconds(pid)
+        waiting, fill_seconds = fill(settings.bootstrap, prefix, keys)
+        fill_cpu = _cpu_seconds(pid) - cpu_before
         threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:")))
         rss_mb = (
             int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))) / 1024
@@ -158,6 +177,7 @@ def main() -> None:
         worker.stop()
         asyncio.run(delete_topics(settings.bootstrap, f"bb-{run}"))  # its topics (and its app id's) would pile up on a long-running broker
     print(f"barrier: {waiting} exchanges waiting on one worker, filled in {fill_seconds:.1f}s ({waiting / fill_seconds:.0f}/s)")
+    print(f"  the worker's CPU while they arrived: {1000 * fill_cpu / max(1, waiting):.3f} ms per exchange (the read back included)")
     print(f"  while waiting: {threads} threads, {tasks} asyncio tasks, RSS {rss_mb:.0f} MiB")
     print(f"  bytes per waiting exchange: RocksDB {rocksdb / max(1, waiting):.0f}, broker changelog {changelog / max(1, waiting):.0f}")
     if latencies:

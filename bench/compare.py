@@ -905,6 +905,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
 def run_barrier(ctx: Context, waiting: int, released: int, rate: float) -> None:
     system = "weir barrier"
     arrive = ctx.figure(system, f"{waiting:,} exchanges arrive and wait: exchanges/s", "exch/s")
+    arrive_cpu = ctx.figure(system, f"{waiting:,} exchanges arrive and wait: CPU per exchange, the worker", "ms", "{:.3f}")
     rocksdb = ctx.figure(system, f"{waiting:,} waiting: bytes per waiting exchange, RocksDB", "bytes")
     changelog = ctx.figure(system, f"{waiting:,} waiting: bytes per waiting exchange, broker changelog", "bytes")
     light = f"{released} released at {rate:g}/s"
@@ -926,6 +927,7 @@ def run_barrier(ctx: Context, waiting: int, released: int, rate: float) -> None:
                 raise TimeoutError(f"barrier: {count} of {waiting} exchanges waiting after 600 s")
             on_disk, segments = barrier.disk_bytes(prefix, work_dir / "data")
             arrive.add(count / seconds, cpu)
+            arrive_cpu.add(1000 * meter.seconds["flows"] / count, cpu)
             rocksdb.add(on_disk / count, cpu)
             changelog.add(segments / count, cpu)
             meter = ctx.meter(_pids(workers)).start()
@@ -1129,7 +1131,10 @@ def main() -> None:
         " behind the others' batches). EOF overhead ratio: full / filter-alone time"
         " of the same run number, i.e. how much counting, the end-of-stream handshake and aggregation stretch the time to push the same"
         " batches through the filter (1.00: free).",
-        "barrier": "weir barrier: exactly_once, one flows worker (bench/barrier_flows.py) on new topics each run. Bytes per waiting"
+        "barrier": "weir barrier: exactly_once, one flows worker (bench/barrier_flows.py) on new topics each run. Arrivals: from the"
+        " first send to dispatch-in to the create time of the last barrier changelog record that made an exchange wait (read"
+        " committed, once all were sent); CPU per exchange: the worker's CPU from the first send until the read-back is done, over the"
+        " exchanges (two hops each: the dispatch flow's agent, then the barrier's). Bytes per waiting"
         " exchange: the barrier's RocksDB files (WAL included) and its changelog's .log segments on the broker (not the sparse 10 MiB"
         " preallocated index files) / exchanges waiting. Release: kitchen completes, 5 s later payments at the given rate; latency from"
         " each payment's send to the create time of the record the step after the barrier sent (its own commit not included); CPU"
