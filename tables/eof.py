@@ -214,7 +214,7 @@ def id_runs(ids: Iterable[str]) -> dict[str, Any]:
 
 def _is_number(text: str) -> bool:
     """Digits 0-9 only, without a leading zero (ids are made with ``f"{batch}.{k}"``)."""
-    return text.isascii() and text.isdigit() and str(int(text)) == text
+    return text.isascii() and text.isdigit() and (text[0] != "0" or text == "0")
 
 
 def ids_of_runs(raw: Any) -> frozenset[str]:

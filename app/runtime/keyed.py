@@ -242,26 +242,59 @@ class Store(Protocol[S]):
 
 
 class TableStore(Generic[S]):
-    """A state per key of one table, as the JSON its ``encode`` gives."""
+    """A state per key of one table, as the JSON its ``encode`` gives.
+
+    Each state is encoded once and each stored value decoded once: the store remembers, per key, the last
+    state it encoded or decoded and the table value that goes with it. A load whose table value is that very
+    object (a scope's overlay hands back what was stored in it) returns the remembered state without
+    decoding it again, and the size check and the save of one change share one encoding. States are
+    immutable values (transitions return new ones), so handing the same one out twice is safe. On a key
+    holding many batch ids (an EOF client's totals) decoding and encoding them was most of the aggregator's time.
+    """
+
+    #: How many keys' encodings are remembered; past it the memory starts afresh.
+    REMEMBERED = 4096
 
     def __init__(self, table: TableT[str, Any], encode: Callable[[S], Any], decode: Callable[[Any], S]) -> None:
         self.table = table
         self.encode = encode
         self.decode = decode
+        self._known: dict[str, tuple[Any, S]] = {}
+
+    def _remember(self, key: str, raw: Any, state: S) -> None:
+        if len(self._known) >= self.REMEMBERED:
+            self._known.clear()
+        self._known[key] = (raw, state)
+
+    def _encoded(self, key: str, state: S) -> Any:
+        known = self._known.get(key)
+        if known is not None and known[1] is state:
+            return known[0]
+        raw = self.encode(state)
+        self._remember(key, raw, state)
+        return raw
 
     def load(self, key: str) -> S | None:
         raw = self.table.get(key)
-        return None if raw is None else self.decode(raw)
+        if raw is None:
+            return None
+        known = self._known.get(key)
+        if known is not None and known[0] is raw:
+            return known[1]
+        state = self.decode(raw)
+        self._remember(key, raw, state)
+        return state
 
     def encoded_size(self, key: str, state: S) -> int:
-        return len(dumps(self.encode(state))) + len(key.encode())
+        return len(dumps(self._encoded(key, state))) + len(key.encode())
 
     def save(self, key: str, previous: S | None, state: S | None) -> None:
         if state is None:
             if previous is not None:
+                self._known.pop(key, None)
                 del self.table[key]
         elif state != previous:
-            self.table[key] = self.encode(state)
+            self.table[key] = self._encoded(key, state)
 
 
 #: What a key becomes when outputs of its change cannot be written: (key, previous state, the change, what failed) -> a new change.

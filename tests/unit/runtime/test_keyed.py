@@ -234,3 +234,54 @@ def test_a_send_refused_because_the_transaction_is_gone_fails_at_once() -> None:
     with pytest.raises(OutputFailed, match="not in transaction"):
         asyncio.run(keyed.send_prepared([(Output(topic, "k", "v"), b'"v"')]))  # type: ignore[arg-type]
     assert len(topic.sent) == 1
+
+
+class _Counted:
+    """An encode and a decode that count their calls (a state is a frozenset of ids, stored as a sorted list)."""
+
+    def __init__(self) -> None:
+        self.encoded = 0
+        self.decoded = 0
+
+    def encode(self, state: frozenset[str]) -> list[str]:
+        self.encoded += 1
+        return sorted(state)
+
+    def decode(self, raw: list[str]) -> frozenset[str]:
+        self.decoded += 1
+        return frozenset(raw)
+
+
+def test_a_table_store_encodes_a_state_once_and_decodes_what_it_stored_not_again() -> None:
+    table: dict[str, Any] = {}
+    codec = _Counted()
+    store: TableStore[frozenset[str]] = TableStore(table, codec.encode, codec.decode)  # type: ignore[arg-type]
+    state = frozenset({"0.0", "1.0"})
+    size = store.encoded_size("c", state)  # the size check and the save of one change share one encoding
+    store.save("c", None, state)
+    assert (codec.encoded, size) == (1, len(orjson.dumps(["0.0", "1.0"])) + 1)
+    assert store.load("c") is state  # the value in the table is the one stored: no decode
+    assert codec.decoded == 0
+    table["c"] = ["0.0", "1.0", "2.0"]  # another value (the store read again after its scope wrote out): decoded
+    assert store.load("c") == frozenset({"0.0", "1.0", "2.0"})
+    assert codec.decoded == 1
+    store.save("c", state, None)
+    assert store.load("c") is None
+    assert "c" not in table
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.one_of(st.none(), st.frozensets(st.sampled_from("xyz"), max_size=3))), max_size=30))
+def test_a_table_store_remembering_states_loads_what_a_plain_decode_would(steps: list[tuple[str, frozenset[str] | None]]) -> None:
+    table: dict[str, Any] = {}
+    codec = _Counted()
+    store: TableStore[frozenset[str]] = TableStore(table, codec.encode, codec.decode)  # type: ignore[arg-type]
+    store.REMEMBERED = 2  # the memory starts afresh often
+    for key, state in steps:
+        previous = store.load(key)
+        if state is not None:
+            store.encoded_size(key, state)
+        store.save(key, previous, state)
+        for any_key in "abc":
+            raw = table.get(any_key)
+            assert store.load(any_key) == (None if raw is None else frozenset(raw))
