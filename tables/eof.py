@@ -23,8 +23,10 @@ delete the key) and the messages to send.
 
 from __future__ import annotations
 
+import bisect
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -53,6 +55,8 @@ __all__ = [
     "on_report",
     "on_delivered",
     "on_controller_tick",
+    "BatchCounts",
+    "BatchIds",
     "ClientTotals",
     "AggregatorTransition",
     "on_batch",
@@ -193,23 +197,208 @@ def counts_of_runs(raw: Any) -> dict[int, int]:
     return {batch: int(count) for first, end, count in raw for batch in range(int(first), int(end))}
 
 
+CountRuns = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class BatchCounts:
+    """``{batch: count}`` held as runs (what :func:`count_runs` stores): reading, adding and storing one batch's
+    count cost as much as there are runs, not batches. The controller adds one report per batch; held as a dict,
+    every report re-sorted and re-encoded all of them. Equal to a dict of the same counts."""
+
+    #: runs [first, end) of batches with one count each, sorted, not overlapping; touching runs differ in count
+    runs: CountRuns = ()
+    count: int = 0
+    total: int = 0
+
+    @classmethod
+    def of(cls, counts: Mapping[int, int]) -> BatchCounts:
+        runs = tuple((first, end, count) for first, end, count in count_runs(counts))
+        return cls(runs, len(counts), sum(counts.values()))
+
+    @classmethod
+    def from_raw(cls, raw: Any) -> BatchCounts:
+        """The counts :meth:`to_raw` stored (or the older ``{"batch": count}`` form)."""
+        if isinstance(raw, Mapping):
+            return cls.of({int(batch): int(count) for batch, count in raw.items()})
+        runs = tuple((int(first), int(end), int(count)) for first, end, count in raw)
+        return cls(runs, sum(end - first for first, end, _ in runs), sum((end - first) * count for first, end, count in runs))
+
+    def to_raw(self) -> list[list[int]]:
+        return [[first, end, count] for first, end, count in self.runs]
+
+    def get(self, batch: int) -> int | None:
+        at = bisect.bisect_right(self.runs, (batch, math.inf, math.inf)) - 1
+        if at >= 0 and self.runs[at][0] <= batch < self.runs[at][1]:
+            return self.runs[at][2]
+        return None
+
+    def first_from(self, batch: int) -> int | None:
+        """The lowest batch at or above ``batch`` that has a count."""
+        for first, end, _ in self.runs[max(0, bisect.bisect_right(self.runs, (batch, math.inf, math.inf)) - 1) :]:
+            if end > batch:
+                return max(first, batch)
+        return None
+
+    def with_count(self, batch: int, count: int) -> BatchCounts:
+        """These counts and ``batch``'s (a batch not counted yet)."""
+        runs = list(self.runs)
+        at = bisect.bisect_right(runs, (batch, math.inf, math.inf))  # the first run after the batch
+        joins_left = at > 0 and runs[at - 1][1] == batch and runs[at - 1][2] == count
+        joins_right = at < len(runs) and runs[at][0] == batch + 1 and runs[at][2] == count
+        if joins_left and joins_right:
+            runs[at - 1 : at + 1] = [(runs[at - 1][0], runs[at][1], count)]
+        elif joins_left:
+            runs[at - 1] = (runs[at - 1][0], batch + 1, count)
+        elif joins_right:
+            runs[at] = (batch, runs[at][1], count)
+        else:
+            runs.insert(at, (batch, batch + 1, count))
+        return BatchCounts(tuple(runs), self.count + 1, self.total + count)
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        for first, end, count in self.runs:
+            for batch in range(first, end):
+                yield batch, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BatchCounts):
+            return self.runs == other.runs
+        if isinstance(other, Mapping):
+            return len(other) == self.count and all(self.get(batch) == count for batch, count in other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.runs)
+
+
 def id_runs(ids: Iterable[str]) -> dict[str, Any]:
     """Forwarded batch ids ``<batch>.<k>`` as runs of batches per ``k`` (``{"<k>": [[first, end], ...]}``); an id
     of another form is kept as it is, under ``"other"``."""
-    by_part: dict[int, list[int]] = {}
-    other: list[str] = []
-    for batch_id in ids:
-        batch, dot, part = batch_id.partition(".")
-        if dot and _is_number(batch) and _is_number(part):
-            by_part.setdefault(int(part), []).append(int(batch))
+    return BatchIds.of(ids).to_raw()
+
+
+def _split_id(batch_id: str) -> tuple[int, int] | None:
+    """(batch, k) of an id ``<batch>.<k>`` made by the filter; None for an id of another form."""
+    batch, dot, part = batch_id.partition(".")
+    if dot and _is_number(batch) and _is_number(part):
+        return int(batch), int(part)
+    return None
+
+
+Runs = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class BatchIds:
+    """A set of batch ids held as runs (what :func:`id_runs` stores): adding an id, testing one and storing the
+    set cost as much as the set has runs, not ids. A client's aggregate adds one id per batch; held as a set of
+    strings, every batch re-encoded all of them (the aggregator's time grew with the square of a client's batches).
+    Equal to another set of the same ids (a ``frozenset`` included)."""
+
+    #: per ``k``, the runs [first, end) of batches, sorted, neither overlapping nor touching
+    runs: tuple[tuple[int, Runs], ...] = ()
+    #: ids of another form
+    other: frozenset[str] = frozenset()
+    count: int = 0
+
+    @classmethod
+    def of(cls, ids: Iterable[str]) -> BatchIds:
+        by_part: dict[int, list[int]] = {}
+        other: set[str] = set()
+        for batch_id in ids:
+            split = _split_id(batch_id)
+            if split is None:
+                other.add(batch_id)
+            else:
+                by_part.setdefault(split[1], []).append(split[0])
+        runs = tuple(
+            (part, tuple((first, end) for first, end, _ in count_runs(dict.fromkeys(batches, 0))))
+            for part, batches in sorted(by_part.items())
+        )
+        return cls(runs, frozenset(other), sum(end - first for _, part_runs in runs for first, end in part_runs) + len(other))
+
+    @classmethod
+    def from_raw(cls, raw: Any) -> BatchIds:
+        """The set :meth:`to_raw` stored (or the older list of ids)."""
+        if not isinstance(raw, Mapping):
+            return cls.of(str(batch_id) for batch_id in raw)
+        runs = tuple(
+            sorted(
+                (int(part), tuple((int(first), int(end)) for first, end in part_runs)) for part, part_runs in raw.items() if part != "other"
+            )
+        )
+        other = frozenset(str(batch_id) for batch_id in raw.get("other", ()))
+        return cls(runs, other, sum(end - first for _, part_runs in runs for first, end in part_runs) + len(other))
+
+    def to_raw(self) -> dict[str, Any]:
+        stored: dict[str, Any] = {str(part): [[first, end] for first, end in part_runs] for part, part_runs in self.runs}
+        if self.other:
+            stored["other"] = sorted(self.other)
+        return stored
+
+    def _part(self, part: int) -> Runs:
+        for number, part_runs in self.runs:
+            if number == part:
+                return part_runs
+        return ()
+
+    def __contains__(self, batch_id: object) -> bool:
+        if not isinstance(batch_id, str):
+            return False
+        split = _split_id(batch_id)
+        if split is None:
+            return batch_id in self.other
+        batch, part = split
+        part_runs = self._part(part)
+        at = bisect.bisect_right(part_runs, (batch, math.inf)) - 1
+        return at >= 0 and part_runs[at][0] <= batch < part_runs[at][1]
+
+    def with_id(self, batch_id: str) -> BatchIds:
+        """This set and ``batch_id``."""
+        if batch_id in self:
+            return self
+        split = _split_id(batch_id)
+        if split is None:
+            return replace(self, other=self.other | {batch_id}, count=self.count + 1)
+        batch, part = split
+        part_runs = list(self._part(part))
+        at = bisect.bisect_right(part_runs, (batch, math.inf))  # the first run after the batch
+        joins_left = at > 0 and part_runs[at - 1][1] == batch
+        joins_right = at < len(part_runs) and part_runs[at][0] == batch + 1
+        if joins_left and joins_right:
+            part_runs[at - 1 : at + 1] = [(part_runs[at - 1][0], part_runs[at][1])]
+        elif joins_left:
+            part_runs[at - 1] = (part_runs[at - 1][0], batch + 1)
+        elif joins_right:
+            part_runs[at] = (batch, part_runs[at][1])
         else:
-            other.append(batch_id)
-    stored: dict[str, Any] = {
-        str(part): [run[:2] for run in count_runs(dict.fromkeys(batches, 0))] for part, batches in sorted(by_part.items())
-    }
-    if other:
-        stored["other"] = sorted(other)
-    return stored
+            part_runs.insert(at, (batch, batch + 1))
+        runs = dict(self.runs)
+        runs[part] = tuple(part_runs)
+        return replace(self, runs=tuple(sorted(runs.items())), count=self.count + 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        for part, part_runs in self.runs:
+            for first, end in part_runs:
+                yield from (f"{batch}.{part}" for batch in range(first, end))
+        yield from self.other
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BatchIds):
+            return (self.runs, self.other) == (other.runs, other.other)
+        if isinstance(other, (set, frozenset)):
+            return len(other) == self.count and all(batch_id in self for batch_id in other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.runs, self.other))
 
 
 def _is_number(text: str) -> bool:
@@ -219,13 +408,7 @@ def _is_number(text: str) -> bool:
 
 def ids_of_runs(raw: Any) -> frozenset[str]:
     """The ids of :func:`id_runs` (or of the older list of ids)."""
-    if not isinstance(raw, Mapping):
-        return frozenset(str(batch_id) for batch_id in raw)
-    ids = {str(batch_id) for batch_id in raw.get("other", ())}
-    for part, runs in raw.items():
-        if part != "other":
-            ids.update(f"{batch}.{part}" for first, end in runs for batch in range(int(first), int(end)))
-    return frozenset(ids)
+    return frozenset(BatchIds.from_raw(raw))
 
 
 # ----------------------------------------------------------------------------------------- controller
@@ -256,16 +439,20 @@ class ControllerState:
     client: str
     last_activity_ms: int
     sent_total: int | None = None
-    #: batch id -> batches the filter forwarded for it
-    reported: dict[int, int] = field(default_factory=dict)
+    #: batch id -> batches the filter forwarded for it (a dict given here is held as runs)
+    reported: BatchCounts = BatchCounts()
     finish_sent: bool = False
     #: set once cleaned up: the key is a tombstone until ``closed_ms + closed_retention_ms``
     closed_ms: int | None = None
     outcome: str | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.reported, BatchCounts):
+            object.__setattr__(self, "reported", BatchCounts.of(self.reported))
+
     @property
     def forwarded_total(self) -> int:
-        return sum(self.reported.values())
+        return self.reported.total
 
     def deadline_ms(self, config: EofConfig) -> int:
         if self.closed_ms is not None:
@@ -277,7 +464,7 @@ class ControllerState:
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
             "sent_total": self.sent_total,
-            "reported": count_runs(self.reported),
+            "reported": self.reported.to_raw(),
             "finish_sent": self.finish_sent,
             "closed_ms": self.closed_ms,
             "outcome": self.outcome,
@@ -289,7 +476,7 @@ class ControllerState:
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
             sent_total=raw.get("sent_total"),
-            reported=counts_of_runs(raw.get("reported") or ()),
+            reported=BatchCounts.from_raw(raw.get("reported") or ()),
             finish_sent=bool(raw.get("finish_sent")),
             closed_ms=raw.get("closed_ms"),
             outcome=raw.get("outcome"),
@@ -324,9 +511,9 @@ def on_sent(previous: ControllerState | None, client: str, total: int, now_ms: i
     if state.sent_total is not None and state.sent_total != total:
         error = f"eof controller: client {client!r} was said to have sent {state.sent_total} batches, now {total}"
         return ControllerTransition(state, rejected=error)
-    beyond = [batch for batch in state.reported if batch >= total]
-    if beyond:
-        error = f"eof controller: client {client!r} sent {total} batches (0..{total - 1}) but batch {beyond[0]} was reported"
+    beyond = state.reported.first_from(total)
+    if beyond is not None:
+        error = f"eof controller: client {client!r} sent {total} batches (0..{total - 1}) but batch {beyond} was reported"
         return ControllerTransition(state, rejected=error)
     return _maybe_finish(replace(state, sent_total=total, last_activity_ms=max(state.last_activity_ms, now_ms)))
 
@@ -345,7 +532,7 @@ def on_report(previous: ControllerState | None, client: str, batch_id: int, forw
     if batch_id < 0 or forwarded < 0 or (state.sent_total is not None and batch_id >= state.sent_total):
         error = f"eof controller: report of batch {batch_id} (forwarded {forwarded}) for client {client!r} is outside 0..{state.sent_total}"
         return ControllerTransition(state, rejected=error)
-    reported = {**state.reported, batch_id: forwarded}
+    reported = state.reported.with_count(batch_id, forwarded)
     return _maybe_finish(replace(state, reported=reported, last_activity_ms=max(state.last_activity_ms, now_ms)))
 
 
@@ -398,7 +585,8 @@ class ClientTotals:
 
     client: str
     last_activity_ms: int
-    seen: frozenset[str] = frozenset()
+    #: the ids of the batches merged (a set of ids given here is held as runs)
+    seen: BatchIds = BatchIds()
     #: records merged
     records: int = 0
     #: the job's totals (JSON); None until the first batch
@@ -409,6 +597,10 @@ class ClientTotals:
     error: str | None = None
     closed_ms: int | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.seen, BatchIds):
+            object.__setattr__(self, "seen", BatchIds.of(self.seen))
+
     def deadline_ms(self, config: EofConfig) -> int:
         if self.closed_ms is not None:
             return self.closed_ms + config.closed_retention_ms
@@ -418,7 +610,7 @@ class ClientTotals:
         return {
             "client": self.client,
             "last_activity_ms": self.last_activity_ms,
-            "seen": id_runs(self.seen),
+            "seen": self.seen.to_raw(),
             "records": self.records,
             "totals": self.totals,
             "expected": self.expected,
@@ -432,7 +624,7 @@ class ClientTotals:
         return cls(
             client=str(raw["client"]),
             last_activity_ms=int(raw["last_activity_ms"]),
-            seen=ids_of_runs(raw.get("seen") or ()),
+            seen=BatchIds.from_raw(raw.get("seen") or ()),
             records=int(raw.get("records") or raw.get("orders") or 0),
             totals=raw.get("totals", _older_totals(raw)),
             expected=raw.get("expected"),
@@ -521,7 +713,7 @@ def on_batch(
         except Exception as error:  # the job's code: its failure is the client's, reported, not the worker's
             totals, count, failed = state.totals, 0, f"merge of batch {batch_id!r} failed: {describe(error)}"
     merged = replace(
-        state, seen=state.seen | {batch_id}, records=state.records + count, totals=totals, error=failed, last_activity_ms=now_ms
+        state, seen=state.seen.with_id(batch_id), records=state.records + count, totals=totals, error=failed, last_activity_ms=now_ms
     )
     return _maybe_flush(merged, job)
 

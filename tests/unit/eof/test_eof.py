@@ -16,6 +16,8 @@ from app.catalogue import CATALOGUE_CENTS
 from app.demo_eof import OpeningHours, parse_order, parse_prices
 from tables.eof import (
     CLIENT_STATE_STAGES,
+    BatchCounts,
+    BatchIds,
     ClientJoin,
     ClientTotals,
     ControllerState,
@@ -537,3 +539,94 @@ def test_values_written_before_jobs_were_pluggable_still_read() -> None:
     assert join.totals == Totals(1, 3, {"orders": 3, "scoops": {"mint": 4}})
     [report] = on_side(replace(join, has_side=False), "c", {"mint": 2}, now_ms=6, job=JOB).emits
     assert report.value["revenue_cents"] == 8
+
+
+def _stored_one_by_one(ids: set[str]) -> dict[str, Any]:
+    """The stored form of a set of ids as it was written before :class:`BatchIds`: parsed id by id, runs per ``k``."""
+    by_part: dict[int, list[int]] = {}
+    other: list[str] = []
+    for batch_id in ids:
+        batch, dot, part = batch_id.partition(".")
+        if (
+            dot
+            and batch.isascii()
+            and batch.isdigit()
+            and str(int(batch)) == batch
+            and part.isascii()
+            and part.isdigit()
+            and str(int(part)) == part
+        ):
+            by_part.setdefault(int(part), []).append(int(batch))
+        else:
+            other.append(batch_id)
+    stored: dict[str, Any] = {}
+    for part, batches in sorted(by_part.items()):
+        runs: list[list[int]] = []
+        for batch in sorted(set(batches)):
+            if runs and runs[-1][1] == batch:
+                runs[-1][1] = batch + 1
+            else:
+                runs.append([batch, batch + 1])
+        stored[str(part)] = runs
+    if other:
+        stored["other"] = sorted(other)
+    return stored
+
+
+_batch_ids = st.lists(
+    st.one_of(
+        st.builds("{}.{}".format, st.integers(min_value=0, max_value=60), st.integers(min_value=0, max_value=2)),
+        st.sampled_from(["01.0", "1.00", "x", "", "3", "2.", ".1", "1.2.3", "٣.0"]),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_batch_ids)
+def test_batch_ids_added_one_at_a_time_are_the_set_of_them_stored_as_before(ids: list[str]) -> None:
+    held = BatchIds()
+    for number, batch_id in enumerate(ids):
+        held = held.with_id(batch_id)
+        assert batch_id in held
+        assert len(held) == len(set(ids[: number + 1]))
+    assert held == frozenset(ids)
+    assert held == BatchIds.of(ids)
+    assert hash(held) == hash(BatchIds.of(reversed(ids)))
+    assert sorted(held) == sorted(set(ids))
+    assert held.to_raw() == _stored_one_by_one(set(ids)), "the stored form is the one written before"
+    assert BatchIds.from_raw(json.loads(json.dumps(held.to_raw()))) == held
+    assert all((candidate in held) == (candidate in set(ids)) for candidate in ("0.0", "5.1", "60.2", "61.0", "x", "01.0", "y"))
+
+
+def test_a_client_merging_batches_in_any_order_keeps_a_few_runs() -> None:
+    order = list(range(2_000))
+    random.Random(7).shuffle(order)
+    held = BatchIds()
+    for batch in order:
+        held = held.with_id(f"{batch}.0")
+    assert held.runs == ((0, ((0, 2_000),)),)
+    assert len(held) == 2_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.integers(min_value=0, max_value=80), st.integers(min_value=0, max_value=2), max_size=60), st.randoms())
+def test_batch_counts_added_one_at_a_time_are_the_dict_of_them_stored_as_before(counts: dict[int, int], rng: Any) -> None:
+    order = list(counts)
+    rng.shuffle(order)
+    held = BatchCounts()
+    added: dict[int, int] = {}
+    for batch in order:
+        held = held.with_count(batch, counts[batch])
+        added[batch] = counts[batch]
+        assert held.get(batch) == counts[batch]
+        assert (len(held), held.total) == (len(added), sum(added.values()))
+    assert held == counts
+    assert held == BatchCounts.of(counts)
+    assert dict(held.items()) == counts
+    assert held.to_raw() == count_runs(counts), "the stored form is the one written before"
+    assert BatchCounts.from_raw(json.loads(json.dumps(held.to_raw()))) == held
+    assert BatchCounts.from_raw({str(batch): count for batch, count in counts.items()}) == held, "the older form"
+    for probe in (0, 1, 40, 80, 81):
+        assert held.get(probe) == counts.get(probe)
+        assert held.first_from(probe) == min((batch for batch in counts if batch >= probe), default=None)
