@@ -670,7 +670,11 @@ for _compiled_flow in _running:
 
     async def _flow_agent(stream: StreamT[bytes], compiled: CompiledFlow = _compiled_flow) -> None:
         await handle_events(
-            stream, agent=f"flow:{compiled.flow.name}", what=f"flow {compiled.flow.name!r}: message", handler=_make_flow_handler(compiled)
+            stream,
+            agent=f"flow:{compiled.flow.name}",
+            what=f"flow {compiled.flow.name!r}: message",
+            handler=_make_flow_handler(compiled),
+            runs_user_steps=True,
         )
 
     app.agent(_channel, name=f"flow-{_compiled_flow.flow.name}")(_flow_agent)

@@ -291,7 +291,9 @@ EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 OwedOutcome = Callable[[EventT[bytes], str, str], Awaitable[None]]
 
 
-async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:
+async def handle_events(
+    stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None, runs_user_steps: bool = False
+) -> None:
     """The loop every agent runs: decode each event, hand it to ``handler``, dead-letter what fails.
 
     Undecodable and schema-invalid messages go to the dead letters at once; any other error escaping the
@@ -302,12 +304,15 @@ async def handle_events(stream: StreamT[bytes], *, agent: str, what: str, handle
     event. A handler that waits on I/O runs a batch's events at once with :func:`handle_parts` and
     :func:`handle_part_events`, both ``concurrent=True`` (the items agent). ``owed``: the agent owes an
     outcome for every input; it is sent for an input that failed, after its dead letter (:func:`dead_lettered`).
+    ``runs_user_steps``: the handler runs the user's steps, whose time can jump (a service that slows down, retries
+    with backoff): slices of one event, a commit possible after each, so that a slice sized at the fast pace
+    cannot hold hundreds of suddenly slow events in one transaction, past its timeout.
     """
 
     async def each(part: Sequence[EventT[bytes]]) -> None:
         await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
 
-    await handle_parts(stream, each)
+    await handle_parts(stream, each, slice_most=1 if runs_user_steps else None)
 
 
 async def handle_part_events(
@@ -366,10 +371,17 @@ PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 
 
 async def handle_parts(
-    stream: StreamT[bytes], handle_part: PartHandler, *, size: int | None = None, wait_ms: int | None = None, concurrent: bool = False
+    stream: StreamT[bytes],
+    handle_part: PartHandler,
+    *,
+    size: int | None = None,
+    wait_ms: int | None = None,
+    concurrent: bool = False,
+    slice_most: int | None = None,
 ) -> None:
-    """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`)."""
-    slicer = Slicer(size or settings.batch_size)
+    """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`),
+    in slices of at most ``slice_most`` events (default: ``size``)."""
+    slicer = Slicer(slice_most or size or settings.batch_size)
     async with worker_stops_on_escape():
         async for batch in take_batches(stream, size or settings.batch_size, (wait_ms or settings.batch_wait_ms) / 1000):
             await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
@@ -388,6 +400,8 @@ async def worker_stops_on_escape() -> AsyncIterator[None]:
     try:
         yield
     except Exception as error:
+        # The failed part's sends are in the open transaction without its offsets: nothing may commit now.
+        engine.gate.refuse(f"an error escaped an agent's loop: {error!r}")
         log.error("an error escaped an agent's loop, the worker stops: %r", error)
         await app.crash(error)
         raise

@@ -268,7 +268,7 @@ class BatchCounts:
         if isinstance(other, BatchCounts):
             return self.runs == other.runs
         if isinstance(other, Mapping):
-            return len(other) == self.count and all(self.get(batch) == count for batch, count in other.items())
+            return len(other) == self.count and all(isinstance(batch, int) and self.get(batch) == count for batch, count in other.items())
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -398,7 +398,7 @@ class BatchIds:
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.runs, self.other))
+        return hash(frozenset(self))  # equal to the frozenset of its ids, so hashed as it (rarely asked: ids stay runs)
 
 
 def _is_number(text: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # failed on a machine busy with other work (an example that waits on the local PostgreSQL server).
 settings.register_profile("weir", deadline=None)
 settings.load_profile("weir")
+
+
+@pytest.fixture(autouse=True)
+def _commits_not_refused() -> Iterator[None]:
+    """A test that stops a worker refuses its commits (``app.engine.scopes.gate.refuse``): the next test's may commit."""
+    yield
+    scopes = sys.modules.get("app.engine.scopes")
+    if scopes is not None:
+        scopes.gate.refused = None
 
 
 def _reachable(bootstrap: str) -> bool:

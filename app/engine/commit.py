@@ -97,6 +97,9 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
     began = time.monotonic()
     outcome = "failed"
     try:
+        if gate.refused is not None:  # the worker stops with work in its transaction that must not commit
+            log.warning("commit refused (%s)", gate.refused)
+            return False
         # 3. Events delivered their own changelog writes (their part scope); a write made outside an event
         # would still wait in Faust's buffer, and belongs to this transaction.
         await manager.app.producer.buffer.flush()

@@ -44,6 +44,8 @@ class CommitGate:
         self._held = False
         #: When the running (or last) commit asked for the gate.
         self.commit_asked = 0.0
+        #: Why this worker commits nothing more (:meth:`refuse`); None while it may commit.
+        self.refused: str | None = None
 
     def hold(self) -> None:
         """A rebalance began: until :meth:`release` (the new generation is set) events are not processed.
@@ -59,6 +61,20 @@ class CommitGate:
 
     def release(self) -> None:
         self._held = False
+
+    def refuse(self, reason: str) -> None:
+        """From now on no commit of this worker commits anything (:func:`app.engine.commit.commit_transactions`).
+
+        For a worker that stops because its open transaction holds work that must not commit: the sends of a
+        part that failed half-way (its offsets not acked, its table writes dropped), or table writes whose
+        changelog records were not all sent. Faust's stop commits what is acked (``Consumer.on_stop``), and that
+        transaction would carry them: outputs without their input's offset, sent again when the input is
+        replayed. Refused, the transaction is aborted as a SIGKILL's would be (the next instance's producer
+        fences it, or the broker's timeout ends it), and everything since the last commit is handled again.
+        """
+        if self.refused is None:
+            log.warning("no further commit: %s", reason)
+            self.refused = reason
 
     @property
     def holding(self) -> bool:
@@ -155,15 +171,17 @@ async def _store_ahead_of_changelog(event: EventT[bytes], error: BaseException) 
     a send refused, a write-out that raised halfway, the part cancelled meanwhile, or the part's body raising after a
     table was written out early (an iteration) leaves the store holding values the changelog will not. Events
     handled next on that store would commit what no restore can rebuild, so the worker stops; it restarts on a
-    store rebuilt from the committed changelog (``wipe_local_tables``). A worker stopping anyway (its agents
-    cancelled) just goes on stopping: its store is rebuilt at the next start too.
+    store rebuilt from the committed changelog (``wipe_local_tables``), and commits nothing more before it stops
+    (:meth:`CommitGate.refuse`). A worker stopping anyway (its agents cancelled) just goes on stopping, committing
+    nothing more either: its store is rebuilt at the next start too.
     """
     app = event.app
-    if isinstance(error, asyncio.CancelledError) and app.should_stop:
-        return
     message = (
         f"table writes of {event.message.tp}@{event.message.offset} are in the local store but not in the changelog ({error!r}): stopping"
     )
+    gate.refuse(message)
+    if isinstance(error, asyncio.CancelledError) and app.should_stop:
+        return
     log.error(message)
     await app.crash(RuntimeError(message))
 
@@ -238,7 +256,7 @@ async def _undelivered(event: EventT[bytes], problem: BaseException | None) -> N
         log.info("writes and sends of %s@%s dropped: a rebalance ended their transaction", tp, event.message.offset)
         return
     message = f"writes or sends of {tp}@{event.message.offset} failed ({problem}): stopping, the transaction must not commit"
-    log.error(message)
+    gate.refuse(message)
     await app.crash(RuntimeError(message))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -241,33 +242,46 @@ class Store(Protocol[S]):
         ...
 
 
+class _Outside:
+    """The scope of what runs outside any event (a test, a web view): remembered until an event's scope begins."""
+
+
+_OUTSIDE = _Outside()
+
+
 class TableStore(Generic[S]):
     """A state per key of one table, as the JSON its ``encode`` gives.
 
-    Each state is encoded once and each stored value decoded once: the store remembers, per key, the last
-    state it encoded or decoded and the table value that goes with it. A load whose table value is that very
-    object (a scope's overlay hands back what was stored in it) returns the remembered state without
-    decoding it again, and the size check and the save of one change share one encoding. States are
-    immutable values (transitions return new ones), so handing the same one out twice is safe. On a key
-    holding many batch ids (an EOF client's totals) decoding and encoding them was most of the aggregator's time.
+    Each state is encoded once and each stored value decoded once within a scope: the store remembers, per key,
+    the last state it encoded or decoded and the table value that goes with it. A load whose table value is that
+    very object (a scope's overlay hands back what was stored in it) returns the remembered state without
+    decoding it again, and the size check and the save of one change share one encoding. States are immutable
+    values (transitions return new ones), so handing the same one out twice is safe. What is remembered is
+    forgotten when the scope changes (Faust's current event, the part's last): it holds no more than the scope's
+    own overlay does. On a key holding many batch ids (an EOF client's totals) decoding and encoding them was
+    most of the aggregator's time.
     """
-
-    #: How many keys' encodings are remembered; past it the memory starts afresh.
-    REMEMBERED = 4096
 
     def __init__(self, table: TableT[str, Any], encode: Callable[[S], Any], decode: Callable[[Any], S]) -> None:
         self.table = table
         self.encode = encode
         self.decode = decode
         self._known: dict[str, tuple[Any, S]] = {}
+        self._scope: weakref.ref[Any] | None = None
+
+    def _memory(self) -> dict[str, tuple[Any, S]]:
+        """What is remembered in the current scope (emptied when the scope changed since the last call)."""
+        event = faust.current_event() or _OUTSIDE
+        if self._scope is None or self._scope() is not event:
+            self._known.clear()
+            self._scope = weakref.ref(event)
+        return self._known
 
     def _remember(self, key: str, raw: Any, state: S) -> None:
-        if len(self._known) >= self.REMEMBERED:
-            self._known.clear()
-        self._known[key] = (raw, state)
+        self._memory()[key] = (raw, state)
 
     def _encoded(self, key: str, state: S) -> Any:
-        known = self._known.get(key)
+        known = self._memory().get(key)
         if known is not None and known[1] is state:
             return known[0]
         raw = self.encode(state)
@@ -278,7 +292,7 @@ class TableStore(Generic[S]):
         raw = self.table.get(key)
         if raw is None:
             return None
-        known = self._known.get(key)
+        known = self._memory().get(key)
         if known is not None and known[0] is raw:
             return known[1]
         state = self.decode(raw)

@@ -592,7 +592,7 @@ def test_batch_ids_added_one_at_a_time_are_the_set_of_them_stored_as_before(ids:
         assert len(held) == len(set(ids[: number + 1]))
     assert held == frozenset(ids)
     assert held == BatchIds.of(ids)
-    assert hash(held) == hash(BatchIds.of(reversed(ids)))
+    assert hash(held) == hash(BatchIds.of(reversed(ids))) == hash(frozenset(ids)), "equal to the frozenset, hashed as it"
     assert sorted(held) == sorted(set(ids))
     assert held.to_raw() == _stored_one_by_one(set(ids)), "the stored form is the one written before"
     assert BatchIds.from_raw(json.loads(json.dumps(held.to_raw()))) == held
@@ -624,6 +624,7 @@ def test_batch_counts_added_one_at_a_time_are_the_dict_of_them_stored_as_before(
     assert held == counts
     assert held == BatchCounts.of(counts)
     assert dict(held.items()) == counts
+    assert held != {str(batch): count for batch, count in counts.items()} or not counts
     assert held.to_raw() == count_runs(counts), "the stored form is the one written before"
     assert BatchCounts.from_raw(json.loads(json.dumps(held.to_raw()))) == held
     assert BatchCounts.from_raw({str(batch): count for batch, count in counts.items()}) == held, "the older form"

@@ -39,6 +39,30 @@ def test_an_error_escaping_an_agent_s_loop_stops_the_worker(crashes: list[BaseEx
     assert [str(reason) for reason in crashes] == ["the result could not be queued"]
 
 
+def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: list[BaseException]) -> None:
+    """The failed part's sends are in the open transaction without its offsets: Faust's stop must not commit them."""
+    from app.engine import commit, gate
+
+    class Manager:
+        def __init__(self) -> None:
+            producer = type("P", (), {"buffer": type("B", (), {"flush": staticmethod(lambda: asyncio.sleep(0))})()})()
+            self.app = type("A", (), {"producer": producer, "consumer_generation_id": 1})()
+
+        def transactional_id_for(self, topic: str, partition: int) -> str:
+            return "t"
+
+    async def run() -> bool:
+        with pytest.raises(OutputFailed):
+            async with core.worker_stops_on_escape():
+                raise OutputFailed("the result could not be queued")
+        return await commit.commit_transactions(Manager(), {})
+
+    assert gate.refused is None
+    assert asyncio.run(run()) is False, "the commit on the way out is refused"
+    assert gate.refused is not None
+    assert "could not be queued" in gate.refused
+
+
 def test_a_cancelled_agent_does_not_stop_the_worker(crashes: list[BaseException]) -> None:
     async def run() -> None:
         with pytest.raises(asyncio.CancelledError):

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app import engine
-from app.engine.scopes import BatchScope
+from app.engine.scopes import BatchScope, gate
 
 KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
 VALUES = st.one_of(st.integers(0, 9), st.dictionaries(st.sampled_from(["n", "é"]), st.integers(0, 3), max_size=2), st.text(max_size=5))
@@ -165,6 +165,7 @@ def test_a_part_whose_changelog_records_are_not_all_sent_stops_the_worker(tmp_pa
     assert str(raised) == "refused"
     assert len(crashes) == 1, "the store is ahead of its changelog: the worker stops"
     assert "not in the changelog" in str(crashes[0])
+    assert gate.refused is not None, "and commits nothing more on its way out"
 
 
 def test_a_part_that_raises_after_an_early_write_out_stops_the_worker(tmp_path: Path) -> None:
@@ -186,3 +187,4 @@ def test_a_part_that_raises_before_any_write_out_does_not_stop_the_worker(tmp_pa
     crashes, raised = _crashes(tmp_path, fail, Transactions())
     assert isinstance(raised, ValueError)
     assert crashes == [], "nothing reached the store: the part's writes are dropped, as before"
+    assert gate.refused is None

@@ -207,3 +207,31 @@ def test_skipped_events_do_not_count_as_run() -> None:
     assert asyncio.run(core.run_parts(events, handle_part)) == 1
     assert ran == [2]
     assert all(event.acked for event in events)
+
+
+def test_an_agent_that_runs_user_steps_commits_after_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its slices stay at one event however fast events ran: a slice sized at the fast pace would hold hundreds of
+    suddenly slow events (a service slowing down, retries) in one transaction, past its timeout."""
+    events = _batch(*[(0, offset) for offset in range(5)])
+    slices: dict[bool, list[int]] = {}
+
+    async def batches(stream: Any, size: int, within: float) -> Any:
+        yield events
+
+    for user_steps in (True, False):
+        sizes: list[int] = []
+
+        async def run_parts(piece: Any, handle_part: Any, *, concurrent: bool = False, sizes: list[int] = sizes) -> int:
+            sizes.append(len(piece))
+            return len(piece)
+
+        monkeypatch.setattr(core, "take_batches", batches)
+        monkeypatch.setattr(core, "run_parts", run_parts)
+
+        async def handler(event: Any, message: Any) -> None:
+            return None
+
+        asyncio.run(core.handle_events(None, agent="a", what="a: message", handler=handler, runs_user_steps=user_steps))  # type: ignore[arg-type]
+        slices[user_steps] = sizes
+    assert slices[True] == [1, 1, 1, 1, 1]
+    assert slices[False] == [1, 2, 2], "the other agents' slices grow with the pace"

@@ -276,7 +276,6 @@ def test_a_table_store_remembering_states_loads_what_a_plain_decode_would(steps:
     table: dict[str, Any] = {}
     codec = _Counted()
     store: TableStore[frozenset[str]] = TableStore(table, codec.encode, codec.decode)  # type: ignore[arg-type]
-    store.REMEMBERED = 2  # the memory starts afresh often
     for key, state in steps:
         previous = store.load(key)
         if state is not None:
@@ -285,3 +284,25 @@ def test_a_table_store_remembering_states_loads_what_a_plain_decode_would(steps:
         for any_key in "abc":
             raw = table.get(any_key)
             assert store.load(any_key) == (None if raw is None else frozenset(raw))
+
+
+def test_a_table_store_forgets_what_it_remembered_when_the_scope_changes() -> None:
+    """It holds no more than one scope's keys: a part's states are not kept alive past the part."""
+    from app import engine
+
+    class Event:
+        def __init__(self, partition: int) -> None:
+            self.message = SimpleNamespace(partition=partition)
+
+    table: dict[str, Any] = {}
+    codec = _Counted()
+    store: TableStore[frozenset[str]] = TableStore(table, codec.encode, codec.decode)  # type: ignore[arg-type]
+    first, second = Event(0), Event(0)
+    with engine.part_scope(first, []):  # type: ignore[arg-type]
+        state = frozenset({"a"})
+        store.save("k", None, state)
+        assert store.load("k") is state
+        assert codec.decoded == 0
+    with engine.part_scope(second, []):  # type: ignore[arg-type]
+        assert store.load("k") == state
+        assert codec.decoded == 1, "a new scope: the state is decoded again, nothing of the last scope is held"
