@@ -10,7 +10,9 @@ What. Once the worker has started (its app, consumer, producer, agents and table
 alive is moved to the permanent generation (:func:`gc.freeze`), which collections do not walk; and a
 young collection runs every 20,000 net allocations instead of 700. Cycles still get collected: weir
 keeps no long-lived garbage, and a batch's objects are freed by reference counting as it ends. The cost
-is a few MiB more garbage between collections at most (see bench/changes.md for both figures).
+is garbage that waits longer for a collection: the barrier worker's RSS after 30,000-40,000 arrivals was
+117-148 MiB with the setting and 140-147 MiB without, within the noise. With it the collector took 0.05 s
+of the same fill. An object frozen at the start that becomes cyclic garbage later is never collected.
 """
 
 from __future__ import annotations
