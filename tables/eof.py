@@ -28,7 +28,7 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -192,9 +192,36 @@ def count_runs(counts: Mapping[int, int]) -> list[list[int]]:
 
 def counts_of_runs(raw: Any) -> dict[int, int]:
     """The counts of :func:`count_runs` (or of the older ``{"batch": count}`` form)."""
-    if isinstance(raw, Mapping):
-        return {int(batch): int(count) for batch, count in raw.items()}
-    return {batch: int(count) for first, end, count in raw for batch in range(int(first), int(end))}
+    return dict(BatchCounts.from_raw(raw).items())
+
+
+def _run_at(runs: Sequence[tuple[int, ...]], batch: int) -> int:
+    """The index of the last run of ``runs`` (sorted runs ``(first, end, ...)``) that starts at or before ``batch``; -1: none."""
+    return bisect.bisect_right(runs, (batch, math.inf)) - 1
+
+
+def _holds(runs: Sequence[tuple[int, ...]], batch: int) -> tuple[int, ...] | None:
+    """The run of ``runs`` that holds ``batch``, or None."""
+    at = _run_at(runs, batch)
+    return runs[at] if at >= 0 and runs[at][0] <= batch < runs[at][1] else None
+
+
+def _with_batch(runs: Sequence[tuple[int, ...]], batch: int, rest: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    """``runs`` (sorted runs ``(first, end, *rest)``; touching runs differ in ``rest``) and ``batch`` (in none of
+    them) with ``rest``: merged into the runs it touches that have the same ``rest``."""
+    merged = list(runs)
+    at = _run_at(merged, batch) + 1  # the first run after the batch
+    joins_left = at > 0 and merged[at - 1][1] == batch and merged[at - 1][2:] == rest
+    joins_right = at < len(merged) and merged[at][0] == batch + 1 and merged[at][2:] == rest
+    if joins_left and joins_right:
+        merged[at - 1 : at + 1] = [(merged[at - 1][0], merged[at][1], *rest)]
+    elif joins_left:
+        merged[at - 1] = (merged[at - 1][0], batch + 1, *rest)
+    elif joins_right:
+        merged[at] = (batch, merged[at][1], *rest)
+    else:
+        merged.insert(at, (batch, batch + 1, *rest))
+    return tuple(merged)
 
 
 CountRuns = tuple[tuple[int, int, int], ...]
@@ -228,33 +255,20 @@ class BatchCounts:
         return [[first, end, count] for first, end, count in self.runs]
 
     def get(self, batch: int) -> int | None:
-        at = bisect.bisect_right(self.runs, (batch, math.inf, math.inf)) - 1
-        if at >= 0 and self.runs[at][0] <= batch < self.runs[at][1]:
-            return self.runs[at][2]
-        return None
+        run = _holds(self.runs, batch)
+        return None if run is None else run[2]
 
     def first_from(self, batch: int) -> int | None:
         """The lowest batch at or above ``batch`` that has a count."""
-        for first, end, _ in self.runs[max(0, bisect.bisect_right(self.runs, (batch, math.inf, math.inf)) - 1) :]:
+        for first, end, _ in self.runs[max(0, _run_at(self.runs, batch)) :]:
             if end > batch:
                 return max(first, batch)
         return None
 
     def with_count(self, batch: int, count: int) -> BatchCounts:
         """These counts and ``batch``'s (a batch not counted yet)."""
-        runs = list(self.runs)
-        at = bisect.bisect_right(runs, (batch, math.inf, math.inf))  # the first run after the batch
-        joins_left = at > 0 and runs[at - 1][1] == batch and runs[at - 1][2] == count
-        joins_right = at < len(runs) and runs[at][0] == batch + 1 and runs[at][2] == count
-        if joins_left and joins_right:
-            runs[at - 1 : at + 1] = [(runs[at - 1][0], runs[at][1], count)]
-        elif joins_left:
-            runs[at - 1] = (runs[at - 1][0], batch + 1, count)
-        elif joins_right:
-            runs[at] = (batch, runs[at][1], count)
-        else:
-            runs.insert(at, (batch, batch + 1, count))
-        return BatchCounts(tuple(runs), self.count + 1, self.total + count)
+        runs = cast(CountRuns, _with_batch(self.runs, batch, (count,)))
+        return BatchCounts(runs, self.count + 1, self.total + count)
 
     def items(self) -> Iterator[tuple[int, int]]:
         for first, end, count in self.runs:
@@ -353,9 +367,7 @@ class BatchIds:
         if split is None:
             return batch_id in self.other
         batch, part = split
-        part_runs = self._part(part)
-        at = bisect.bisect_right(part_runs, (batch, math.inf)) - 1
-        return at >= 0 and part_runs[at][0] <= batch < part_runs[at][1]
+        return _holds(self._part(part), batch) is not None
 
     def with_id(self, batch_id: str) -> BatchIds:
         """This set and ``batch_id``."""
@@ -365,20 +377,8 @@ class BatchIds:
         if split is None:
             return replace(self, other=self.other | {batch_id}, count=self.count + 1)
         batch, part = split
-        part_runs = list(self._part(part))
-        at = bisect.bisect_right(part_runs, (batch, math.inf))  # the first run after the batch
-        joins_left = at > 0 and part_runs[at - 1][1] == batch
-        joins_right = at < len(part_runs) and part_runs[at][0] == batch + 1
-        if joins_left and joins_right:
-            part_runs[at - 1 : at + 1] = [(part_runs[at - 1][0], part_runs[at][1])]
-        elif joins_left:
-            part_runs[at - 1] = (part_runs[at - 1][0], batch + 1)
-        elif joins_right:
-            part_runs[at] = (batch, part_runs[at][1])
-        else:
-            part_runs.insert(at, (batch, batch + 1))
         runs = dict(self.runs)
-        runs[part] = tuple(part_runs)
+        runs[part] = cast(Runs, _with_batch(self._part(part), batch))
         return replace(self, runs=tuple(sorted(runs.items())), count=self.count + 1)
 
     def __len__(self) -> int:
