@@ -277,26 +277,25 @@ class TableStore(Generic[S]):
             self._scope = weakref.ref(event)
         return self._known
 
-    def _remember(self, key: str, raw: Any, state: S) -> None:
-        self._memory()[key] = (raw, state)
-
     def _encoded(self, key: str, state: S) -> Any:
-        known = self._memory().get(key)
+        memory = self._memory()
+        known = memory.get(key)
         if known is not None and known[1] is state:
             return known[0]
         raw = self.encode(state)
-        self._remember(key, raw, state)
+        memory[key] = (raw, state)
         return raw
 
     def load(self, key: str) -> S | None:
         raw = self.table.get(key)
         if raw is None:
             return None
-        known = self._memory().get(key)
+        memory = self._memory()
+        known = memory.get(key)
         if known is not None and known[0] is raw:
             return known[1]
         state = self.decode(raw)
-        self._remember(key, raw, state)
+        memory[key] = (raw, state)
         return state
 
     def encoded_size(self, key: str, state: S) -> int:
