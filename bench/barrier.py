@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 from app.kafka_io import delete_topics, ensure_topics, read_topic
 from app.processes import ROOT, WorkerProcess
 from app.settings import load_settings
+from bench._util import CpuMeter
 
 __all__ = ["BARRIER", "start_worker", "fill", "disk_bytes", "release"]
 
@@ -140,12 +141,6 @@ def release(bootstrap: str, prefix: str, keys: list[str], rate: float, settle_s:
     return sorted(row.timestamp / 1000 - sent[row.key.decode()] for row in rows if row.key.decode() in sent)  # type: ignore[attr-defined]
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process ``pid`` so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--waiting", type=int, default=20_000)
@@ -161,9 +156,10 @@ def main() -> None:
         keys = [f"w-{number}" for number in range(args.waiting)]
         assert worker.process is not None
         pid = worker.process.pid
-        cpu_before = _cpu_seconds(pid)
+        meter = CpuMeter({"worker": pid}).start()
         waiting, fill_seconds = fill(settings.bootstrap, prefix, keys)
-        fill_cpu = _cpu_seconds(pid) - cpu_before
+        meter.stop()
+        fill_cpu = meter.seconds["worker"]
         threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:")))
         rss_mb = (
             int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))) / 1024
