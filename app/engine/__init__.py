@@ -127,7 +127,7 @@ from app.engine import config as _config
 from app.engine import fetcher, kip447, restore
 from app.engine.commit import observe_aborts, observe_commits
 from app.engine.config import EngineConfig, worker_slot
-from app.engine.delivery import WeirConsumer, ack_handled, ack_handled_all, first_delivery, to_process
+from app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
 from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
 from app.engine.overlay import WeirTable, WeirTopic, send_record
 from app.engine.restore import observe_restores, wipe_local_tables
@@ -149,7 +149,6 @@ __all__ = [
     "part_scope",
     "to_process",
     "first_delivery",
-    "ack_handled",
     "ack_handled_all",
     "trace",
     "tracing",

@@ -2,7 +2,7 @@
 
 Faust's consumer (and its consumer thread) with weir's delivery loop, acks that count only events an agent
 handled, a commit before every rebalance, and a commit handler that commits once the worker is idle; and the
-checks an agent makes on each event it is delivered (:func:`to_process`, :func:`ack_handled`).
+checks an agent makes on each event it is delivered (:func:`to_process`, :func:`ack_handled_all`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from app.engine.fetcher import assigned_position, kafka_assignment, kafka_client
 from app.engine.inbox import drop_revoked, inbox_for
 from app.engine.scopes import gate
 
-__all__ = ["WeirConsumer", "WeirConsumerThread", "first_delivery", "to_process", "ack_handled", "ack_handled_all"]
+__all__ = ["WeirConsumer", "WeirConsumerThread", "first_delivery", "to_process", "ack_handled_all"]
 
 log = logging.getLogger(__name__)
 
@@ -640,13 +640,9 @@ def to_process(event: EventT[Any]) -> bool:
     return True
 
 
-def ack_handled(event: EventT[Any]) -> None:
-    """Ack an event its agent processed (the only kind of ack a commit counts, see :class:`WeirConsumer`)."""
-    ack_handled_all([event])
-
-
 def ack_handled_all(events: list[EventT[Any]]) -> None:
-    """Ack the events of a part its agent processed, in one step (:meth:`WeirConsumer.ack_part`)."""
+    """Ack the events of a part its agent processed, in one step (:meth:`WeirConsumer.ack_part`): the only kind of
+    ack a commit counts (see :class:`WeirConsumer`)."""
     if not events:
         return
     consumer = events[0].app.consumer
