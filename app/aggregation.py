@@ -27,7 +27,7 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
-from app import engine, metrics
+from app import metrics
 from app.codec import dumps
 from app.core import (
     InvalidMessage,
@@ -36,14 +36,15 @@ from app.core import (
     dead_lettered,
     handle_part_events,
     now_ms,
+    partitions_of,
     record_limit,
     retry_policy,
     send_dead_letter,
-    topic_partitions,
 )
 from app.deadlines import DeadlineIndex
 from app.errors import StepOutcome, run_with_retry
 from app.kafka_io import key_partition
+from app.runtime import environment
 from app.runtime.keyed import (
     Change,
     KeyedState,
@@ -411,12 +412,12 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
     A message's key decides its partition (the aggregate stage's tables are partitioned by it), so a bundle
     holds only messages whose keys go to one partition, is sent to that partition, and is keyed by its first
     message's key. A bundle stays within :func:`record_limit` bytes. A partition with one message, ``size``
-    1, or a topic whose partition count is unknown (:data:`app.core.topic_partitions`) gets plain messages.
+    1, or a topic whose partition count is unknown (:func:`app.core.partitions_of`) gets plain messages.
     """
-    partitions = topic_partitions.get(topic.get_topic_name())
+    partitions = partitions_of(topic.get_topic_name())
     if len(outgoing) < 2 or size < 2 or not partitions:
         for key, value in outgoing:
-            await engine.send_record(topic, key.encode(), value)
+            await environment.send_record(topic, key.encode(), value)
         return
     by_partition: dict[int, list[Keyed]] = {}
     for key, value in outgoing:
@@ -437,9 +438,9 @@ async def send_bundled(topic: faust.TopicT, outgoing: Sequence[Keyed], *, size: 
 async def _send_piece(topic: faust.TopicT, partition: int, piece: list[Keyed]) -> None:
     key = piece[0][0].encode()
     if len(piece) == 1:
-        await engine.send_record(topic, key, piece[0][1])
+        await environment.send_record(topic, key, piece[0][1])
     else:
-        await engine.send_record(topic, key, _BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
+        await environment.send_record(topic, key, _BUNDLE_HEAD + b",".join(value for _, value in piece) + _BUNDLE_TAIL, partition=partition)
 
 
 #: The outputs that hand a completed group's result on: (event, correlation id, result, the open's context) -> outputs.
@@ -826,7 +827,7 @@ class Aggregation:
     def _open_keys(self, event: EventT[bytes]) -> list[str]:
         """The open groups of the event's partition: the table's keys that weir's producers put in that partition."""
         topic, partition = event.message.topic, event.message.partition
-        partitions = topic_partitions.get(topic) or event.app.consumer.topic_partitions(topic)
+        partitions = partitions_of(topic) or event.app.consumer.topic_partitions(topic)
         if not partitions:
             raise InvalidMessage(f"{self.agent}: the partition count of {topic!r} is not known yet; send the force again")
         return [key for key in list(self.store.open_groups.keys()) if key_partition(key.encode(), partitions) == partition]

@@ -22,6 +22,7 @@ from app import engine, metrics
 from app.codec import DecodeError, dumps, loads
 from app.errors import OutputFailed, Redaction, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter, redacted_dead_letter
 from app.kafka_io import ensure_topics
+from app.runtime import environment
 from app.settings import Settings, load_settings
 from app.split import InvalidMessage
 
@@ -270,7 +271,8 @@ app.task(_install_task_dump)
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """The time now, by the environment's clock (:mod:`app.runtime.environment`: the wall clock in a worker)."""
+    return environment.current().clock.now_ms()
 
 
 def message_headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
@@ -281,7 +283,8 @@ def message_headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
 
 def decode_event(event: EventT[bytes], *, what: str) -> Any:
     """The event's JSON value, or :class:`DecodeError` naming ``what`` was read."""
-    return loads(event.message.value, what=what, max_bytes=settings.max_message_bytes)
+    limit = environment.current().record_limit
+    return loads(event.message.value, what=what, max_bytes=settings.max_message_bytes if limit is None else limit + 1024)
 
 
 EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
@@ -529,13 +532,23 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     return sum(len(part) for part in parts.values())
 
 
-@functools.cache
 def record_limit() -> int:
-    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB.
+    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB
+    (a test driver's environment gives its own)."""
+    limit = environment.current().record_limit
+    return _worker_record_limit() if limit is None else limit
 
-    Both are fixed for the process: read once (Faust's settings are slow to read, and every output is measured).
-    """
+
+@functools.cache
+def _worker_record_limit() -> int:
+    """Both limits are fixed for the process: read once (Faust's settings are slow to read, and every output is measured)."""
     return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
+
+
+def partitions_of(topic: str) -> int | None:
+    """How many partitions ``topic`` has: as the broker described it when this worker started, or the driver's; None: unknown."""
+    outlet = environment.current().outlet
+    return topic_partitions.get(topic) if outlet is None else outlet.partitions(topic)
 
 
 #: A dead letter's record key longer than this is replaced by its hash (the record's value keeps it, cut).
@@ -578,7 +591,12 @@ async def _publish_dead_letter(record: dict[str, Any], raw_key: bytes | None) ->
     # Payloads stay out of INFO logs: the dead-letter topic has them.
     log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
     metrics.dead_lettered(record["agent"], record["reason"])
-    await topics.dead_letters.send(key=dead_letter_key(raw_key), value=fitted_dead_letter(record, record_limit()))
+    value = fitted_dead_letter(record, record_limit())
+    outlet = environment.current().outlet
+    if outlet is None:
+        await engine.send_record(topics.dead_letters, dead_letter_key(raw_key), value)
+    else:
+        await outlet.send(outlet.dead_letters, dead_letter_key(raw_key), value, None, None)
 
 
 #: The part of the event's message being handled (one message of a bundle), which a dead letter holds instead of the whole.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from app.codec import dumps as _dumps
+from app.runtime import environment
 
 __all__ = [
     "OutputFailed",
@@ -67,14 +67,17 @@ async def run_with_retry(
     policy: RetryPolicy,
     step: Callable[[], Awaitable[T] | T],
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
     failed: BaseException | None = None,
 ) -> StepOutcome:
     """Run ``step`` until it succeeds or the policy's attempts are spent; never raises the step's error.
 
     ``failed``: the error of a first attempt the caller made itself (a sync step tried in place, without a
-    coroutine: :class:`app.aggregation.ItemWorker`); the retries go on from the second attempt.
+    coroutine: :class:`app.aggregation.ItemWorker`); the retries go on from the second attempt. ``sleep``: how a
+    backoff waits (default: the environment's clock, :mod:`app.runtime.environment`; a test driver's is virtual).
     """
+    if sleep is None:
+        sleep = environment.current().clock.sleep
     attempt = 0
     if failed is not None:
         attempt = 1
@@ -135,7 +138,7 @@ def dead_letter_record(
         "key": _bytes_field(key),
         "value": _bytes_field(value),
         "headers": [[name, _bytes_field(raw)] for name, raw in headers],
-        "failed_ms": int(time.time() * 1000) if now_ms is None else now_ms,
+        "failed_ms": environment.current().clock.now_ms() if now_ms is None else now_ms,
     }
 
 

@@ -36,12 +36,13 @@ import faust
 from aiokafka.errors import IllegalOperation, ProducerFenced
 from faust.types import EventT, TableT
 
-from app import engine, metrics
+from app import metrics
 from app.codec import dumps
 from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
 from app.core import now_ms as wall_clock_ms
 from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, dead_letter_record, describe_error
+from app.runtime import environment
 
 __all__ = [
     "Output",
@@ -155,6 +156,8 @@ TRANSACTION_STATE_ERRORS: tuple[type[BaseException], ...] = (IllegalOperation, P
 
 #: How often a send that fails (the producer refused to queue it: a full buffer, a lost connection) is tried.
 SEND_ATTEMPTS = 3
+#: The wait before the n-th retry of a refused send is n times this (on the environment's clock).
+SEND_BACKOFF_S = 0.2
 
 
 async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
@@ -168,7 +171,7 @@ async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
         key = output.key.encode() if output.key is not None else None
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
-                await engine.send_record(output.topic, key, value, list(output.headers) if output.headers else None)
+                await environment.send_record(output.topic, key, value, list(output.headers) if output.headers else None)
                 break
             except asyncio.CancelledError:
                 raise
@@ -177,7 +180,7 @@ async def send_prepared(ready: Sequence[tuple[Output, bytes]]) -> None:
                 if attempt == SEND_ATTEMPTS or isinstance(error, TRANSACTION_STATE_ERRORS):
                     raise OutputFailed(f"{output.describe()} of {output.key!r}: {describe_error(error)}") from error
                 log.warning("send of %s failed (attempt %d of %d): %r", output.describe(), attempt, SEND_ATTEMPTS, error)
-                await asyncio.sleep(0.2 * attempt)
+                await environment.current().clock.sleep(SEND_BACKOFF_S * attempt)
 
 
 async def dead_letter_output(event: EventT[bytes], failure: Undeliverable, *, agent: str, step: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import aggregation, metrics
+from app import aggregation, core, metrics
 from app.aggregation import Aggregation, split_messages
 from app.errors import fitted_dead_letter
 from app.runtime import keyed
@@ -250,7 +250,7 @@ def _open_with_one_outcome(stage: Aggregation, correlation_id: str, partition: i
 def test_force_all_completes_the_open_groups_of_its_partition_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.kafka_io import key_partition
 
-    monkeypatch.setitem(aggregation.topic_partitions, "item-results", 4)
+    monkeypatch.setitem(core.topic_partitions, "item-results", 4)
     stage, emitted, tables = _stage(AggregatorConfig(name="t", timeout_ms=None))
     keys = [f"g-{number}" for number in range(12)]
     for key in keys:

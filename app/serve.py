@@ -1,0 +1,34 @@
+"""A topology's stages served as Faust agents: each stage one agent on its source topics, and a tick timer per ticked topic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from faust.types import StreamT
+
+from app.core import app, handle_parts, settings
+from app.stages import Stage
+from app.ticks import tick_every
+
+__all__ = ["serve", "faust_topic"]
+
+
+def faust_topic(*names: str) -> Any:
+    """A channel of this worker over weir topics by their full names: raw bytes, partitioned like every topic weir declares."""
+    return app.topic(*names, partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
+
+
+def serve(stages: Iterable[Stage]) -> None:
+    """Declare each stage as a Faust agent (:func:`app.core.handle_parts` on its sources), and its ticks."""
+    for stage in stages:
+        names = [topic.get_topic_name() for topic in stage.sources]
+        channel = stage.sources[0] if len(names) == 1 else faust_topic(*names)
+
+        async def agent(stream: StreamT[bytes], stage: Stage = stage) -> None:
+            await handle_parts(stream, stage.handle_part, slice_most=1 if stage.runs_user_steps else None)
+
+        agent.__qualname__ = agent.__name__ = f"stage_{stage.name.replace('-', '_')}"
+        app.agent(channel, name=stage.name)(agent)
+        for topic in stage.ticked:
+            tick_every(topic)

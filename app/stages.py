@@ -1,0 +1,51 @@
+"""A stage: one agent of a topology, as a value. A worker serves it as a Faust agent, the test driver in process.
+
+A topology (the flows' :class:`app.flow_topology.FlowTopology`, say) is built from settings and two factories, one
+for topics and one for tables, and lists its stages: what each reads, what it does with one source partition's
+part of a batch, and which of its topics get a tick. :func:`app.serve.serve` turns a stage into a Faust agent (and
+its tick timer); :class:`app.testing.TestDriver` hands it the records of in-memory topics. The stage's code is the
+same in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from faust.types import EventT, TableT
+
+from app.core import EventHandler, OwedOutcome, handle_part_events
+
+__all__ = ["Stage", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
+
+#: What a stage does with one source partition's part of a batch (in offset order), inside its exactly-once scope.
+PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
+
+
+#: A topic by its full name (the settings' prefix included).
+TopicFactory = Callable[[str], Any]
+#: A table of string keys and JSON values, by name and help text (partitioned like the topics).
+TableFactory = Callable[[str, str], TableT[str, Any]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One agent: its name, the topics it reads, its part handler, and the topics whose partitions it ticks."""
+
+    name: str
+    sources: tuple[Any, ...]
+    handle_part: PartHandler
+    #: it runs the user's steps, whose time can jump: slices of one event (:func:`app.core.handle_events`)
+    runs_user_steps: bool = False
+    #: topics (of ``sources``) whose owned partitions get ``{"kind": "tick"}`` every tick interval
+    ticked: tuple[Any, ...] = ()
+
+
+def per_event(*, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> PartHandler:
+    """A part handler that decodes each event and hands it to ``handler``, dead-lettering what fails (one by one)."""
+
+    async def handle_part(part: Sequence[EventT[bytes]]) -> None:
+        await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
+
+    return handle_part
