@@ -45,13 +45,13 @@ demo-split: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (O
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on the package
-	$(BIN)/ruff check app agents tables tests bench scripts
-	$(BIN)/ruff format --check app agents tables tests bench scripts
+	$(BIN)/ruff check weir app agents tables tests bench scripts
+	$(BIN)/ruff format --check weir app agents tables tests bench scripts
 	$(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(BIN)/ruff check --fix app agents tables tests bench scripts
-	$(BIN)/ruff format app agents tables tests bench scripts
+	$(BIN)/ruff check --fix weir app agents tables tests bench scripts
+	$(BIN)/ruff format weir app agents tables tests bench scripts
 
 test-unit: $(STAMP) ## unit and property tests (no broker)
 	$(BIN)/pytest tests/unit

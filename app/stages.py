@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faust.types import EventT, TableT
+from faust.types import EventT
 
 from app.core import EventHandler, OwedOutcome, handle_part_events
 
@@ -26,7 +26,7 @@ PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 #: A topic by its full name (the settings' prefix included).
 TopicFactory = Callable[[str], Any]
 #: A table of string keys and JSON values, by name and help text (partitioned like the topics).
-TableFactory = Callable[[str, str], TableT[str, Any]]
+TableFactory = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)

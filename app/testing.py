@@ -1,0 +1,368 @@
+"""The in-process test driver: a user's flows run on weir's own stage code with in-memory topics and a virtual clock.
+
+Like Kafka Streams' ``TopologyTestDriver``: no broker, no worker process. The flows are compiled by the same
+:class:`app.flow_topology.FlowTopology` a worker compiles them with, and each stage's part handler (decoding, dead
+letters, the keyed-state runtime, retries, deadlines) is the worker's; only the clock and where records go differ
+(:mod:`app.runtime.environment`). A behaviour that differs between the driver and a worker is a bug in one of them.
+
+What it models of a worker under exactly-once:
+
+* **Topics** are logs per partition; a record's partition is its key's (the producers' murmur2), as in Kafka.
+* **Rounds**: each stage takes what its source partitions hold past its position, one part per partition in offset
+  order, and handles it; then the round commits: the records it wrote become visible (read_committed), the tables'
+  state and the positions are kept as the last commit. Stages only ever read committed records.
+* **A crash** (:meth:`TestDriver.crash_after`) stops a round after some events, before its commit: the records the
+  round wrote are aborted (never visible), the tables go back to the last commit, the positions too; the restarted
+  stages read the same inputs again. Exactly-once means the outcome is the same as without the crash.
+* **Time** is virtual: :meth:`TestDriver.advance` moves it in steps of the tick interval, each step sending a tick
+  to every partition of every ticked topic (deadlines, timeouts); a retry's backoff moves it as it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from faust.types import EventT
+
+from app.codec import dumps, loads
+from app.flow_topology import FlowTopology
+from app.flows import Flow
+from app.kafka_io import key_partition
+from app.runtime import environment
+from app.settings import Settings
+from app.stages import Stage
+
+__all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
+
+#: Where the virtual clock starts: 2023-11-14T22:13:20Z, a fixed instant so that runs repeat.
+START_MS = 1_700_000_000_000
+
+
+class VirtualClock:
+    """A clock that moves only when told (:meth:`advance`), or when code waits on it (a retry's backoff).
+
+    Waits that overlap (items retried at once) move it to the latest of their ends, not the sum of them.
+    """
+
+    def __init__(self, start_ms: int = START_MS) -> None:
+        self.now = start_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        until = self.now + int(seconds * 1000)
+        await asyncio.sleep(0)
+        self.now = max(self.now, until)
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@dataclass(frozen=True)
+class TestRecord:
+    """A record as a test reads it: the key and header values as text, the value decoded from JSON (or the bytes)."""
+
+    __test__ = False  # not a pytest class
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Crashed(Exception):
+    """Raised inside a round by a crash the test asked for (:meth:`TestDriver.crash_after`)."""
+
+
+@dataclass
+class _Record:
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    committed: bool = False
+    aborted: bool = False
+
+
+@dataclass(frozen=True)
+class _TopicPartition:
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class _Message:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def tp(self) -> _TopicPartition:
+        return _TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True)
+class _Event:
+    """What a stage's code reads of a Faust event: its message."""
+
+    message: _Message
+
+
+@dataclass(frozen=True)
+class _TopicRef:
+    """A topic as a topology holds it: its full name."""
+
+    name: str
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+class _MemoryTable(dict[str, Any]):
+    """A table of the driver: string keys, JSON values, named and described as a worker's."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        super().__init__()
+        self.name = name
+        self.help = help_text
+
+
+class _Outlet:
+    """The driver's topics as the environment's outlet: records go into the round's open transaction."""
+
+    def __init__(self, driver: TestDriver, dead_letters: str) -> None:
+        self.driver = driver
+        self.dead_letters = dead_letters
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, partition: int | None
+    ) -> None:
+        self.driver._append(topic, key, value, list(headers or ()), partition, committed=False)
+
+    def partitions(self, topic: str) -> int | None:
+        return self.driver.settings.partitions
+
+
+class TestDriver:
+    """Runs ``flows`` in this process: pipe records in, advance time, read outputs, dead letters and tables.
+
+    ``settings``: the settings the flows run with (partitions, retry policy, tick interval, chunk and bundle sizes,
+    topic prefix...; :class:`app.settings.Settings`' defaults otherwise). Topic names given to and returned by the
+    driver are the flows' own (without the prefix). Use it as a context manager, or call :meth:`close`.
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, flows: Sequence[Flow], settings: Settings | None = None, *, start_ms: int = START_MS) -> None:
+        self.settings = settings if settings is not None else Settings()
+        self.clock = VirtualClock(start_ms)
+        self._logs: dict[tuple[str, int], list[_Record]] = {}
+        self._tables: dict[str, _MemoryTable] = {}
+        self._dead_letters = self.settings.topic("dead-letters")
+        self.topology = FlowTopology(
+            flows,
+            self.settings,
+            declare_topic=_TopicRef,
+            declare_table=self._declare_table,
+            dead_letters=_TopicRef(self._dead_letters),
+        )
+        self.stages: list[Stage] = self.topology.stages()
+        self._positions: dict[tuple[str, str, int], int] = {}
+        self._committed_positions: dict[tuple[str, str, int], int] = {}
+        self._committed_tables: dict[str, dict[str, Any]] = {name: {} for name in self._tables}
+        self._environment = environment.Environment(
+            clock=self.clock, outlet=_Outlet(self, self._dead_letters), record_limit=self.settings.max_message_bytes - 1024
+        )
+        self._loop = asyncio.new_event_loop()
+        self._crash_after: int | None = None
+        #: crashes simulated so far
+        self.crashes = 0
+        #: events the stages handled so far (those of rounds a crash rolled back too)
+        self.events_handled = 0
+
+    # -- the test's side -------------------------------------------------------------------------------------
+
+    def pipe(
+        self, topic: str, value: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None, partition: int | None = None
+    ) -> None:
+        """Write one record to ``topic`` (a flow's source, say) and run every stage until nothing is left to do.
+
+        ``value``: JSON-able, or bytes as they are (an undecodable record, say).
+        """
+        raw = value if isinstance(value, bytes) else dumps(value)
+        encoded_headers = [(name, text.encode()) for name, text in (headers or {}).items()]
+        self._append(self.settings.topic(topic), key.encode() if key is not None else None, raw, encoded_headers, partition, committed=True)
+        self.run()
+
+    def advance(self, *, seconds: float = 0, ms: int = 0) -> None:
+        """Move the clock forward, one tick interval at a time: each step ticks every ticked topic's partitions and runs
+        the stages (deadlines, timeouts, retention)."""
+        remaining = int(seconds * 1000) + ms
+        step = max(1, self.settings.tick_interval_ms)
+        while remaining > 0:
+            moved = min(step, remaining)
+            self.clock.advance(moved)
+            remaining -= moved
+            self.tick()
+
+    def tick(self) -> None:
+        """Send a tick to every partition of every ticked topic (as a worker's timer does), and run the stages."""
+        for topic in {ticked.get_topic_name() for stage in self.stages for ticked in stage.ticked}:
+            for partition in range(self.settings.partitions):
+                self._append(topic, None, dumps({"kind": "tick"}), [], partition, committed=True)
+        self.run()
+
+    def crash_after(self, events: int) -> None:
+        """The next round crashes once ``events`` more events were handled, before it commits (a SIGKILL there):
+        its records are aborted, the tables and positions go back to the last commit, and the stages run again."""
+        self._crash_after = max(1, events)
+
+    def run(self) -> None:
+        """Run rounds until no stage has anything left to read."""
+        with environment.using(self._environment):
+            self._loop.run_until_complete(self._run_until_idle())
+
+    def read(self, topic: str) -> list[TestRecord]:
+        """The committed records of ``topic`` (the flows' name), by partition and offset."""
+        return self._read(self.settings.topic(topic))
+
+    def values(self, topic: str) -> list[Any]:
+        """The values of :meth:`read`."""
+        return [record.value for record in self.read(topic)]
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The dead letters (``app.errors.dead_letter_record``): agent, step, reason, error, the original record..."""
+        return [record.value for record in self._read(self._dead_letters)]
+
+    def table(self, name: str) -> dict[str, Any]:
+        """A copy of table ``name`` (as the worker names it, e.g. ``barrier-<barrier>``, ``flow-<flow>-<aggregate>``)."""
+        if name not in self._tables:
+            raise KeyError(f"no table {name!r}; the tables are {sorted(self._tables)}")
+        return dict(self._tables[name])
+
+    def tables(self) -> list[str]:
+        """The names of the tables the flows keep."""
+        return sorted(self._tables)
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def __enter__(self) -> TestDriver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the worker's side -----------------------------------------------------------------------------------
+
+    def _declare_table(self, name: str, help_text: str) -> _MemoryTable:
+        table = _MemoryTable(name, help_text)
+        self._tables[name] = table
+        return table
+
+    def _append(
+        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], partition: int | None, *, committed: bool
+    ) -> None:
+        if partition is None:
+            partition = key_partition(key, self.settings.partitions) if key is not None else 0
+        self._logs.setdefault((topic, partition), []).append(_Record(key, value, headers, committed=committed))
+
+    def _read(self, topic: str) -> list[TestRecord]:
+        found = []
+        for partition in range(self.settings.partitions):
+            for offset, record in enumerate(self._logs.get((topic, partition), [])):
+                if record.committed:
+                    found.append(_test_record(topic, partition, offset, record, self.settings.topic_prefix))
+        return found
+
+    def _pending(self, stage: Stage, topic: str, partition: int) -> list[_Event]:
+        """The events ``stage`` has yet to read on a partition: committed records past its position, up to the first
+        record of an open transaction (a read_committed consumer stops there)."""
+        log = self._logs.get((topic, partition), [])
+        position = self._positions.get((stage.name, topic, partition), 0)
+        events = []
+        for offset in range(position, len(log)):
+            record = log[offset]
+            if record.aborted:
+                continue
+            if not record.committed:
+                break
+            events.append(_Event(_Message(topic, partition, offset, record.key, record.value, record.headers)))
+        return events
+
+    async def _run_until_idle(self) -> None:
+        while True:
+            try:
+                handled = await self._round()
+            except Crashed:
+                self._roll_back()
+                continue
+            self._commit()
+            if not handled:
+                return
+
+    async def _round(self) -> int:
+        """Each stage handles what it can read, one part per source partition; returns how many events were handled."""
+        handled = 0
+        for stage in self.stages:
+            for topic in (source.get_topic_name() for source in stage.sources):
+                for partition in range(self.settings.partitions):
+                    events = self._pending(stage, topic, partition)
+                    if not events:
+                        continue
+                    parts = [[event] for event in events] if stage.runs_user_steps else [events]
+                    for part in parts:
+                        await stage.handle_part(cast(list[EventT[bytes]], part))
+                        last = part[-1].message.offset
+                        self._positions[(stage.name, topic, partition)] = last + 1
+                        handled += len(part)
+                        self.events_handled += len(part)
+                        if self._crash_after is not None:
+                            self._crash_after -= len(part)
+                            if self._crash_after <= 0:
+                                self._crash_after = None
+                                raise Crashed
+        return handled
+
+    def _commit(self) -> None:
+        for log in self._logs.values():
+            for record in log:
+                if not record.aborted:
+                    record.committed = True
+        self._committed_positions = dict(self._positions)
+        self._committed_tables = {name: dict(table) for name, table in self._tables.items()}
+
+    def _roll_back(self) -> None:
+        self.crashes += 1
+        for log in self._logs.values():
+            for record in log:
+                if not record.committed:
+                    record.aborted = True
+        self._positions = dict(self._committed_positions)
+        for name, table in self._tables.items():
+            table.clear()
+            table.update(self._committed_tables.get(name, {}))
+
+
+def _test_record(topic: str, partition: int, offset: int, record: _Record, prefix: str) -> TestRecord:
+    try:
+        value: Any = loads(record.value, what=f"{topic}@{partition}:{offset}", max_bytes=len(record.value))
+    except Exception:  # a record that is not JSON (a test piped raw bytes): handed back as it is
+        value = record.value
+    name = topic[len(prefix) :] if topic.startswith(prefix) else topic
+    return TestRecord(
+        topic=name,
+        partition=partition,
+        offset=offset,
+        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
+        value=value,
+        headers={header: raw.decode("utf-8", "replace") for header, raw in record.headers},
+    )
