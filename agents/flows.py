@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.core import json_table, settings, topics
+from app.core import settings
 from app.flow_topology import FlowTopology, load_flows
 from app.flows import FlowGraphError
-from app.serve import faust_topic, serve
+from app.serve import serve, worker_wiring
 
 __all__ = ["topology"]
 
@@ -16,8 +16,5 @@ if _unknown:
         f"WEIR_FLOWS_RUN names flow(s) {_unknown} that {settings.flows_module!r} does not declare; it has {[f.name for f in _declared]}"
     )
 
-topology = FlowTopology(
-    _declared, settings, declare_topic=faust_topic, declare_table=json_table, dead_letters=topics.dead_letters, runs=settings.flows_run
-)
-topics.extra.extend(topology.all_topics())
+topology = FlowTopology(_declared, worker_wiring(), runs=settings.flows_run)
 serve(topology.stages())

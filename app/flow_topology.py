@@ -1,7 +1,7 @@
 """Flows compiled into stages: one per flow (its source and resume topics), one per barrier, two per split.
 
-:class:`FlowTopology` compiles a list of :class:`app.flows.Flow` with a :class:`app.settings.Settings` value and two
-factories (topics, tables) into :class:`app.stages.Stage` values. A worker serves them as Faust agents
+:class:`FlowTopology` compiles a list of :class:`app.flows.Flow` with a :class:`app.stages.Wiring` (a settings value,
+and how topics and tables are declared) into :class:`app.stages.Stage` values. A worker serves them as Faust agents
 (``agents/flows.py``); the test driver (:mod:`app.testing`) runs them in process, on the same code.
 
 Each barrier has a topic keyed by correlation key that carries arrivals of waiting exchanges, completions of
@@ -35,8 +35,7 @@ from app.deadlines import DeadlineIndex
 from app.errors import RetryPolicy, StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
-from app.settings import Settings
-from app.stages import Stage, TableFactory, TopicFactory, per_event
+from app.stages import Stage, Wiring, per_event
 from tables.barrier import (
     COMPLETED,
     FAILED,
@@ -149,24 +148,15 @@ class FlowTopology:
     """A list of flows compiled into stages: topics, tables and handlers, with no agent yet.
 
     ``runs``: the flows whose stages this process runs (all by default); every flow is compiled, so that outcomes
-    reach the barriers of flows running elsewhere. ``declare_topic`` makes a topic from its full name,
-    ``declare_table`` a table from its name and help text; ``dead_letters``: the topic dead letters go to.
+    reach the barriers of flows running elsewhere. ``wiring`` declares its topics and tables.
     """
 
-    def __init__(
-        self,
-        flows: Sequence[Flow],
-        settings: Settings,
-        *,
-        declare_topic: TopicFactory,
-        declare_table: TableFactory,
-        dead_letters: Any,
-        runs: Iterable[str] = (),
-    ) -> None:
+    def __init__(self, flows: Sequence[Flow], wiring: Wiring, *, runs: Iterable[str] = ()) -> None:
+        settings = wiring.settings
         self.settings = settings
-        self.declare_topic = declare_topic
-        self.declare_table = declare_table
-        self.dead_letters = dead_letters
+        self.declare_topic = wiring.topic
+        self.declare_table = wiring.table
+        self.dead_letters = wiring.dead_letters
         self.retry_policy = RetryPolicy(
             attempts=settings.retry_attempts, backoff_ms=settings.retry_backoff_ms, max_backoff_ms=settings.retry_max_backoff_ms
         )
@@ -193,6 +183,10 @@ class FlowTopology:
         self._to_topics: dict[str, Any] = {}
         self._compile_barriers()
         self._compile_aggregates()
+        for flow in self.declared:  # declared now, so that a worker creates them at start
+            for step in flow.steps:
+                if step.kind == "to" and step.topic:
+                    self._to_topic(step.topic)
 
     def _topic(self, name: str) -> Any:
         """The topic ``name`` (the settings' prefix added), declared once."""

@@ -7,16 +7,31 @@ from typing import Any
 
 from faust.types import StreamT
 
-from app.core import app, handle_parts, settings
-from app.stages import Stage
+from app.core import app, handle_parts, json_table, settings, topics
+from app.stages import Stage, Wiring
 from app.ticks import tick_every
 
-__all__ = ["serve", "faust_topic"]
+__all__ = ["serve", "faust_topic", "worker_wiring"]
 
 
 def faust_topic(*names: str) -> Any:
     """A channel of this worker over weir topics by their full names: raw bytes, partitioned like every topic weir declares."""
     return app.topic(*names, partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
+
+
+def worker_wiring() -> Wiring:
+    """This worker's wiring: its settings, Faust topics and changelog-backed tables, its dead-letter topic; every topic a
+    topology declares is created at start."""
+
+    declared: dict[str, Any] = {}
+
+    def declare(name: str) -> Any:
+        if name not in declared:
+            declared[name] = faust_topic(name)
+            topics.extra.append(declared[name])
+        return declared[name]
+
+    return Wiring(settings=settings, topic=declare, table=json_table, dead_letters=topics.dead_letters)
 
 
 def serve(stages: Iterable[Stage]) -> None:

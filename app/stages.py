@@ -16,8 +16,9 @@ from typing import Any
 from faust.types import EventT
 
 from app.core import EventHandler, OwedOutcome, handle_part_events
+from app.settings import Settings
 
-__all__ = ["Stage", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
+__all__ = ["Stage", "Wiring", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
 
 #: What a stage does with one source partition's part of a batch (in offset order), inside its exactly-once scope.
 PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
@@ -27,6 +28,24 @@ PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
 TopicFactory = Callable[[str], Any]
 #: A table of string keys and JSON values, by name and help text (partitioned like the topics).
 TableFactory = Callable[[str, str], Any]
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How a topology declares what it uses: the settings, topics and tables by name, and where dead letters go.
+
+    A worker's wiring declares Faust topics and tables (:func:`app.serve.worker_wiring`); the test driver's, in-memory
+    ones. ``topic`` takes the full name (:meth:`topic_named` adds the settings' prefix).
+    """
+
+    settings: Settings
+    topic: TopicFactory
+    table: TableFactory
+    dead_letters: Any
+
+    def topic_named(self, name: str) -> Any:
+        """The topic ``name`` with the settings' prefix (``WEIR_TOPIC_PREFIX``) in front."""
+        return self.topic(self.settings.topic(name))
 
 
 @dataclass(frozen=True)

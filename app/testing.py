@@ -28,12 +28,15 @@ from typing import Any, cast
 from faust.types import EventT
 
 from app.codec import dumps, loads
+from app.eof_gateway import batched
+from app.eof_topology import EofTopology, topic_base
 from app.flow_topology import FlowTopology
 from app.flows import Flow
 from app.kafka_io import key_partition
 from app.runtime import environment
 from app.settings import Settings
-from app.stages import Stage
+from app.stages import Stage, Wiring
+from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, EofJob
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
 
@@ -152,29 +155,39 @@ class _Outlet:
 
 
 class TestDriver:
-    """Runs ``flows`` in this process: pipe records in, advance time, read outputs, dead letters and tables.
+    """Runs ``flows`` and end-of-stream jobs in this process: pipe records in, advance time, read outputs, dead letters
+    and tables.
 
-    ``settings``: the settings the flows run with (partitions, retry policy, tick interval, chunk and bundle sizes,
-    topic prefix...; :class:`app.settings.Settings`' defaults otherwise). Topic names given to and returned by the
-    driver are the flows' own (without the prefix). Use it as a context manager, or call :meth:`close`.
+    ``settings``: the settings they run with (partitions, retry policy, tick interval, chunk and bundle sizes, EOF
+    timeouts, topic prefix...; :class:`app.settings.Settings`' defaults otherwise). ``eof_jobs``: end-of-stream jobs
+    by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``. Topic
+    names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
+    :meth:`close`.
     """
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, flows: Sequence[Flow], settings: Settings | None = None, *, start_ms: int = START_MS) -> None:
+    def __init__(
+        self,
+        flows: Sequence[Flow] = (),
+        settings: Settings | None = None,
+        *,
+        eof_jobs: Mapping[str, EofJob] | None = None,
+        start_ms: int = START_MS,
+    ) -> None:
         self.settings = settings if settings is not None else Settings()
         self.clock = VirtualClock(start_ms)
         self._logs: dict[tuple[str, int], list[_Record]] = {}
         self._tables: dict[str, _MemoryTable] = {}
         self._dead_letters = self.settings.topic("dead-letters")
-        self.topology = FlowTopology(
-            flows,
-            self.settings,
-            declare_topic=_TopicRef,
-            declare_table=self._declare_table,
-            dead_letters=_TopicRef(self._dead_letters),
-        )
-        self.stages: list[Stage] = self.topology.stages()
+        self.wiring = Wiring(settings=self.settings, topic=_TopicRef, table=self._declare_table, dead_letters=_TopicRef(self._dead_letters))
+        self.stages: list[Stage] = []
+        self.flows = FlowTopology(flows, self.wiring) if flows else None
+        if self.flows is not None:
+            self.stages += self.flows.stages()
+        self.eof_jobs = {name: EofTopology(job, self.wiring, name=name) for name, job in (eof_jobs or {}).items()}
+        for topology in self.eof_jobs.values():
+            self.stages += topology.stages()
         self._positions: dict[tuple[str, str, int], int] = {}
         self._committed_positions: dict[tuple[str, str, int], int] = {}
         self._committed_tables: dict[str, dict[str, Any]] = {name: {} for name in self._tables}
@@ -219,6 +232,21 @@ class TestDriver:
             for partition in range(self.settings.partitions):
                 self._append(topic, None, dumps({"kind": "tick"}), [], partition, committed=True)
         self.run()
+
+    def eof_client(self, client: str, records: Sequence[Any], *, job: str = "", batch_size: int = 20, side: Any = None) -> Any:
+        """One client through end-of-stream job ``job``, as :class:`app.eof_gateway.Gateway` runs it on a broker: its
+        batches, its side data, its end; then its report (None if none came), and "delivered" (the cleanup follows)."""
+        batches = batched(records, batch_size)
+        for batch_id, batch in enumerate(batches):
+            value = {"client": client, "batch_id": batch_id, "lines": batch}
+            self.pipe(topic_base(job, TOPIC_BATCHES), value, key=f"{client}/{batch_id}")
+        self.pipe(topic_base(job, TOPIC_JOIN), {"kind": "side", "client": client, "side": side}, key=client)
+        self.pipe(topic_base(job, TOPIC_COUNTER), {"kind": "sent", "client": client, "batches": len(batches)}, key=client)
+        reports = [record.value for record in self.read(topic_base(job, TOPIC_REPORTS)) if record.key == client]
+        if not reports:
+            return None
+        self.pipe(topic_base(job, TOPIC_COUNTER), {"kind": "delivered", "client": client}, key=client)
+        return reports[-1]
 
     def crash_after(self, events: int) -> None:
         """The next round crashes once ``events`` more events were handled, before it commits (a SIGKILL there):

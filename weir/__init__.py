@@ -10,10 +10,13 @@ from __future__ import annotations
 from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
 from app.settings import Settings
 from app.testing import Crashed, TestDriver, TestRecord, VirtualClock
+from tables.eof import Dropped, EofJob
 
 __all__ = [
     "Await",
     "Crashed",
+    "Dropped",
+    "EofJob",
     "Exchange",
     "Flow",
     "FlowDeclarationError",

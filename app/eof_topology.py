@@ -1,0 +1,441 @@
+"""An end-of-stream job (seed 000) compiled into its four stages: filter, controller, aggregator, joiner.
+
+:class:`EofTopology` takes a :class:`tables.eof.EofJob` and a :class:`app.stages.Wiring`; a deployment may host several
+jobs, each under a name of its own (its topics ``<prefix><name>.eof-batches``..., its tables ``<name>-eof_counters``...);
+the unnamed one keeps the plain names (``<prefix>eof-batches``, ``eof_counters``). The state cores are in
+:mod:`tables.eof`; each stage here decodes its messages, runs the core and applies the change through the keyed-state
+runtime (:class:`ClientStates`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
+
+from faust.types import EventT
+
+from app.core import InvalidMessage, now_ms
+from app.deadlines import DeadlineIndex
+from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from app.settings import load_named
+from app.stages import Stage, Wiring, per_event
+from tables.eof import (
+    TOPIC_AGGREGATE,
+    TOPIC_BATCHES,
+    TOPIC_COUNTER,
+    TOPIC_JOIN,
+    TOPIC_REPORTS,
+    ClientJoin,
+    ClientTotals,
+    ControllerState,
+    Emit,
+    EofConfig,
+    EofJob,
+    Totals,
+    filter_batch,
+    is_count,
+    on_aggregator_tick,
+    on_batch,
+    on_cleanup,
+    on_controller_tick,
+    on_delivered,
+    on_finish,
+    on_join_cleanup,
+    on_joiner_tick,
+    on_report,
+    on_sent,
+    on_side,
+    on_totals,
+)
+
+__all__ = ["EofTopology", "ClientStates", "load_job", "parse_jobs", "topic_base"]
+
+
+def load_job(spec: str, setting: str = "WEIR_EOF_JOB") -> EofJob:
+    """Import the end-of-stream job named ``module:NAME``."""
+    job: EofJob = load_named(setting, spec, "a tables.eof.EofJob", lambda found: isinstance(found, EofJob))
+    return job
+
+
+def parse_jobs(raw: str) -> list[tuple[str, str]]:
+    """``WEIR_EOF_JOB``'s entries as (name, ``module:NAME``): ``module:NAME`` (the unnamed job, at most one) or
+    ``name=module:NAME``, comma separated."""
+    entries: list[tuple[str, str]] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry:
+            continue
+        name, _, spec = entry.rpartition("=")
+        name = name.strip()
+        if name and not all(char.isalnum() or char in "_-" for char in name):
+            raise ValueError(f"setting WEIR_EOF_JOB={raw!r}: job name {name!r} may hold letters, digits, '_' and '-' only")
+        entries.append((name, spec.strip()))
+    names = [name for name, _ in entries]
+    twice = sorted({name or "(unnamed)" for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"setting WEIR_EOF_JOB={raw!r}: job(s) {twice} named twice (one unnamed job at most)")
+    return entries
+
+
+def topic_base(job_name: str, base: str) -> str:
+    """A job's topic name without the deployment's prefix: ``base`` for the unnamed job, else ``<job>.<base>``."""
+    return f"{job_name}.{base}" if job_name else base
+
+
+class _ClientState(Protocol):
+    @property
+    def closed_ms(self) -> int | None: ...
+
+    def deadline_ms(self, config: EofConfig) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+S = TypeVar("S", bound=_ClientState)
+S_co = TypeVar("S_co", bound=_ClientState, covariant=True)
+
+
+class _Transition(Protocol[S_co]):
+    @property
+    def state(self) -> S_co | None: ...
+
+    @property
+    def emits(self) -> list[Emit]: ...
+
+    @property
+    def rejected(self) -> str | None: ...
+
+
+class ClientStates(Generic[S]):
+    """One client per key of ``table``, through the keyed-state runtime (:class:`app.runtime.keyed.KeyedState`).
+
+    One deadline entry per client at a time (filed when the client appears or closes); a tick re-files
+    it when activity moved the deadline. ``outputs`` turns the core's messages into the runtime's outputs.
+    """
+
+    def __init__(
+        self,
+        table: Any,
+        deadlines: Any,
+        decode: Callable[[Mapping[str, Any]], S],
+        *,
+        agent: str,
+        step: str,
+        config: EofConfig,
+        outputs: Callable[[str, list[Emit]], tuple[Output, ...]],
+    ) -> None:
+        self.keyed: KeyedState[S] = KeyedState(
+            agent=agent,
+            store=TableStore(table, _encode, decode),
+            deadlines=DeadlineIndex(deadlines),
+            step=step,
+            deadline_kind="client",
+        )
+        self.agent = agent
+        self.step = step
+        self.config = config
+        self.outputs = outputs
+
+    def load(self, client: str) -> S | None:
+        return self.keyed.load(client)
+
+    def change(self, client: str, previous: S | None, transition: _Transition[S]) -> Change[S]:
+        """The core's transition as the runtime's change: the client's deadline is filed when it appears or closes."""
+        state = transition.state
+        deadlines: tuple[int, ...] = ()
+        if state is not None and state != previous and (previous is None or previous.closed_ms != state.closed_ms):
+            deadlines = (state.deadline_ms(self.config),)
+        rejected = () if transition.rejected is None else (transition.rejected,)
+        return Change(state=state, outputs=self.outputs(client, transition.emits), rejected=rejected, deadlines=deadlines)
+
+    async def apply(self, event: EventT[bytes], client: str, previous: S | None, transition: _Transition[S]) -> None:
+        await self.keyed.apply(event, client, previous, self.change(client, previous, transition))
+
+    async def tick(self, event: EventT[bytes], now_ms: int, on_tick: Callable[[S, EofConfig, int], _Transition[S]]) -> None:
+        await self.keyed.walk_deadlines(
+            event,
+            now_ms,
+            lambda _kind, state: state.deadline_ms(self.config),
+            lambda client, state, now: self.change(client, state, on_tick(state, self.config, now)),
+        )
+
+
+def _encode(state: _ClientState) -> Any:
+    return state.to_dict()
+
+
+def _count(message: dict[str, Any], field: str, client: str) -> int:
+    value = message.get(field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidMessage(f"eof controller: {message.get('kind')!r} of client {client!r} needs a non-negative integer {field!r}")
+    return value
+
+
+def _client_of(message: Any, stage: str) -> str:
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"eof {stage}: a message must be a JSON object, got {type(message).__name__}")
+    client = message.get("client")
+    if not isinstance(client, str) or not client:
+        raise InvalidMessage(f"eof {stage}: 'client' must be a non-empty string, got {client!r:.60}")
+    return client
+
+
+def _parse_batch(message: Any) -> tuple[str, int, list[Any]]:
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"eof filter: a batch must be a JSON object, got {type(message).__name__}")
+    client, batch_id, lines = message.get("client"), message.get("batch_id"), message.get("lines")
+    if not isinstance(client, str) or not client:
+        raise InvalidMessage(f"eof filter: 'client' must be a non-empty string, got {client!r:.60}")
+    if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+        raise InvalidMessage(f"eof filter: batch of client {client!r} needs a non-negative integer 'batch_id', got {batch_id!r:.60}")
+    if not isinstance(lines, list):
+        raise InvalidMessage(f"eof filter: batch {batch_id} of client {client!r} needs 'lines', a list (of the client's records)")
+    return client, batch_id, lines
+
+
+def _totals(message: dict[str, Any], client: str) -> Totals:
+    batches, records, error = message.get("batches"), message.get("records"), message.get("error")
+    if not (isinstance(batches, int) and isinstance(records, int) and is_count(batches) and is_count(records)) or not (
+        "totals" in message and (error is None or isinstance(error, str))
+    ):
+        raise InvalidMessage(
+            f"eof joiner: totals of client {client!r} need 'batches' and 'records' (non-negative integers below 2**53), "
+            "'totals' (the job's) and 'error' (null or a string)"
+        )
+    return Totals(batches, records, message["totals"], error)
+
+
+class EofTopology:
+    """One end-of-stream job's topics, tables and four stages (``name``: its namespace, empty for the unnamed job)."""
+
+    def __init__(self, job: EofJob, wiring: Wiring, *, name: str = "") -> None:
+        self.job = job
+        self.name = name
+        self.settings = wiring.settings
+        self.config = EofConfig(
+            idle_timeout_ms=self.settings.eof_idle_timeout_ms, closed_retention_ms=self.settings.eof_closed_retention_ms
+        )
+        self.batches = wiring.topic_named(topic_base(name, TOPIC_BATCHES))
+        self.counter = wiring.topic_named(topic_base(name, TOPIC_COUNTER))
+        self.aggregate = wiring.topic_named(topic_base(name, TOPIC_AGGREGATE))
+        self.join = wiring.topic_named(topic_base(name, TOPIC_JOIN))
+        self.reports = wiring.topic_named(topic_base(name, TOPIC_REPORTS))
+        #: where the cores' messages go: the pipeline's stages, and the job's own stages that keep per-client state
+        self.targets: dict[str, Any] = {
+            "aggregate": self.aggregate,
+            "join": self.join,
+            "reports": self.reports,
+            **{topic: wiring.topic_named(topic) for topic in job.cleanup_topics},
+        }
+        self._wiring = wiring
+
+    @functools.cached_property
+    def counters(self) -> ClientStates[Any]:
+        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
+        return ClientStates(
+            self._wiring.table(
+                f"{self._table_prefix}eof_counters",
+                "EOF controller, per client: batches the gateway sent, filter reports by batch id (batches forwarded), whether "
+                "the aggregator was told to finish, and the tombstone of a cleaned-up client (value: tables.eof.ControllerState).",
+            ),
+            self._wiring.table(
+                f"{self._table_prefix}eof_counter_deadlines",
+                "Deadline index of the EOF controller (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
+            ),
+            ControllerState.from_dict,
+            agent=self._agent("eof_controller"),
+            step="count",
+            config=self.config,
+            outputs=self.outputs,
+        )
+
+    @functools.cached_property
+    def totals(self) -> ClientStates[Any]:
+        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
+        return ClientStates(
+            self._wiring.table(
+                f"{self._table_prefix}eof_totals",
+                f"EOF aggregator, per client: the totals of job {self.job.name!r} over the batches merged so far (by batch id), "
+                "whether the count is final, and the tombstone of a cleaned-up client (value: tables.eof.ClientTotals).",
+            ),
+            self._wiring.table(
+                f"{self._table_prefix}eof_totals_deadlines",
+                "Deadline index of the EOF aggregator (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
+            ),
+            ClientTotals.from_dict,
+            agent=self._agent("eof_aggregator"),
+            step="merge",
+            config=self.config,
+            outputs=self.outputs,
+        )
+
+    @functools.cached_property
+    def joins(self) -> ClientStates[Any]:
+        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
+        return ClientStates(
+            self._wiring.table(
+                f"{self._table_prefix}eof_joins",
+                f"EOF joiner, per client: the side data the gateway sent, the totals the aggregator flushed, whether the report "
+                f"of job {self.job.name!r} went out, and the tombstone of a cleaned-up client (value: tables.eof.ClientJoin).",
+            ),
+            self._wiring.table(
+                f"{self._table_prefix}eof_joins_deadlines",
+                "Deadline index of the EOF joiner (app.deadlines.DeadlineIndex): stray clients and tombstones to drop.",
+            ),
+            ClientJoin.from_dict,
+            agent=self._agent("eof_joiner"),
+            step="join",
+            config=self.config,
+            outputs=self.outputs,
+        )
+
+    @property
+    def _table_prefix(self) -> str:
+        return f"{self.name}-" if self.name else ""
+
+    def _agent(self, stage: str) -> str:
+        return f"{stage}:{self.name}" if self.name else stage
+
+    def outputs(self, client: str, emits: list[Emit]) -> tuple[Output, ...]:
+        """The core's messages as the runtime's outputs, keyed by the client (a job's cleanup: by its own key)."""
+        return tuple(
+            Output(
+                self.targets[message.to], client if message.key is None else message.key, message.value, what=f"the {message.to} message"
+            )
+            for message in emits
+        )
+
+    def topics(self) -> list[Any]:
+        return [self.batches, self.counter, self.aggregate, self.join, self.reports]
+
+    def stages(self) -> list[Stage]:
+        return [self.filter_stage(), self.controller_stage(), self.aggregator_stage(), self.joiner_stage()]
+
+    # -- filter: runs the job's select on each record, forwards, splits or drops each batch, reports what it forwarded
+
+    def filter_stage(self) -> Stage:
+        """Reads a client's batches (keyed client/batch, so any filter worker may get any batch of a client)."""
+        agent = self._agent("eof_filter")
+
+        async def report(event: EventT[bytes], client: str, batch_id: int, *, forwarded: int, dropped: int) -> None:
+            """The batch's report to the controller, in the same transaction as the forwarded batches and the batch's offset."""
+            message = {"kind": "filtered", "client": client, "batch_id": batch_id, "forwarded": forwarded, "dropped": dropped}
+            await send_checked(event, [Output(self.counter, client, message)], agent=agent, step="report")
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            client, batch_id, lines = _parse_batch(message)
+            outcome = filter_batch(batch_id, lines, self.job, self.settings.eof_max_batch_orders)
+            batches = [
+                Output(self.aggregate, client, {"kind": "batch", "client": client, "batch_id": out_id, "records": records})
+                for out_id, records in outcome.forwarded
+            ]
+            # A forwarded batch too large for a record is dead-lettered here and not counted as forwarded: the
+            # aggregator waits only for batches that exist.
+            dead = await send_checked(event, batches, agent=agent, step="forward")
+            await report(event, client, batch_id, forwarded=len(batches) - len(dead), dropped=len(outcome.dropped) + len(dead))
+
+        async def owed(event: EventT[bytes], reason: str, error: str) -> None:
+            """A batch that could not be filtered at all still gets its report (nothing forwarded), by its key ``client/batch``."""
+            key = event.message.key.decode("utf-8", "replace") if event.message.key else ""
+            client, _, batch = key.rpartition("/")
+            if client and batch.isdigit():
+                await report(event, client, int(batch), forwarded=0, dropped=0)
+
+        handler = per_event(agent=agent, what="eof filter: batch", handler=handle, owed=owed)
+        return Stage(agent.replace(":", "-"), (self.batches,), handler)
+
+    # -- controller: counts a client's batches by id; tells the aggregator when the count is final; cleans up
+
+    def controller_stage(self) -> Stage:
+        """Reads the gateway's and the filters' counter messages, keyed by client."""
+        clients, job = self.counters, self.job
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            now = now_ms()
+            if isinstance(message, dict) and message.get("kind") == "tick":
+                await clients.tick(event, now, lambda state, config, at: on_controller_tick(state, config, at, job))
+                return
+            client = _client_of(message, "controller")
+            kind = message.get("kind")
+            previous = clients.load(client)
+            if kind == "sent":
+                transition = on_sent(previous, client, _count(message, "batches", client), now)
+            elif kind == "filtered":
+                transition = on_report(previous, client, _count(message, "batch_id", client), _count(message, "forwarded", client), now)
+            elif kind == "delivered":
+                transition = on_delivered(previous, client, now, job)
+            else:
+                raise InvalidMessage(f"eof controller: 'kind' must be 'sent', 'filtered', 'delivered' or 'tick', got {kind!r:.60}")
+            await clients.apply(event, client, previous, transition)
+
+        return self._client_stage(clients, handle, self.counter, "eof controller: message")
+
+    # -- aggregator: the job's totals per client, merged once per batch id; flushed to the joiner when the count is final
+
+    def aggregator_stage(self) -> Stage:
+        """Reads forwarded batches, the controller's finish and cleanup, and ticks, keyed by client."""
+        clients, job = self.totals, self.job
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            now = now_ms()
+            if isinstance(message, dict) and message.get("kind") == "tick":
+                await clients.tick(event, now, on_aggregator_tick)
+                return
+            client = _client_of(message, "aggregator")
+            kind = message.get("kind")
+            previous = clients.load(client)
+            if kind == "batch":
+                batch_id = message.get("batch_id")
+                if not isinstance(batch_id, str) or not batch_id:
+                    raise InvalidMessage(f"eof aggregator: batch of client {client!r} needs a string 'batch_id', got {batch_id!r:.60}")
+                records = message.get("records")
+                if not isinstance(records, list):
+                    raise InvalidMessage(f"eof aggregator: batch {batch_id!r} of client {client!r} needs 'records', a list")
+                transition = on_batch(previous, client, batch_id, records, now, job)
+            elif kind == "finish":
+                expected = message.get("expected")
+                if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
+                    raise InvalidMessage(f"eof aggregator: 'finish' of client {client!r} needs a non-negative integer 'expected'")
+                transition = on_finish(previous, client, expected, now, job)
+            elif kind == "cleanup":
+                transition = on_cleanup(previous, client, now)
+            else:
+                raise InvalidMessage(f"eof aggregator: 'kind' must be 'batch', 'finish', 'cleanup' or 'tick', got {kind!r:.60}")
+            await clients.apply(event, client, previous, transition)
+
+        return self._client_stage(clients, handle, self.aggregate, "eof aggregator: message")
+
+    # -- joiner: joins a client's totals with its side data into its report (the job's join)
+
+    def joiner_stage(self) -> Stage:
+        """Reads each client's side data, its totals, the controller's cleanup, and ticks, keyed by client."""
+        clients, job = self.joins, self.job
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            now = now_ms()
+            if isinstance(message, dict) and message.get("kind") == "tick":
+                await clients.tick(event, now, on_joiner_tick)
+                return
+            client = _client_of(message, "joiner")
+            kind = message.get("kind")
+            previous = clients.load(client)
+            if kind == "side":
+                if "side" not in message:
+                    raise InvalidMessage(
+                        f"eof joiner: 'side' of client {client!r} needs 'side' (the client's side data, any JSON, null for none)"
+                    )
+                transition = on_side(previous, client, message["side"], now, job)
+            elif kind == "totals":
+                transition = on_totals(previous, client, _totals(message, client), now, job)
+            elif kind == "cleanup":
+                transition = on_join_cleanup(previous, client, now)
+            else:
+                raise InvalidMessage(f"eof joiner: 'kind' must be 'side', 'totals', 'cleanup' or 'tick', got {kind!r:.60}")
+            await clients.apply(event, client, previous, transition)
+
+        return self._client_stage(clients, handle, self.join, "eof joiner: message")
+
+    def _client_stage(self, clients: ClientStates[Any], handle: Any, topic: Any, what: str) -> Stage:
+        """A stage that keeps per-client state on ``topic`` and walks its deadlines on ticks."""
+        handler = per_event(agent=clients.agent, what=what, handler=handle)
+        return Stage(clients.agent.replace(":", "-"), (topic,), handler, ticked=(topic,))
