@@ -246,6 +246,7 @@ class FlowTopology:
                         concurrent=_any_async(compiled.flow.steps[index] for index in segment.item_steps),
                         concurrency=self.settings.item_concurrency,
                         bundle=self.settings.bundle,
+                        policy=self.retry_policy,
                     ),
                     aggregation=self._aggregation(compiled, aggregate_step, results),
                 )

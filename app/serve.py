@@ -41,7 +41,9 @@ def serve(stages: Iterable[Stage]) -> None:
         channel = stage.sources[0] if len(names) == 1 else faust_topic(*names)
 
         async def agent(stream: StreamT[bytes], stage: Stage = stage) -> None:
-            await handle_parts(stream, stage.handle_part, slice_most=1 if stage.runs_user_steps else None)
+            await handle_parts(
+                stream, stage.handle_part, slice_most=1 if stage.runs_user_steps else None, concurrent=stage.concurrent_parts
+            )
 
         agent.__qualname__ = agent.__name__ = f"stage_{stage.name.replace('-', '_')}"
         app.agent(channel, name=stage.name)(agent)

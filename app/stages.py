@@ -59,6 +59,8 @@ class Stage:
     runs_user_steps: bool = False
     #: topics (of ``sources``) whose owned partitions get ``{"kind": "tick"}`` every tick interval
     ticked: tuple[Any, ...] = ()
+    #: a batch's partition parts run at once, each in its own scope (a step that waits on I/O: the items stage)
+    concurrent_parts: bool = False
 
 
 def per_event(*, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> PartHandler:

@@ -21,7 +21,7 @@ What it models of a worker under exactly-once:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -33,6 +33,7 @@ from app.eof_topology import EofTopology, topic_base
 from app.flow_topology import FlowTopology
 from app.flows import Flow
 from app.kafka_io import key_partition
+from app.pipeline import PipelineTopology
 from app.runtime import environment
 from app.settings import Settings
 from app.stages import Stage, Wiring
@@ -160,7 +161,9 @@ class TestDriver:
 
     ``settings``: the settings they run with (partitions, retry policy, tick interval, chunk and bundle sizes, EOF
     timeouts, topic prefix...; :class:`app.settings.Settings`' defaults otherwise). ``eof_jobs``: end-of-stream jobs
-    by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``. Topic
+    by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``.
+    ``item_step``: runs the split/aggregate pipeline with this item step (``WEIR_ITEM_PROCESSOR``; orders on
+    ``orders``, results on ``aggregates``). Topic
     names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
     :meth:`close`.
     """
@@ -173,6 +176,7 @@ class TestDriver:
         settings: Settings | None = None,
         *,
         eof_jobs: Mapping[str, EofJob] | None = None,
+        item_step: Callable[[Any], Any] | None = None,
         start_ms: int = START_MS,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
@@ -188,6 +192,9 @@ class TestDriver:
         self.eof_jobs = {name: EofTopology(job, self.wiring, name=name) for name, job in (eof_jobs or {}).items()}
         for topology in self.eof_jobs.values():
             self.stages += topology.stages()
+        self.pipeline = PipelineTopology(item_step, self.wiring) if item_step is not None else None
+        if self.pipeline is not None:
+            self.stages += self.pipeline.stages()
         self._positions: dict[tuple[str, str, int], int] = {}
         self._committed_positions: dict[tuple[str, str, int], int] = {}
         self._committed_tables: dict[str, dict[str, Any]] = {name: {} for name in self._tables}
@@ -204,16 +211,25 @@ class TestDriver:
     # -- the test's side -------------------------------------------------------------------------------------
 
     def pipe(
-        self, topic: str, value: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None, partition: int | None = None
+        self,
+        topic: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        run: bool = True,
     ) -> None:
         """Write one record to ``topic`` (a flow's source, say) and run every stage until nothing is left to do.
 
-        ``value``: JSON-able, or bytes as they are (an undecodable record, say).
+        ``value``: JSON-able, or bytes as they are (an undecodable record, say). ``run=False``: only write it (several
+        records piped so are read in one batch by the next :meth:`run`).
         """
         raw = value if isinstance(value, bytes) else dumps(value)
         encoded_headers = [(name, text.encode()) for name, text in (headers or {}).items()]
         self._append(self.settings.topic(topic), key.encode() if key is not None else None, raw, encoded_headers, partition, committed=True)
-        self.run()
+        if run:
+            self.run()
 
     def advance(self, *, seconds: float = 0, ms: int = 0) -> None:
         """Move the clock forward, one tick interval at a time: each step ticks every ticked topic's partitions and runs

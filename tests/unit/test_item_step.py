@@ -117,22 +117,21 @@ def test_a_sync_step_tried_in_place_gives_each_items_result_with_one_attempt() -
     assert function.calls == {1: 1, 2: 1, 3: 1}
 
 
-def test_a_sync_step_tried_in_place_that_raises_is_retried_by_the_policy_from_its_second_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app import aggregation
-    from app.errors import RetryPolicy
+def test_a_sync_step_tried_in_place_that_raises_is_retried_by_the_policy_from_its_second_attempt() -> None:
+    from weir import Settings, TestDriver
 
-    monkeypatch.setattr(aggregation, "retry_policy", RetryPolicy(attempts=3, backoff_ms=1, max_backoff_ms=1))
-    dead: list[dict[str, Any]] = []
-
-    async def dead_letter(event: Any, **fields: Any) -> None:
-        dead.append(fields)
-
-    monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
-    once = _Flaky(failures=1)
-    assert [(item["ok"], item["result"], item["attempts"]) for item in _outcomes(once, [5])] == [(True, 10, 2)]
+    settings = Settings(partitions=1, retry_attempts=3, retry_backoff_ms=1, retry_max_backoff_ms=1)
+    once, always = _Flaky(failures=1), _Flaky(failures=99)
+    with TestDriver(settings=settings, item_step=once) as driver:
+        driver.pipe("orders", {"order_id": "o-1", "items": [5]}, key="o-1")
+        [result] = driver.values("aggregates")
+        assert [(item["status"], item["result"]) for item in result["items"]] == [("ok", 10)]
+        assert driver.dead_letters() == []
     assert once.calls == {5: 2}
-    always = _Flaky(failures=99)
-    [item] = _outcomes(always, [7])
-    assert (item["ok"], item["attempts"], item["error"]) == (False, 3, "ValueError: call 3 of 7")
+    with TestDriver(settings=settings, item_step=always) as driver:
+        driver.pipe("orders", {"order_id": "o-2", "items": [7]}, key="o-2")
+        [result] = driver.values("aggregates")
+        [item] = result["items"]
+        assert (item["status"], item["error"]) == ("failed", "ValueError: call 3 of 7")
+        assert [(letter["reason"], letter["attempts"]) for letter in driver.dead_letters()] == [("failed", 3)], "dead-lettered alone"
     assert always.calls == {7: 3}, "the policy's three attempts in all, the first in place"
-    assert [(fields["reason"], fields["attempts"]) for fields in dead] == [("failed", 3)], "the failed item is dead-lettered alone"

@@ -18,12 +18,12 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents import splitter
 from app import aggregation, core
 from app.aggregation import ItemWorker, send_bundled, split_messages
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
 from tests.unit.aggregate.test_aggregation_shell import _outcomes, _stage
+from weir import Settings, TestDriver
 
 
 class _Topic:
@@ -170,29 +170,31 @@ def test_an_items_worker_handles_each_message_of_a_bundle_and_dead_letters_a_bad
     assert dead[0][2] == bad, "the dead letter holds the bad message, not the bundle"
 
 
-def test_the_splitter_bundles_a_parts_chunks_by_items_partition_and_dead_letters_a_bad_order_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dead = _dead_letters(monkeypatch)
-    items, results = _Topic("items"), _Topic("item-results")
-    monkeypatch.setattr(core.topics, "items", items)
-    monkeypatch.setattr(core.topics, "item_results", results)
-    core.topic_partitions.update({"items": 2, "item-results": 2})
+def test_the_splitter_bundles_a_parts_chunks_by_items_partition_and_dead_letters_a_bad_order_alone() -> None:
+    """The splitter's part (the orders of one partition) goes out as one record per items partition; an order that is
+    bad, or whose chunk cannot be written (larger than a record may hold), is dead-lettered alone."""
+    settings = Settings(partitions=2, split_chunk=10, bundle=50, max_message_bytes=2_524)  # a record of 1,500 bytes at most
     orders = [{"order_id": f"o-{number}", "items": [{"n": n} for n in range(3)]} for number in range(8)]
     huge = {"order_id": "huge", "items": [{"pad": "x" * 2_000}]}
-    events = [_event(order, offset) for offset, order in enumerate([*orders[:4], {"order_id": "bad"}, huge, *orders[4:]])]
-    with mock.patch.object(aggregation, "record_limit", return_value=1_500):
-        asyncio.run(splitter._split_part(events))
-    assert results.sent == [], "orders of one chunk send no open apart"
-    assert len(items.sent) == 2, "one record per items partition"
+    with TestDriver(settings=settings, item_step=lambda payload: payload) as driver:
+        for order in [*orders[:4], {"order_id": "bad"}, huge, *orders[4:]]:
+            driver.pipe("orders", order, partition=0, run=False)
+        driver.run()
+        items = driver.read("items")
+        results = driver.read("item-results")
+        dead = driver.dead_letters()
+    messages = [message for record in results for message in record.value.get("messages", [record.value])]
+    assert messages, "the items stage reported the outcomes"
+    assert {message["kind"] for message in messages} <= {"items", "tick"}, "orders of one chunk send no open apart"
+    assert len(items) == 2, "one record per items partition"
     sent = []
-    for key, value, partition in items.sent:
-        assert value["kind"] == "bundle"
-        assert key == f"{value['messages'][0]['correlation_id']}#0".encode()
-        for chunk in value["messages"]:
-            assert key_partition(f"{chunk['correlation_id']}#0".encode(), 2) == partition
+    for record in items:
+        assert record.value["kind"] == "bundle"
+        assert record.key == f"{record.value['messages'][0]['correlation_id']}#0"
+        for chunk in record.value["messages"]:
+            assert key_partition(f"{chunk['correlation_id']}#0".encode(), 2) == record.partition
             sent.append(chunk["correlation_id"])
             assert chunk["open"]["deadline_ms"] > 0
             assert [item["payload"]["n"] for item in chunk["items"]] == [0, 1, 2]
     assert sorted(sent) == sorted(order["order_id"] for order in orders)
-    assert [(reason, step) for reason, step, _ in dead] == [("invalid", "validate"), ("invalid", "validate")]
+    assert [(letter["reason"], letter["step"]) for letter in dead] == [("invalid", "validate"), ("invalid", "validate")]

@@ -19,11 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents import splitter
-from app import aggregation, core
-from app.aggregation import ItemWorker, split_messages
-from app.errors import StepOutcome
-from app.pipeline import AGGREGATOR
+from app.aggregation import split_messages
+from app.pipeline import aggregator_config
 from tables.aggregates import (
     COMPLETE_BY_COUNT,
     COMPLETE_BY_FLAG,
@@ -36,8 +33,10 @@ from tables.aggregates import (
 )
 from tests.unit.aggregate.test_aggregation_shell import _stage
 from tests.unit.aggregate.test_on_items import fold
+from weir import Settings, TestDriver
 
 ROOT = Path(__file__).resolve().parents[3]
+AGGREGATOR = aggregator_config(Settings())
 
 _RESULT_FIELDS = ("correlation_id", "status", "reason", "expected_count", "items", "missing", "failed")
 
@@ -62,52 +61,32 @@ def test_a_group_completed_at_once_gets_the_result_the_aggregate_stage_makes(ite
     assert {field: inline[field] for field in _RESULT_FIELDS} == {field: staged[field] for field in _RESULT_FIELDS}
 
 
-class _Topic:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    async def send(self, *, key: bytes, value: bytes) -> None:
-        self.sent.append((key, orjson.loads(value)))
+def _upper_or_fail(payload: Any) -> Any:
+    if payload == "boom":
+        raise ValueError("boom")
+    return payload.upper()
 
 
-def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_order_and_a_failed_item_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dead: list[Any] = []
-
-    async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, value: bytes | None = None, **_: Any) -> None:
-        dead.append((reason, step, orjson.loads(value) if value is not None else orjson.loads(event.message.value)))
-
-    async def step(payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
-        if payload == "boom":
-            return StepOutcome(ok=False, value=None, error="boom", attempts=3)
-        return StepOutcome(ok=True, value=payload.upper(), error=None, attempts=1)
-
-    monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
-    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
-    results = _Topic()
-    monkeypatch.setattr(core.topics, "aggregates", results)
-    monkeypatch.setattr(splitter, "_inline", ItemWorker(agent="splitter", step=step, results=results, concurrent=False, concurrency=1))  # type: ignore[arg-type]
-    orders = [{"order_id": "o-1", "items": ["a", "b"]}, {"order_id": "bad"}, {"order_id": "o-2", "items": ["c", "boom", "d"]}]
-    message = SimpleNamespace
-    events = [
-        message(
-            message=message(
-                topic="orders", partition=0, offset=n, key=str(order["order_id"]).encode(), value=orjson.dumps(order), headers=[]
-            )
-        )
-        for n, order in enumerate(orders)
-    ]
-    asyncio.run(splitter._inline_part(events))  # type: ignore[arg-type]
-    sent = {key.decode(): result for key, result in results.sent}
+@pytest.mark.parametrize("inline", [True, False])
+def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_order_and_a_failed_item_alone(inline: bool) -> None:
+    """Inline or through the items and aggregate stages, every order gets its one result, a bad order too."""
+    settings = Settings(partitions=2, items_inline=inline, retry_attempts=3)
+    with TestDriver(settings=settings, item_step=_upper_or_fail) as driver:
+        for order in ({"order_id": "o-1", "items": ["a", "b"]}, {"order_id": "bad"}, {"order_id": "o-2", "items": ["c", "boom", "d"]}):
+            driver.pipe("orders", order, key=str(order["order_id"]))
+        sent = {record.key: record.value for record in driver.read("aggregates")}
+        dead = driver.dead_letters()
     assert sorted(sent) == ["bad", "o-1", "o-2"], "every order gets its one result, a bad one too"
     assert (sent["bad"]["status"], sent["bad"]["reason"]) == ("invalid", "invalid")
     assert (sent["o-1"]["status"], [item["result"] for item in sent["o-1"]["items"]]) == ("complete", ["A", "B"])
     assert sent["o-2"]["status"] == "complete"
     assert sent["o-2"]["failed"] == [1]
     assert [item["status"] for item in sent["o-2"]["items"]] == ["ok", "failed", "ok"]
-    assert [(reason, step) for reason, step, _ in dead] == [("invalid", "validate"), ("failed", "process")]
-    assert dead[1][2]["payload"] == "boom", "the failed item's dead letter holds that item alone"
+    assert [(letter["reason"], letter["step"], letter["agent"]) for letter in dead] == [
+        ("invalid", "validate", "splitter"),
+        ("failed", "process", "splitter" if inline else "items"),
+    ]
+    assert orjson.loads(dead[1]["value"]["text"])["payload"] == "boom", "the failed item's dead letter holds that item alone"
 
 
 def test_items_inline_refuses_to_start_under_at_least_once() -> None:

@@ -10,10 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.pipeline import AGGREGATOR
+from app.pipeline import aggregator_config
+from app.settings import Settings
 from bench import quix_split_aggregate as quix
 from bench._util import FLAVOURS, expected_total_cents, order, result_problem
 from tables.aggregates import ItemOutcome, complete_at_once
+
+AGGREGATOR = aggregator_config(Settings())
 
 #: The fields of a result that say what the order came to (the clock's fields left out).
 _RESULT_FIELDS = ("correlation_id", "aggregator", "status", "reason", "expected_count", "items", "missing", "failed")
@@ -27,7 +30,9 @@ def _weir(order_value: dict[str, Any]) -> dict[str, Any]:
     for index, payload in enumerate(items):
         outcome = quix.outcome_of(index, payload, len(items))
         outcomes.append((ItemOutcome(index=index, ok=outcome["ok"], result=outcome["result"], error=outcome["error"]), outcome["last"]))
-    transition = complete_at_once(AGGREGATOR, order_value["order_id"], len(items), outcomes, deadline_ms=None, now_ms=NOW_MS)
+    transition = complete_at_once(
+        aggregator_config(Settings()), order_value["order_id"], len(items), outcomes, deadline_ms=None, now_ms=NOW_MS
+    )
     [result] = transition.emits
     return result
 
