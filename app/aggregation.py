@@ -29,17 +29,6 @@ from faust.types import EventT, TableT
 
 from app import metrics
 from app.codec import dumps
-from app.core import (
-    InvalidMessage,
-    all_at_once,
-    dead_letter_value,
-    dead_lettered,
-    handle_part_events,
-    now_ms,
-    partitions_of,
-    record_limit,
-    send_dead_letter,
-)
 from app.deadlines import DeadlineIndex
 from app.errors import RetryPolicy, StepOutcome, run_with_retry
 from app.kafka_io import key_partition
@@ -53,6 +42,17 @@ from app.runtime.keyed import (
     drop_undeliverable,
     prepare_outputs,
     send_checked,
+)
+from app.shell import (
+    InvalidMessage,
+    all_at_once,
+    dead_letter_value,
+    dead_lettered,
+    handle_part_events,
+    now_ms,
+    partitions_of,
+    record_limit,
+    send_dead_letter,
 )
 from tables.aggregates import (
     DEAD_LETTERED,

@@ -1,16 +1,14 @@
-"""The Faust application, its topics, and what every agent shares (decoding, retries, dead letters)."""
+"""The worker: its settings (from the environment variables, at import), the Faust application, its topics, and the
+batch loop every agent runs. What a stage's code shares with the test driver is in :mod:`app.shell` (re-exported here)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
-import hashlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import faust
@@ -19,11 +17,28 @@ from faust.types import EventT, StreamT, TableT
 from faust.types.auth import CredentialsT
 
 from app import engine, metrics
-from app.codec import DecodeError, dumps, loads
-from app.errors import OutputFailed, Redaction, RetryPolicy, dead_letter_record, describe_error, fitted_dead_letter, redacted_dead_letter
+from app.errors import RetryPolicy
 from app.kafka_io import ensure_topics
 from app.runtime import environment
 from app.settings import Settings, load_settings
+from app.shell import (
+    DecodeError,
+    EventHandler,
+    OwedOutcome,
+    all_at_once,
+    dead_letter_key,
+    dead_letter_value,
+    dead_lettered,
+    decode_event,
+    handle_part_events,
+    message_headers,
+    now_ms,
+    partitions_of,
+    record_limit,
+    redact_dead_letters,
+    send_dead_letter,
+    send_dead_letter_record,
+)
 from app.split import InvalidMessage
 
 __all__ = [
@@ -31,13 +46,31 @@ __all__ = [
     "settings",
     "topics",
     "retry_policy",
-    "now_ms",
-    "decode_event",
-    "handle_events",
-    "send_dead_letter",
-    "redact_dead_letters",
-    "InvalidMessage",
     "signals",
+    "json_table",
+    "topic_partitions",
+    "handle_events",
+    "handle_parts",
+    "run_parts",
+    "Slicer",
+    # re-exported from app.shell
+    "now_ms",
+    "message_headers",
+    "decode_event",
+    "EventHandler",
+    "OwedOutcome",
+    "handle_part_events",
+    "dead_lettered",
+    "all_at_once",
+    "record_limit",
+    "partitions_of",
+    "dead_letter_key",
+    "redact_dead_letters",
+    "send_dead_letter_record",
+    "dead_letter_value",
+    "send_dead_letter",
+    "InvalidMessage",
+    "DecodeError",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,6 +193,34 @@ topics = Topics(app, settings)
 topic_partitions: dict[str, int] = {}
 
 
+class EngineOutlet:
+    """The worker's outlet: the engine's producer, each record in the transaction of the event being handled
+    (:func:`app.engine.send_record`); the dead letters to ``WEIR_TOPIC_PREFIX`` + ``dead-letters``."""
+
+    @property
+    def dead_letters(self) -> faust.TopicT:
+        return topics.dead_letters
+
+    async def send(
+        self, topic: Any, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, partition: int | None
+    ) -> None:
+        await engine.send_record(topic, key, value, headers, partition)
+
+    def partitions(self, topic: str) -> int | None:
+        return topic_partitions.get(topic)
+
+
+environment.install(
+    environment.Environment(
+        clock=environment.WallClock(),
+        outlet=EngineOutlet(),
+        max_message_bytes=settings.max_message_bytes,
+        # what the producer sends at most too, less 1 KiB (read once: Faust's settings are slow to read, every output is measured)
+        record_limit=min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024,
+    )
+)
+
+
 def refuse_out_of_order_agents(agents: Iterable[Any]) -> None:
     """Under exactly_once, stop a worker whose agent runs several actors (Faust's ``concurrency`` above 1).
 
@@ -270,30 +331,6 @@ async def _install_task_dump() -> None:
 app.task(_install_task_dump)
 
 
-def now_ms() -> int:
-    """The time now, by the environment's clock (:mod:`app.runtime.environment`: the wall clock in a worker)."""
-    return environment.current().clock.now_ms()
-
-
-def message_headers(event: EventT[bytes]) -> list[tuple[str, bytes]]:
-    raw = event.message.headers or []
-    items: Iterable[Any] = raw.items() if isinstance(raw, dict) else raw
-    return [(str(name), bytes(value) if value is not None else b"") for name, value in items]
-
-
-def decode_event(event: EventT[bytes], *, what: str) -> Any:
-    """The event's JSON value, or :class:`DecodeError` naming ``what`` was read."""
-    limit = environment.current().record_limit
-    return loads(event.message.value, what=what, max_bytes=settings.max_message_bytes if limit is None else limit + 1024)
-
-
-EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
-
-#: What an agent that owes an outcome per input sends when the input failed: (event, reason, error) -> None.
-#: Called after the input's dead letter, whatever failed (decoding, validation, a bug); it must not raise.
-OwedOutcome = Callable[[EventT[bytes], str, str], Awaitable[None]]
-
-
 async def handle_events(
     stream: StreamT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None, runs_user_steps: bool = False
 ) -> None:
@@ -316,58 +353,6 @@ async def handle_events(
         await handle_part_events(part, agent=agent, what=what, handler=handler, owed=owed)
 
     await handle_parts(stream, each, slice_most=1 if runs_user_steps else None)
-
-
-async def handle_part_events(
-    part: Sequence[EventT[bytes]],
-    *,
-    agent: str,
-    what: str,
-    handler: EventHandler,
-    concurrent: bool = False,
-    owed: OwedOutcome | None = None,
-) -> None:
-    """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once."""
-    if concurrent:
-        await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler, owed=owed) for event in part)
-    else:
-        for event in part:
-            await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
-    metrics.events_handled(agent, len(part))
-
-
-async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:
-    await dead_lettered(event, agent=agent, run=lambda: handler(event, decode_event(event, what=what)), owed=owed)
-
-
-async def dead_lettered(event: EventT[bytes], *, agent: str, run: Callable[[], Awaitable[None]], owed: OwedOutcome | None = None) -> None:
-    """Run ``run()`` (the handling of ``event``, or of a part of it: :func:`dead_letter_value`); dead-letter what it raises.
-
-    Undecodable and invalid input, and any other error (a bug, logged with its traceback), go to the dead
-    letters with the step that failed; cancellation goes on. ``owed(event, reason, error)`` then sends the
-    outcome the input is owed (an agent that answers every input). An output the producer refused
-    (:class:`app.errors.OutputFailed`) is not the input's fault: it goes up, and the batch fails.
-    """
-    try:
-        await run()
-        return
-    except OutputFailed:
-        # Not the input's fault, and not to be skipped: no dead letter, no owed outcome. The batch fails, the
-        # transaction that holds its outputs cannot commit them, and the input is handled again.
-        log.error("%s: an output of %s@%s could not be sent; the batch fails", agent, event.message.tp, event.message.offset)
-        raise
-    except DecodeError as error:
-        reason, text, step = "undecodable", str(error), "decode"
-    except InvalidMessage as error:
-        reason, text, step = "invalid", str(error), "validate"
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:
-        log.exception("%s: unexpected error while handling %s", agent, event.message.tp)
-        reason, text, step = "error", describe_error(error), "handle"
-    await send_dead_letter(event, reason=reason, error=text, agent=agent, step=step)
-    if owed is not None:
-        await owed(event, reason, text)
 
 
 PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
@@ -462,18 +447,6 @@ async def run_sliced(events: Sequence[EventT[bytes]], handle_part: PartHandler, 
             await asyncio.sleep(0)  # the commit handler, woken by the idle gate, may close it now
 
 
-async def all_at_once(coroutines: Iterable[Awaitable[None]]) -> None:
-    """Run ``coroutines`` concurrently; when one raises, cancel the others, wait for them, and raise its error."""
-    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
 def take_batches(stream: StreamT[bytes], max_: int, within: float) -> AsyncIterator[list[EventT[bytes]]]:
     """An agent's batches: up to ``max_`` events, each handed on as soon as no further event is ready. Events are
     not acked here: the caller acks them inside their exactly-once scope. With ``WEIR_DIRECT_BATCHES`` (the
@@ -532,122 +505,4 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     return sum(len(part) for part in parts.values())
 
 
-def record_limit() -> int:
-    """The largest value weir sends in one record: what it decodes (``WEIR_MAX_MESSAGE_BYTES``) and its producer sends, less 1 KiB
-    (a test driver's environment gives its own)."""
-    limit = environment.current().record_limit
-    return _worker_record_limit() if limit is None else limit
-
-
-@functools.cache
-def _worker_record_limit() -> int:
-    """Both limits are fixed for the process: read once (Faust's settings are slow to read, and every output is measured)."""
-    return min(settings.max_message_bytes, app.conf.producer_max_request_size) - 1024
-
-
-def partitions_of(topic: str) -> int | None:
-    """How many partitions ``topic`` has: as the broker described it when this worker started, or the driver's; None: unknown."""
-    outlet = environment.current().outlet
-    return topic_partitions.get(topic) if outlet is None else outlet.partitions(topic)
-
-
-#: A dead letter's record key longer than this is replaced by its hash (the record's value keeps it, cut).
-DEAD_LETTER_KEY_BYTES = 1024
-
-
-def dead_letter_key(key: bytes | None) -> bytes | None:
-    """The record key of a dead letter: the original key, or ``sha256:<hex>`` of it when it is too long to carry."""
-    if key is None or len(key) <= DEAD_LETTER_KEY_BYTES:
-        return key
-    return b"sha256:" + hashlib.sha256(key).hexdigest().encode()
-
-
-#: Per agent, what its dead letters go through before they are stored (:func:`redact_dead_letters`).
-_redactions: dict[str, Redaction] = {}
-
-
-def redact_dead_letters(agent: str, redact: Redaction) -> None:
-    """Every dead letter of ``agent`` stores the original key, value, header values and error only through ``redact``.
-
-    The one dead-letter path applies it (:func:`send_dead_letter`, :func:`send_dead_letter_record`), whatever failed:
-    undecodable input, invalid input, a bug, a refused or undeliverable output. The shop's orders stage masks card
-    numbers with it. ``redact`` must be pure and quick; it sees bytes that may not be UTF-8.
-    """
-    _redactions[agent] = redact
-
-
-async def send_dead_letter_record(record: dict[str, Any]) -> None:
-    """Publish a dead-letter record built with :func:`app.errors.dead_letter_record`, cut to fit a record (never dropped)."""
-    key = record["key"]["text"]
-    await _publish_dead_letter(record, key.encode() if key is not None else None)
-
-
-async def _publish_dead_letter(record: dict[str, Any], raw_key: bytes | None) -> None:
-    """The one way out for a dead letter: through the agent's redaction, logged (no payload), counted, cut to fit."""
-    redact = _redactions.get(record["agent"])
-    if redact is not None:
-        record = redacted_dead_letter(record, redact)
-        raw_key = None if raw_key is None else redact(raw_key)
-    # Payloads stay out of INFO logs: the dead-letter topic has them.
-    log.warning("dead letter from %s/%s (%s): %s", record["agent"], record["step"], record["reason"], str(record["error"])[:200])
-    metrics.dead_lettered(record["agent"], record["reason"])
-    value = fitted_dead_letter(record, record_limit())
-    outlet = environment.current().outlet
-    if outlet is None:
-        await engine.send_record(topics.dead_letters, dead_letter_key(raw_key), value)
-    else:
-        await outlet.send(outlet.dead_letters, dead_letter_key(raw_key), value, None, None)
-
-
-#: The part of the event's message being handled (one message of a bundle), which a dead letter holds instead of the whole.
-_handled_part: contextvars.ContextVar[Any] = contextvars.ContextVar("weir_handled_part", default=None)
-
-
-@contextlib.contextmanager
-def dead_letter_value(part: Any) -> Iterator[None]:
-    """Inside it, a dead letter of the current event holds ``part`` (JSON-encoded), not the event's whole value."""
-    token = _handled_part.set(part)
-    try:
-        yield
-    finally:
-        _handled_part.reset(token)
-
-
-async def send_dead_letter(
-    event: EventT[bytes],
-    *,
-    reason: str,
-    error: str,
-    agent: str,
-    step: str,
-    attempts: int = 1,
-    value: bytes | None = None,
-    key: bytes | None = None,
-) -> None:
-    """Publish the event's original message to the dead-letter topic, saying where and why it stopped.
-
-    ``value``: what failed when it is a part of the message (one item of a chunk), instead of the whole value;
-    by default the part :func:`dead_letter_value` names, if any. ``key``: the key the dead letter is about, when it
-    is not the message's (keyed state dropped on a tick).
-    """
-    message = event.message
-    key = message.key if key is None else key
-    if value is None and (part := _handled_part.get()) is not None:
-        value = dumps(part)
-    record = dead_letter_record(
-        reason=reason,
-        error=error,
-        agent=agent,
-        step=step,
-        attempts=attempts,
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        key=key,
-        value=message.value if value is None else value,
-        headers=message_headers(event),
-    )
-    await _publish_dead_letter(record, key)
-
-
-__all__ += ["DecodeError", "Topics"]
+__all__ += ["Topics"]

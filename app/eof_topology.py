@@ -15,10 +15,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from faust.types import EventT
 
-from app.core import InvalidMessage, now_ms
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.settings import load_named
+from app.shell import InvalidMessage, now_ms
 from app.stages import Stage, Wiring, per_event
 from tables.eof import (
     TOPIC_AGGREGATE,

@@ -30,11 +30,11 @@ from faust.types import EventT, TableT
 from app import metrics
 from app.aggregation import Aggregation, ItemWorker, send_split, split_messages
 from app.codec import dumps
-from app.core import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
 from app.deadlines import DeadlineIndex
 from app.errors import RetryPolicy, StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
 from app.stages import Stage, Wiring, per_event
 from tables.barrier import (
     COMPLETED,

@@ -28,10 +28,10 @@ from app.aggregation import (
     send_splits,
     split_messages,
 )
-from app.core import handle_part_events, now_ms
 from app.errors import RetryPolicy, StepOutcome, run_with_retry
 from app.runtime.keyed import Output, send_checked
 from app.settings import Settings, load_named
+from app.shell import handle_part_events, now_ms
 from app.split import split_order
 from app.stages import Stage, Wiring, per_event
 from tables.aggregates import AggregatorConfig

@@ -15,8 +15,8 @@ from typing import Any
 
 from faust.types import EventT
 
-from app.core import EventHandler, OwedOutcome, handle_part_events
 from app.settings import Settings
+from app.shell import EventHandler, OwedOutcome, handle_part_events
 
 __all__ = ["Stage", "Wiring", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
 

@@ -142,14 +142,14 @@ class _MemoryTable(dict[str, Any]):
 class _Outlet:
     """The driver's topics as the environment's outlet: records go into the round's open transaction."""
 
-    def __init__(self, driver: TestDriver, dead_letters: str) -> None:
+    def __init__(self, driver: TestDriver, dead_letters: _TopicRef) -> None:
         self.driver = driver
         self.dead_letters = dead_letters
 
     async def send(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, partition: int | None
+        self, topic: Any, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, partition: int | None
     ) -> None:
-        self.driver._append(topic, key, value, list(headers or ()), partition, committed=False)
+        self.driver._append(topic.get_topic_name(), key, value, list(headers or ()), partition, committed=False)
 
     def partitions(self, topic: str) -> int | None:
         return self.driver.settings.partitions
@@ -199,7 +199,10 @@ class TestDriver:
         self._committed_positions: dict[tuple[str, str, int], int] = {}
         self._committed_tables: dict[str, dict[str, Any]] = {name: {} for name in self._tables}
         self._environment = environment.Environment(
-            clock=self.clock, outlet=_Outlet(self, self._dead_letters), record_limit=self.settings.max_message_bytes - 1024
+            clock=self.clock,
+            outlet=_Outlet(self, _TopicRef(self._dead_letters)),
+            max_message_bytes=self.settings.max_message_bytes,
+            record_limit=self.settings.max_message_bytes - 1024,
         )
         self._loop = asyncio.new_event_loop()
         self._crash_after: int | None = None

@@ -1,9 +1,11 @@
-"""What a stage runs against: a clock and an outlet for its records. A worker's are the wall clock and the engine.
+"""What a stage runs against: a clock, an outlet for its records, and the size limits. A worker's: the wall clock and the engine.
 
-Every stateful stage reads the time, sleeps (a retry's backoff, a refused send's) and sends records only through
-:func:`current`: a worker uses the defaults (:class:`WallClock`, the engine's transactional producer), and the test
-driver (:mod:`app.testing`) swaps both for a virtual clock and in-memory topics with :func:`using`. Nothing else
-differs between the two, so a behaviour the driver shows is the behaviour of the code a worker runs.
+Every stage reads the time, sleeps (a retry's backoff, a refused send's) and sends records only through
+:func:`current`. A worker installs its environment once (:func:`install`: the wall clock, the engine's transactional
+producer, its dead-letter topic and limits, ``app.core``); the test driver (:mod:`app.testing`) runs stages in one of
+its own (:func:`using`: a virtual clock, in-memory topics). Nothing else differs between the two, so a behaviour the
+driver shows is the behaviour of the code a worker runs. Code that runs outside both (a unit test of one function)
+gets :data:`STANDALONE`: the wall clock, and each topic's own ``send``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,9 @@ import contextvars
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-import faust
-
-from app import engine
-
-__all__ = ["Clock", "WallClock", "Outlet", "Environment", "current", "using", "send_record"]
+__all__ = ["Clock", "WallClock", "Outlet", "TopicOutlet", "Environment", "STANDALONE", "current", "using", "install", "send_record"]
 
 
 class Clock(Protocol):
@@ -41,39 +39,68 @@ class WallClock:
         await asyncio.sleep(seconds)
 
 
+Headers = list[tuple[str, bytes]] | None
+
+
 class Outlet(Protocol):
-    """Where records go instead of the engine's producer (the test driver's topics)."""
+    """Where a stage's records go: a worker's engine, or the test driver's topics."""
 
     #: the topic the dead letters go to
-    dead_letters: str
+    @property
+    def dead_letters(self) -> Any: ...
 
-    async def send(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, partition: int | None
-    ) -> None:
-        """Append one record to ``topic`` (to ``partition``, else by its key), in the current transaction."""
+    async def send(self, topic: Any, key: bytes | None, value: bytes, headers: Headers, partition: int | None) -> None:
+        """Send one record to ``topic`` (to ``partition``, else by its key), in the current transaction."""
         ...
 
     def partitions(self, topic: str) -> int | None:
-        """How many partitions ``topic`` has (None: unknown)."""
+        """How many partitions the topic named ``topic`` has (None: unknown)."""
         ...
+
+
+class TopicOutlet:
+    """Each topic's own ``send`` (a Faust topic's, or a unit test's stand-in); the dead letters to ``dead_letters``."""
+
+    def __init__(self, dead_letters: Any = None) -> None:
+        self.dead_letters = dead_letters
+
+    async def send(self, topic: Any, key: bytes | None, value: bytes, headers: Headers, partition: int | None) -> None:
+        extra: dict[str, Any] = {}  # only what was given: a stand-in may take no more
+        if partition is not None:
+            extra["partition"] = partition
+        if headers:
+            extra["headers"] = headers
+        await topic.send(key=key, value=value, **extra)
+
+    def partitions(self, topic: str) -> int | None:
+        return None
 
 
 @dataclass(frozen=True)
 class Environment:
-    """A clock and an outlet (None: the engine, in a worker); ``record_limit``: the largest value sent (None: the worker's)."""
+    """A clock, an outlet, and the limits: the largest message a stage decodes, the largest value it sends."""
 
     clock: Clock
-    outlet: Outlet | None = None
-    record_limit: int | None = None
+    outlet: Outlet
+    max_message_bytes: int = 1_000_000
+    record_limit: int = 1_000_000 - 1024
 
 
-_WORKER = Environment(clock=WallClock())
-_current: contextvars.ContextVar[Environment] = contextvars.ContextVar("weir_environment", default=_WORKER)
+#: Outside a worker and a driver: the wall clock, each topic's own send, the default limits.
+STANDALONE = Environment(clock=WallClock(), outlet=TopicOutlet())
+
+_installed: list[Environment] = [STANDALONE]
+_current: contextvars.ContextVar[Environment | None] = contextvars.ContextVar("weir_environment", default=None)
 
 
 def current() -> Environment:
-    """The environment of the code running now: a worker's, unless a test driver runs it."""
-    return _current.get()
+    """The environment of the code running now: the driver's inside :func:`using`, else the one installed."""
+    return _current.get() or _installed[0]
+
+
+def install(environment: Environment) -> None:
+    """This process's environment from now on (a worker's, once, as it starts)."""
+    _installed[0] = environment
 
 
 @contextlib.contextmanager
@@ -86,12 +113,6 @@ def using(environment: Environment) -> Iterator[Environment]:
         _current.reset(token)
 
 
-async def send_record(
-    topic: faust.TopicT, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None, partition: int | None = None
-) -> None:
-    """Send one encoded record to ``topic``: through the engine in a worker (:func:`app.engine.send_record`), else the outlet."""
-    outlet = _current.get().outlet
-    if outlet is None:
-        await engine.send_record(topic, key, value, headers, partition)
-    else:
-        await outlet.send(topic.get_topic_name(), key, value, headers, partition)
+async def send_record(topic: Any, key: bytes | None, value: bytes, headers: Headers = None, partition: int | None = None) -> None:
+    """Send one encoded record to ``topic`` through the current outlet."""
+    await current().outlet.send(topic, key, value, headers, partition)

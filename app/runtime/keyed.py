@@ -38,11 +38,11 @@ from faust.types import EventT, TableT
 
 from app import metrics
 from app.codec import dumps
-from app.core import message_headers, record_limit, send_dead_letter, send_dead_letter_record
-from app.core import now_ms as wall_clock_ms
 from app.deadlines import DeadlineIndex
 from app.errors import OutputFailed, dead_letter_record, describe_error
 from app.runtime import environment
+from app.shell import message_headers, record_limit, send_dead_letter, send_dead_letter_record
+from app.shell import now_ms as wall_clock_ms
 
 __all__ = [
     "Output",

@@ -18,7 +18,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import aggregation, core
+from app import aggregation, core, shell
 from app.aggregation import ItemWorker, send_bundled, split_messages
 from app.errors import StepOutcome
 from app.kafka_io import key_partition
@@ -99,10 +99,10 @@ def test_the_aggregator_handles_each_message_of_a_bundle_and_dead_letters_a_bad_
     dead: list[Any] = []
 
     async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, **_: Any) -> None:
-        dead.append((reason, step, core._handled_part.get()))
+        dead.append((reason, step, shell._handled_part.get()))
 
     monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
-    monkeypatch.setattr(core, "send_dead_letter", dead_letter)  # core.dead_lettered sends the bad message's
+    monkeypatch.setattr(shell, "send_dead_letter", dead_letter)  # core.dead_lettered sends the bad message's
     _, [first] = split_messages("o-1", ["a"], chunk=10, deadline_ms=10**13)
     _, [second] = split_messages("o-2", ["b", "c"], chunk=10, deadline_ms=10**13)
     bad = {"kind": "items", "correlation_id": "o-3", "total": 1, "items": "not a list"}
@@ -122,9 +122,9 @@ def test_a_dead_letter_inside_dead_letter_value_holds_the_part(monkeypatch: pyte
     monkeypatch.setattr(core.topics, "dead_letters", _DeadLetters())
     message = SimpleNamespace(topic="t", partition=0, offset=7, key=b"k", value=b'{"kind": "bundle"}', headers=[])
     event: Any = SimpleNamespace(message=message)
-    with core.dead_letter_value({"part": 1}):
-        asyncio.run(core.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
-    asyncio.run(core.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
+    with shell.dead_letter_value({"part": 1}):
+        asyncio.run(shell.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
+    asyncio.run(shell.send_dead_letter(event, reason="invalid", error="e", agent="a", step="s"))
     assert [orjson.loads(record["value"]["text"]) for record in sent] == [{"part": 1}, {"kind": "bundle"}]
 
 
@@ -136,10 +136,10 @@ def _dead_letters(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     dead: list[Any] = []
 
     async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, value: bytes | None = None, **_: Any) -> None:
-        dead.append((reason, step, orjson.loads(value) if value is not None else core._handled_part.get()))
+        dead.append((reason, step, orjson.loads(value) if value is not None else shell._handled_part.get()))
 
     monkeypatch.setattr(aggregation, "send_dead_letter", dead_letter)
-    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
+    monkeypatch.setattr(shell, "send_dead_letter", dead_letter)
     return dead
 
 

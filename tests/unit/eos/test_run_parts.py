@@ -11,7 +11,7 @@ import faust
 import pytest
 from faust.types import TP
 
-from app import core, engine
+from app import core, engine, shell
 from app.engine import delivery
 
 
@@ -106,7 +106,7 @@ def test_a_concurrent_part_handles_its_events_at_once_and_dead_letters_each_fail
     async def dead_letter(event: Any, **fields: Any) -> None:
         dead.append((event.message.offset, fields["reason"]))
 
-    monkeypatch.setattr(core, "send_dead_letter", dead_letter)
+    monkeypatch.setattr(shell, "send_dead_letter", dead_letter)
     asyncio.run(core.handle_part_events(events, agent="items", what="item", handler=handler, concurrent=True))
     assert sorted(in_flight) == [1, 2, 3]
     assert dead == [(2, "error")]

@@ -13,9 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app import shell
 from app.errors import dead_letter_record, fitted_dead_letter
-from app.runtime import keyed
+from app.runtime import environment, keyed
 from app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore, Undeliverable, prepare_outputs
+from app.testing import VirtualClock
 
 
 class Topic:
@@ -154,15 +156,12 @@ def test_a_send_that_keeps_failing_raises_output_failed_after_the_attempts(monke
             self.sent.append((key, value))
             raise ConnectionError("broker gone")
 
-    monkeypatch.setattr(keyed.asyncio, "sleep", _no_sleep)
+    clock = VirtualClock(start_ms=0)
     topic = Broken("out")
-    with pytest.raises(OutputFailed, match="broker gone"):
+    with environment.using(replace(environment.STANDALONE, clock=clock)), pytest.raises(OutputFailed, match="broker gone"):
         asyncio.run(keyed.send_prepared([(Output(topic, "k", "v"), b'"v"')]))  # type: ignore[arg-type]
     assert len(topic.sent) == keyed.SEND_ATTEMPTS
-
-
-async def _no_sleep(_: float) -> None:
-    return None
+    assert clock.now_ms() == 600, "two waits on the environment's clock, 0.2 s then 0.4 s"
 
 
 @settings(max_examples=120, deadline=None)
@@ -214,7 +213,7 @@ def test_an_output_the_producer_refuses_fails_the_batch_instead_of_skipping_the_
     async def run() -> None:
         raise OutputFailed("the result of 'o-1': KafkaTimeoutError")
 
-    monkeypatch.setattr(core, "send_dead_letter", letter)
+    monkeypatch.setattr(shell, "send_dead_letter", letter)
     with pytest.raises(OutputFailed):
         asyncio.run(core.dead_lettered(_event(), agent="t", run=run, owed=owed))
     assert letters == []

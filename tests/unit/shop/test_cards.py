@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents import shop_orders
-from app import core
+from app import core, shell
 from app.errors import redacted_dead_letter
 from tables.shop import (
     CARD_DECLINED,
@@ -195,7 +195,7 @@ def test_every_dead_letter_of_the_orders_stage_is_masked_whatever_the_record(mon
     for offset, (key, value) in enumerate(records):
         message = SimpleNamespace(topic="shop.orders", partition=0, offset=offset, key=key, value=value, headers=[("h", card.encode())])
         event = SimpleNamespace(message=message)
-        asyncio.run(core.send_dead_letter(event, reason="undecodable", error=f"bad record {card}", agent=shop_orders.AGENT, step="decode"))
+        asyncio.run(shell.send_dead_letter(event, reason="undecodable", error=f"bad record {card}", agent=shop_orders.AGENT, step="decode"))
     assert len(sent) == len(records)
     for key, value in sent:
         letter = orjson.loads(value)
