@@ -209,6 +209,9 @@ class EngineOutlet:
     def partitions(self, topic: str) -> int | None:
         return topic_partitions.get(topic)
 
+    async def signal(self, topic: Any, value: bytes, partition: int) -> None:
+        await signals.send(topic.get_topic_name(), value, partition)
+
 
 environment.install(
     environment.Environment(

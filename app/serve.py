@@ -48,4 +48,6 @@ def serve(stages: Iterable[Stage]) -> None:
         agent.__qualname__ = agent.__name__ = f"stage_{stage.name.replace('-', '_')}"
         app.agent(channel, name=stage.name)(agent)
         for topic in stage.ticked:
-            tick_every(topic)
+            tick_every(topic, stage.tick_every_ms, stage.tick_value)
+        for timer in stage.timers:
+            app.timer(interval=timer.every_s)(timer.run)

@@ -10,7 +10,7 @@ same in both.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from faust.types import EventT
@@ -18,7 +18,7 @@ from faust.types import EventT
 from app.settings import Settings
 from app.shell import EventHandler, OwedOutcome, handle_part_events
 
-__all__ = ["Stage", "Wiring", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
+__all__ = ["Stage", "Timer", "Wiring", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
 
 #: What a stage does with one source partition's part of a batch (in offset order), inside its exactly-once scope.
 PartHandler = Callable[[Sequence[EventT[bytes]]], Awaitable[None]]
@@ -49,6 +49,14 @@ class Wiring:
 
 
 @dataclass(frozen=True)
+class Timer:
+    """Work a stage's worker does every ``every_s`` seconds outside any event (it may not write a table: I/O, a log line)."""
+
+    every_s: float
+    run: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
 class Stage:
     """One agent: its name, the topics it reads, its part handler, and the topics whose partitions it ticks."""
 
@@ -57,8 +65,14 @@ class Stage:
     handle_part: PartHandler
     #: it runs the user's steps, whose time can jump: slices of one event (:func:`app.core.handle_events`)
     runs_user_steps: bool = False
-    #: topics (of ``sources``) whose owned partitions get ``{"kind": "tick"}`` every tick interval
+    #: topics (of ``sources``) whose owned partitions get ``tick_value`` every ``tick_every_ms`` (default: the settings' tick interval)
     ticked: tuple[Any, ...] = ()
+    tick_value: Any = field(default_factory=lambda: {"kind": "tick"})
+    tick_every_ms: int | None = None
+    #: events per batch and the longest wait for a batch to fill (default: the settings' ``WEIR_BATCH_SIZE``/``_WAIT_MS``)
+    batch_size: int | None = None
+    batch_wait_ms: int | None = None
+    timers: tuple[Timer, ...] = ()
     #: a batch's partition parts run at once, each in its own scope (a step that waits on I/O: the items stage)
     concurrent_parts: bool = False
 

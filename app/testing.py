@@ -37,6 +37,8 @@ from app.pipeline import PipelineTopology
 from app.runtime import environment
 from app.settings import Settings
 from app.stages import Stage, Wiring
+from app.trigger_status import StatusSource
+from app.trigger_topology import TriggerTopology
 from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, EofJob
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
@@ -154,6 +156,9 @@ class _Outlet:
     def partitions(self, topic: str) -> int | None:
         return self.driver.settings.partitions
 
+    async def signal(self, topic: Any, value: bytes, partition: int) -> None:
+        self.driver._append(topic.get_topic_name(), None, value, [], partition, committed=True)
+
 
 class TestDriver:
     """Runs ``flows`` and end-of-stream jobs in this process: pipe records in, advance time, read outputs, dead letters
@@ -163,7 +168,8 @@ class TestDriver:
     timeouts, topic prefix...; :class:`app.settings.Settings`' defaults otherwise). ``eof_jobs``: end-of-stream jobs
     by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``.
     ``item_step``: runs the split/aggregate pipeline with this item step (``WEIR_ITEM_PROCESSOR``; orders on
-    ``orders``, results on ``aggregates``). Topic
+    ``orders``, results on ``aggregates``). ``triggers``: runs the counter triggers (registrations and completions on
+    ``triggers``, wakes on ``triggers-fired``), the safety sweep reading ``status_source``. Topic
     names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
     :meth:`close`.
     """
@@ -177,6 +183,8 @@ class TestDriver:
         *,
         eof_jobs: Mapping[str, EofJob] | None = None,
         item_step: Callable[[Any], Any] | None = None,
+        triggers: bool = False,
+        status_source: StatusSource | None = None,
         start_ms: int = START_MS,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
@@ -195,6 +203,14 @@ class TestDriver:
         self.pipeline = PipelineTopology(item_step, self.wiring) if item_step is not None else None
         if self.pipeline is not None:
             self.stages += self.pipeline.stages()
+        self.triggers = TriggerTopology(self.wiring, status_source=lambda: status_source) if triggers else None
+        if self.triggers is not None:
+            self.stages += self.triggers.stages()
+        #: when each ticked stage's next tick and each timer's next run are due
+        self._next_tick = {stage.name: start_ms + self._tick_every(stage) for stage in self.stages if stage.ticked}
+        self._next_timer = {
+            (stage.name, index): start_ms + int(timer.every_s * 1000) for stage in self.stages for index, timer in enumerate(stage.timers)
+        }
         self._positions: dict[tuple[str, str, int], int] = {}
         self._committed_positions: dict[tuple[str, str, int], int] = {}
         self._committed_tables: dict[str, dict[str, Any]] = {name: {} for name in self._tables}
@@ -235,22 +251,46 @@ class TestDriver:
             self.run()
 
     def advance(self, *, seconds: float = 0, ms: int = 0) -> None:
-        """Move the clock forward, one tick interval at a time: each step ticks every ticked topic's partitions and runs
-        the stages (deadlines, timeouts, retention)."""
+        """Move the clock forward in steps of the shortest tick interval; at each step, the ticks and timers that came due
+        (as a worker's timers send them: every ticked topic's partitions, each stage at its own interval), then the
+        stages run (deadlines, timeouts, retention, sweeps)."""
         remaining = int(seconds * 1000) + ms
-        step = max(1, self.settings.tick_interval_ms)
+        step = max(1, min([self.settings.tick_interval_ms, *(self._tick_every(stage) for stage in self.stages if stage.ticked)]))
         while remaining > 0:
             moved = min(step, remaining)
             self.clock.advance(moved)
             remaining -= moved
-            self.tick()
+            self._due_ticks_and_timers()
+            self.run()
 
     def tick(self) -> None:
-        """Send a tick to every partition of every ticked topic (as a worker's timer does), and run the stages."""
-        for topic in {ticked.get_topic_name() for stage in self.stages for ticked in stage.ticked}:
-            for partition in range(self.settings.partitions):
-                self._append(topic, None, dumps({"kind": "tick"}), [], partition, committed=True)
+        """Send every ticked stage its tick now, to every partition (whatever their intervals), and run the stages."""
+        for stage in self.stages:
+            self._tick(stage)
         self.run()
+
+    def _tick_every(self, stage: Stage) -> int:
+        return stage.tick_every_ms or self.settings.tick_interval_ms
+
+    def _tick(self, stage: Stage) -> None:
+        for topic in {ticked.get_topic_name() for ticked in stage.ticked}:
+            for partition in range(self.settings.partitions):
+                self._append(topic, None, dumps(stage.tick_value), [], partition, committed=True)
+
+    def _due_ticks_and_timers(self) -> None:
+        now = self.clock.now_ms()
+        for stage in self.stages:
+            if stage.ticked and self._next_tick[stage.name] <= now:
+                self._tick(stage)
+                while self._next_tick[stage.name] <= now:
+                    self._next_tick[stage.name] += self._tick_every(stage)
+            for index, timer in enumerate(stage.timers):
+                key = (stage.name, index)
+                if self._next_timer[key] <= now:
+                    with environment.using(self._environment):
+                        self._loop.run_until_complete(timer.run())
+                    while self._next_timer[key] <= now:
+                        self._next_timer[key] += max(1, int(timer.every_s * 1000))
 
     def eof_client(self, client: str, records: Sequence[Any], *, job: str = "", batch_size: int = 20, side: Any = None) -> Any:
         """One client through end-of-stream job ``job``, as :class:`app.eof_gateway.Gateway` runs it on a broker: its

@@ -1,4 +1,4 @@
-"""The counter trigger's tables, all keyed by parent id (or by partition for the indexes), and the sweep's durable queue."""
+"""The safety sweep's durable queue of the counter triggers (their tables are declared by ``app.trigger_topology``)."""
 
 from __future__ import annotations
 
@@ -7,33 +7,8 @@ from typing import Any
 
 from faust.types import TableT
 
-from app.core import json_table
+__all__ = ["SweepQueue"]
 
-__all__ = ["trigger_states", "fired_triggers", "sweep_entries", "expiry_deadlines", "SweepQueue"]
-
-
-trigger_states = json_table(
-    "triggers",
-    "Counter triggers by parent id: expected children, the children counted so far with their outcome (each once), "
-    "the wake topic; or, before the parent registered, the completions remembered (value: tables.triggers.TriggerState). "
-    "Dropped unfired, to the dead letters, WEIR_TRIGGER_ORPHAN_RETENTION_MS after the last event that changed it.",
-)
-fired_triggers = json_table(
-    "triggers_fired",
-    "Fired triggers by parent id, kept for the done retention so that redelivered or late completions never fire "
-    "them twice; counts the completions absorbed (value: tables.triggers.FiredState).",
-)
-sweep_entries = json_table(
-    "trigger_sweep",
-    "The safety sweep's queue (tables.trigger_tables.SweepQueue): per partition, the registered triggers in the order "
-    "the sweep may look at them ['<p>:<n>' = [parent id, due ms]], and the cursor '<p>:head' / end '<p>:tail'.",
-)
-# The table keeps the name it had when it indexed fired markers only: entries already filed in it still come due.
-expiry_deadlines = json_table(
-    "trigger_fired_deadlines",
-    "Deadline index of the triggers' retention, fired markers and unfired state alike (app.deadlines.DeadlineIndex): "
-    "per partition, the parents due each second.",
-)
 
 #: What a sweep step does with a due trigger: the time to look at it again (still waiting), or None (done with it).
 Visit = Callable[[str], Awaitable[int | None]]

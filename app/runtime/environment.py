@@ -57,6 +57,10 @@ class Outlet(Protocol):
         """How many partitions the topic named ``topic`` has (None: unknown)."""
         ...
 
+    async def signal(self, topic: Any, value: bytes, partition: int) -> None:
+        """A control record (a tick) to one partition, outside any transaction: visible at once, even to an idle partition."""
+        ...
+
 
 class TopicOutlet:
     """Each topic's own ``send`` (a Faust topic's, or a unit test's stand-in); the dead letters to ``dead_letters``."""
@@ -74,6 +78,9 @@ class TopicOutlet:
 
     def partitions(self, topic: str) -> int | None:
         return None
+
+    async def signal(self, topic: Any, value: bytes, partition: int) -> None:
+        await topic.send(key=None, value=value, partition=partition)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,13 @@
-"""The trigger agent's shell (agents/triggers.py) over plain dicts as its tables: expiry through the keyed-state runtime.
+"""The trigger stage (app/trigger_topology.py) on the test driver: expiry through the keyed-state runtime, the sweep.
 
 Sweep ticks walk the parents' deadline index; what expires unfired leaves every table and goes to one dead letter
-keyed by the parent. The clock is an argument; nothing sleeps or touches Kafka.
+keyed by the parent. The clock is virtual; nothing sleeps or touches Kafka.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,83 +15,59 @@ from typing import Any
 import orjson
 import pytest
 
-from agents import triggers
 from app.outbox import SQLiteOutbox, write
-from app.runtime import keyed
 from app.trigger_status import SQLiteStatusSource, child_done
 from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, registration_message
+from weir import Settings, TestDriver
 
-CONFIG = replace(triggers.CONFIG, sweep_grace_ms=1_000, done_retention_ms=5_000, orphan_retention_ms=8_000)
-
-
-class Topic:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.sent: list[tuple[bytes | None, Any]] = []
-
-    def get_topic_name(self) -> str:
-        return self.name
-
-    async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
-        self.sent.append((key, orjson.loads(value)))
+SETTINGS = Settings(partitions=1, sweep_grace_ms=1_000, sweep_interval_ms=250, done_retention_ms=5_000, trigger_orphan_retention_ms=8_000)
+CONFIG = SimpleNamespace(
+    sweep_grace_ms=SETTINGS.sweep_grace_ms,
+    done_retention_ms=SETTINGS.done_retention_ms,
+    orphan_retention_ms=SETTINGS.trigger_orphan_retention_ms,
+)
 
 
 class Shell:
-    """The agent's module with its tables, wake topic, dead letters, clock and tick sender replaced by plain objects."""
+    """The trigger stage on the test driver: its tables, wakes and dead letters as the driver keeps them, its clock virtual."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.tables = [view.table for view in triggers._counted]
-        self.dicts: list[dict[str, Any]] = [{} for _ in triggers._counted]
-        for view, table in zip(triggers._counted, self.dicts, strict=True):
-            view.table = table  # type: ignore[assignment]
-        self.wakes = Topic(DEFAULT_WAKE_TOPIC)
-        self.dead_letters: list[dict[str, Any]] = []
-        self.now = 1_000_000
-        self.offset = 0
+    def __init__(self, source: Any = None) -> None:
+        self.driver = TestDriver(settings=SETTINGS, triggers=True, status_source=source)
+        assert self.driver.triggers is not None
+        self.topology = self.driver.triggers
 
-        async def dead_letter(event: Any, *, reason: str, error: str, agent: str, step: str, key: bytes | None = None, **_: Any) -> None:
-            self.dead_letters.append({"reason": reason, "error": error, "key": key, **_})
+    @property
+    def now(self) -> int:
+        return self.driver.clock.now_ms()
 
-        async def no_tick(*_: Any) -> None:
-            return None
+    @property
+    def wakes(self) -> list[tuple[str | None, Any]]:
+        return [(record.key, record.value) for record in self.driver.read(DEFAULT_WAKE_TOPIC)]
 
-        monkeypatch.setattr(triggers, "CONFIG", CONFIG)
-        monkeypatch.setitem(triggers._wake_topics, DEFAULT_WAKE_TOPIC, self.wakes)
-        monkeypatch.setattr(keyed, "send_dead_letter", dead_letter)
-        monkeypatch.setattr(triggers, "send_dead_letter", dead_letter)
-        monkeypatch.setattr(keyed, "record_limit", lambda: 100_000)
-        monkeypatch.setattr(keyed, "wall_clock_ms", lambda: self.now)
-        monkeypatch.setattr(triggers.signals, "send", no_tick)
-
-    def restore(self) -> None:
-        for view, table in zip(triggers._counted, self.tables, strict=True):
-            view.table = table
-
-    def _event(self, key: str | None, value: dict[str, Any]) -> Any:
-        self.offset += 1
-        message = SimpleNamespace(
-            partition=0, topic="triggers", offset=self.offset, key=key.encode() if key else None, value=orjson.dumps(value), headers=None
-        )
-        return SimpleNamespace(message=message)
+    @property
+    def dead_letters(self) -> list[dict[str, Any]]:
+        return self.driver.dead_letters()
 
     def send(self, *messages: tuple[str, dict[str, Any]]) -> None:
-        events = [self._event(key, value) for key, value in messages]
-        asyncio.run(triggers._handle_partition(events, self.now))
+        for key, value in messages:
+            self.driver.pipe("triggers", value, key=key, run=False)
+        self.driver.run()
 
     def tick(self, at_ms: int) -> None:
-        self.now = at_ms
-        asyncio.run(triggers._handle_partition([self._event(None, {"kind": "sweep"})], self.now))
+        """Move the clock to ``at_ms``: the sweep ticks every WEIR_SWEEP_INTERVAL_MS on the way."""
+        self.driver.advance(ms=at_ms - self.now)
 
     def keys_of(self, parent_id: str) -> dict[str, Any]:
         """What the parent's own tables (states, fired markers) hold for it."""
-        return {name: table[parent_id] for name, table in zip(("states", "fired"), self.dicts[:2], strict=True) if parent_id in table}
+        tables = {"states": self.driver.table("triggers"), "fired": self.driver.table("triggers_fired")}
+        return {name: table[parent_id] for name, table in tables.items() if parent_id in table}
 
 
 @pytest.fixture
-def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
-    shell = Shell(monkeypatch)
+def shell() -> Iterator[Shell]:
+    shell = Shell()
     yield shell
-    shell.restore()
+    shell.driver.close()
 
 
 def test_a_parent_that_never_registers_leaves_nothing_and_one_dead_letter(shell: Shell) -> None:
@@ -105,17 +79,17 @@ def test_a_parent_that_never_registers_leaves_nothing_and_one_dead_letter(shell:
     assert shell.keys_of("orphan") == {}
     [letter] = shell.dead_letters
     assert letter["reason"] == "orphan-completions"
-    assert letter["key"] == b"orphan"
-    held = orjson.loads(letter["value"])
+    assert letter["key"]["text"] == "orphan"
+    held = orjson.loads(letter["value"]["text"])
     assert held["state"]["children"] == {"a": "ok", "b": "ok"}
     shell.tick(shell.now + 10 * CONFIG.orphan_retention_ms)
     assert len(shell.dead_letters) == 1
-    assert not shell.wakes.sent
+    assert not shell.wakes
 
 
 def test_a_fired_mark_expires_and_what_comes_after_it_expires_as_never_fired(shell: Shell) -> None:
     shell.send(registration_message("p", 1), completion_message("p", "a"))
-    assert len(shell.wakes.sent) == 1
+    assert len(shell.wakes) == 1
     assert set(shell.keys_of("p")) == {"fired"}, "a fired trigger keeps only its marker"
     fired_at = shell.now
     shell.tick(fired_at + CONFIG.done_retention_ms)
@@ -125,18 +99,16 @@ def test_a_fired_mark_expires_and_what_comes_after_it_expires_as_never_fired(she
     shell.tick(shell.now + CONFIG.orphan_retention_ms)
     assert shell.keys_of("p") == {}
     assert [letter["reason"] for letter in shell.dead_letters] == ["never-fired"]
-    assert len(shell.wakes.sent) == 1
+    assert len(shell.wakes) == 1
     # the sweep queue drained too: no entry waits for a parent that is gone
     shell.tick(shell.now + 60_000)
-    assert triggers.sweep_queue.waiting(0) == 0
+    assert shell.topology.sweep_queue.waiting(0) == 0
 
 
-def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(
-    shell: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(tmp_path: Path) -> None:
     outbox = SQLiteOutbox(tmp_path / "children.sqlite")
     source = SQLiteStatusSource(tmp_path / "children.sqlite")
-    monkeypatch.setattr(triggers, "_status_source", source)
+    shell = Shell(source)
     try:
         shell.send(registration_message("p", 2), registration_message("q", 1))
         shell.send(completion_message("p", "a"))  # p's first child was heard; its second committed and died
@@ -146,18 +118,19 @@ def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(
         with contextlib.suppress(RuntimeError), write(outbox, notify=lambda _: None) as tx:
             child_done(tx, "q", "x", topic_prefix="weir.")
             raise RuntimeError("the child's transaction rolled back: no status, no completion")
-        shell.tick(shell.now + CONFIG.sweep_grace_ms - 1)
-        assert not shell.wakes.sent, "within the grace period the sweep does not look"
-        shell.tick(shell.now + 1)
-        [(key, wake)] = shell.wakes.sent
-        assert (key, wake["fired_by"], wake["summary"]["failed"]) == (b"p", "sweep", ["b"])
+        shell.tick(shell.now + CONFIG.sweep_grace_ms - 250)
+        assert not shell.wakes, "within the grace period the sweep does not look"
+        shell.tick(shell.now + 250)
+        [(key, wake)] = shell.wakes
+        assert (key, wake["fired_by"], wake["summary"]["failed"]) == ("p", "sweep", ["b"])
         # the relay publishes the completions later: they change nothing
         shell.send(completion_message("p", "b", "failed"), completion_message("p", "a"))
         shell.tick(shell.now + 3 * CONFIG.sweep_grace_ms)
-        assert len(shell.wakes.sent) == 1
+        assert len(shell.wakes) == 1
         assert set(shell.keys_of("q")) == {"states"}, "q's child never committed: q waits"
         assert outbox.pending_count() == 2, "the completions are outbox rows, published by the relay"
     finally:
+        shell.driver.close()
         source.close()
         outbox.close()
 
@@ -165,35 +138,44 @@ def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(
 def test_a_status_message_is_no_longer_a_source_of_truth_but_a_dead_letter(shell: Shell) -> None:
     shell.send(registration_message("p", 1), ("p", {"kind": "status", "parent_id": "p", "child_id": "a", "outcome": "ok"}))
     shell.tick(shell.now + 2 * CONFIG.sweep_grace_ms)
-    assert not shell.wakes.sent
+    assert not shell.wakes
     assert [letter["reason"] for letter in shell.dead_letters] == ["invalid"]
 
 
-def test_a_status_source_that_fails_fires_nothing_and_the_sweep_looks_again(
-    shell: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_status_source_that_fails_fires_nothing_and_the_sweep_looks_again(tmp_path: Path) -> None:
     outbox = SQLiteOutbox(tmp_path / "children.sqlite")
     source = SQLiteStatusSource(tmp_path / "children.sqlite")
     answers: list[str] = []
 
-    async def away(parent_ids: Any) -> dict[str, dict[str, str]]:
-        answers.append("away")
-        raise OSError("database unreachable")
+    class AwayOnce:
+        """The source, away at its first query."""
 
-    monkeypatch.setattr(triggers, "_status_source", source)
-    monkeypatch.setattr(triggers, "RECHECK_MS", 2_000)
+        async def statuses(self, parent_ids: Any) -> dict[str, dict[str, str]]:
+            if not answers:
+                answers.append("away")
+                raise OSError("database unreachable")
+            answers.append("answered")
+            return await source.statuses(parent_ids)
+
+        async def purge_older(self, recorded_before_ms: int) -> int:
+            return await source.purge_older(recorded_before_ms)
+
+        def close(self) -> None:
+            source.close()
+
+    shell = Shell(AwayOnce())
     try:
         shell.send(registration_message("p", 1))
         with write(outbox, notify=lambda _: None) as tx:
             child_done(tx, "p", "a", topic_prefix="weir.")
-        with monkeypatch.context() as patched:
-            patched.setattr(source, "statuses", away)
-            shell.tick(shell.now + CONFIG.sweep_grace_ms)
+        shell.tick(shell.now + CONFIG.sweep_grace_ms)
         assert answers == ["away"]
-        assert not shell.wakes.sent
+        assert not shell.wakes
         assert not shell.dead_letters, "a source that cannot answer is not a dead letter"
-        shell.tick(shell.now + triggers.RECHECK_MS)
-        assert [wake["fired_by"] for _, wake in shell.wakes.sent] == ["sweep"]
+        shell.tick(shell.now + shell.topology.recheck_ms)
+        assert answers == ["away", "answered"]
+        assert [wake["fired_by"] for _, wake in shell.wakes] == ["sweep"]
     finally:
+        shell.driver.close()
         source.close()
         outbox.close()
