@@ -33,7 +33,7 @@ from app.codec import dumps
 from app.jsonlines import read_lines
 from app.kafka_io import ReplyDesk
 from app.settings import load_settings
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
+from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
 
 __all__ = ["Gateway", "batched"]
 
@@ -56,9 +56,16 @@ class Gateway:
     """Runs clients through the EOF pipeline; any number at once, each waiting for its own report."""
 
     def __init__(
-        self, bootstrap: str, topic: Callable[[str], str], *, partitions: int = 4, client_options: Mapping[str, Any] | None = None
+        self,
+        bootstrap: str,
+        topic: Callable[[str], str],
+        *,
+        partitions: int = 4,
+        client_options: Mapping[str, Any] | None = None,
+        job: str = "",
     ) -> None:
-        self._topic = topic
+        #: the topic names of end-of-stream job ``job`` (its name in ``WEIR_EOF_JOB``; empty: the unnamed job)
+        self._topic: Callable[[str], str] = lambda name: topic(topic_base(job, name))
         self._partitions = partitions
         # reports are filed by client; one that arrives before anyone waits is kept (a client run again after a restart)
         self._desk = ReplyDesk(bootstrap, _report_of, linger_ms=5, client_options=client_options)
@@ -125,9 +132,9 @@ def _report_of(record: Any) -> tuple[str, Any] | None:
     return str(report["client"]), report
 
 
-async def _main(files: list[Path], batch_size: int) -> int:
+async def _main(files: list[Path], batch_size: int, job: str) -> int:
     settings = load_settings()
-    async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions) as gateway:
+    async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions, job=job) as gateway:
         clients = {path.stem: read_lines(path) for path in files}
         reports = await asyncio.gather(*(gateway.run_client(client, lines, batch_size=batch_size) for client, lines in clients.items()))
     for report in reports:
@@ -139,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run clients (one JSON-lines file each) through the EOF pipeline.")
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--batch-size", type=int, default=20)
+    parser.add_argument("--job", default="", help="the job's name in WEIR_EOF_JOB (default: the unnamed job)")
     arguments = parser.parse_args(argv)
-    return asyncio.run(_main(arguments.files, arguments.batch_size))
+    return asyncio.run(_main(arguments.files, arguments.batch_size, arguments.job))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from tables.eof import (
     on_sent,
     on_side,
     on_totals,
+    topic_base,
 )
 
 __all__ = ["EofTopology", "ClientStates", "load_job", "parse_jobs", "topic_base"]
@@ -75,11 +76,6 @@ def parse_jobs(raw: str) -> list[tuple[str, str]]:
     if twice:
         raise ValueError(f"setting WEIR_EOF_JOB={raw!r}: job(s) {twice} named twice (one unnamed job at most)")
     return entries
-
-
-def topic_base(job_name: str, base: str) -> str:
-    """A job's topic name without the deployment's prefix: ``base`` for the unnamed job, else ``<job>.<base>``."""
-    return f"{job_name}.{base}" if job_name else base
 
 
 class _ClientState(Protocol):

@@ -38,6 +38,7 @@ __all__ = [
     "TOPIC_AGGREGATE",
     "TOPIC_JOIN",
     "TOPIC_REPORTS",
+    "topic_base",
     "CLIENT_STATE_STAGES",
     "STATUS_COMPLETE",
     "STATUS_ABANDONED",
@@ -91,6 +92,13 @@ TOPIC_AGGREGATE = "eof-aggregate"
 TOPIC_JOIN = "eof-join"
 #: joiner and controller -> gateway, keyed by client: the end-of-day report
 TOPIC_REPORTS = "eof-reports"
+
+
+def topic_base(job_name: str, base: str) -> str:
+    """A job's topic name without the deployment's prefix: ``base`` for the unnamed job, else ``<job>.<base>``
+    (a deployment may run several jobs: ``WEIR_EOF_JOB=name=module:NAME,...``)."""
+    return f"{job_name}.{base}" if job_name else base
+
 
 #: The stages that keep state per client (besides the controller itself), by the name their input goes to:
 #: the cleanup is broadcast to each of them. Every one keys its table by client, like its input topic, so

@@ -40,3 +40,15 @@ def join(client: str, totals: dict[str, int], side: Any) -> dict[str, Any]:
 
 
 WORDS = EofJob("words", select=select, zero=dict, merge=merge, join=join)
+
+
+def _number(record: Any) -> int:
+    if isinstance(record, bool) or not isinstance(record, int):
+        raise Dropped("not a number")
+    return record
+
+
+#: A second job of the tests' own: the numbers a client sent, summed (what is not a number is dropped).
+SUMS = EofJob(
+    "sums", select=_number, zero=lambda: 0, merge=lambda total, number: total + number, join=lambda client, total, side: {"sum": total}
+)
