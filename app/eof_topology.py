@@ -344,94 +344,98 @@ class EofTopology:
 
     def controller_stage(self) -> Stage:
         """Reads the gateway's and the filters' counter messages, keyed by client."""
-        clients, job = self.counters, self.job
+        job = self.job
 
-        async def handle(event: EventT[bytes], message: Any) -> None:
-            now = now_ms()
-            if isinstance(message, dict) and message.get("kind") == "tick":
-                await clients.tick(event, now, lambda state, config, at: on_controller_tick(state, config, at, job))
-                return
-            client = _client_of(message, "controller")
-            kind = message.get("kind")
-            previous = clients.load(client)
-            if kind == "sent":
-                transition = on_sent(previous, client, _count(message, "batches", client), now)
-            elif kind == "filtered":
-                transition = on_report(previous, client, _count(message, "batch_id", client), _count(message, "forwarded", client), now)
-            elif kind == "delivered":
-                transition = on_delivered(previous, client, now, job)
-            else:
-                raise InvalidMessage(f"eof controller: 'kind' must be 'sent', 'filtered', 'delivered' or 'tick', got {kind!r:.60}")
-            await clients.apply(event, client, previous, transition)
+        def sent(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_sent(previous, client, _count(message, "batches", client), now)
 
-        return self._client_stage(clients, handle, self.counter, "eof controller: message")
+        def filtered(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_report(previous, client, _count(message, "batch_id", client), _count(message, "forwarded", client), now)
+
+        def delivered(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_delivered(previous, client, now, job)
+
+        return self._client_stage(
+            self.counters,
+            self.counter,
+            "controller",
+            lambda state, config, at: on_controller_tick(state, config, at, job),
+            {"sent": sent, "filtered": filtered, "delivered": delivered},
+        )
 
     # -- aggregator: the job's totals per client, merged once per batch id; flushed to the joiner when the count is final
 
     def aggregator_stage(self) -> Stage:
         """Reads forwarded batches, the controller's finish and cleanup, and ticks, keyed by client."""
-        clients, job = self.totals, self.job
+        job = self.job
 
-        async def handle(event: EventT[bytes], message: Any) -> None:
-            now = now_ms()
-            if isinstance(message, dict) and message.get("kind") == "tick":
-                await clients.tick(event, now, on_aggregator_tick)
-                return
-            client = _client_of(message, "aggregator")
-            kind = message.get("kind")
-            previous = clients.load(client)
-            if kind == "batch":
-                batch_id = message.get("batch_id")
-                if not isinstance(batch_id, str) or not batch_id:
-                    raise InvalidMessage(f"eof aggregator: batch of client {client!r} needs a string 'batch_id', got {batch_id!r:.60}")
-                records = message.get("records")
-                if not isinstance(records, list):
-                    raise InvalidMessage(f"eof aggregator: batch {batch_id!r} of client {client!r} needs 'records', a list")
-                transition = on_batch(previous, client, batch_id, records, now, job)
-            elif kind == "finish":
-                expected = message.get("expected")
-                if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
-                    raise InvalidMessage(f"eof aggregator: 'finish' of client {client!r} needs a non-negative integer 'expected'")
-                transition = on_finish(previous, client, expected, now, job)
-            elif kind == "cleanup":
-                transition = on_cleanup(previous, client, now)
-            else:
-                raise InvalidMessage(f"eof aggregator: 'kind' must be 'batch', 'finish', 'cleanup' or 'tick', got {kind!r:.60}")
-            await clients.apply(event, client, previous, transition)
+        def batch(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            batch_id = message.get("batch_id")
+            if not isinstance(batch_id, str) or not batch_id:
+                raise InvalidMessage(f"eof aggregator: batch of client {client!r} needs a string 'batch_id', got {batch_id!r:.60}")
+            records = message.get("records")
+            if not isinstance(records, list):
+                raise InvalidMessage(f"eof aggregator: batch {batch_id!r} of client {client!r} needs 'records', a list")
+            return on_batch(previous, client, batch_id, records, now, job)
 
-        return self._client_stage(clients, handle, self.aggregate, "eof aggregator: message")
+        def finish(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            expected = message.get("expected")
+            if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
+                raise InvalidMessage(f"eof aggregator: 'finish' of client {client!r} needs a non-negative integer 'expected'")
+            return on_finish(previous, client, expected, now, job)
+
+        def cleanup(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_cleanup(previous, client, now)
+
+        return self._client_stage(
+            self.totals, self.aggregate, "aggregator", on_aggregator_tick, {"batch": batch, "finish": finish, "cleanup": cleanup}
+        )
 
     # -- joiner: joins a client's totals with its side data into its report (the job's join)
 
     def joiner_stage(self) -> Stage:
         """Reads each client's side data, its totals, the controller's cleanup, and ticks, keyed by client."""
-        clients, job = self.joins, self.job
+        job = self.job
+
+        def side(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            if "side" not in message:
+                raise InvalidMessage(
+                    f"eof joiner: 'side' of client {client!r} needs 'side' (the client's side data, any JSON, null for none)"
+                )
+            return on_side(previous, client, message["side"], now, job)
+
+        def totals(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_totals(previous, client, _totals(message, client), now, job)
+
+        def cleanup(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
+            return on_join_cleanup(previous, client, now)
+
+        return self._client_stage(self.joins, self.join, "joiner", on_joiner_tick, {"side": side, "totals": totals, "cleanup": cleanup})
+
+    def _client_stage(
+        self,
+        clients: ClientStates[Any],
+        topic: Any,
+        stage: str,
+        on_tick: Callable[[Any, EofConfig, int], Any],
+        kinds: Mapping[str, Callable[[Any, str, dict[str, Any], int], Any]],
+    ) -> Stage:
+        """A stage that keeps per-client state on ``topic``: each message's ``kind`` picks the core's transition for its
+        client (``kinds``), applied through the keyed-state runtime; a tick walks the clients' deadlines (``on_tick``)."""
+        expected = ", ".join(repr(kind) for kind in kinds) + " or 'tick'"
 
         async def handle(event: EventT[bytes], message: Any) -> None:
             now = now_ms()
             if isinstance(message, dict) and message.get("kind") == "tick":
-                await clients.tick(event, now, on_joiner_tick)
+                await clients.tick(event, now, on_tick)
                 return
-            client = _client_of(message, "joiner")
+            client = _client_of(message, stage)
             kind = message.get("kind")
+            transition = kinds.get(kind) if isinstance(kind, str) else None
+            if transition is None:
+                raise InvalidMessage(f"eof {stage}: 'kind' must be {expected}, got {kind!r:.60}")
             previous = clients.load(client)
-            if kind == "side":
-                if "side" not in message:
-                    raise InvalidMessage(
-                        f"eof joiner: 'side' of client {client!r} needs 'side' (the client's side data, any JSON, null for none)"
-                    )
-                transition = on_side(previous, client, message["side"], now, job)
-            elif kind == "totals":
-                transition = on_totals(previous, client, _totals(message, client), now, job)
-            elif kind == "cleanup":
-                transition = on_join_cleanup(previous, client, now)
-            else:
-                raise InvalidMessage(f"eof joiner: 'kind' must be 'side', 'totals', 'cleanup' or 'tick', got {kind!r:.60}")
-            await clients.apply(event, client, previous, transition)
+            await clients.apply(event, client, previous, transition(previous, client, message, now))
 
-        return self._client_stage(clients, handle, self.join, "eof joiner: message")
-
-    def _client_stage(self, clients: ClientStates[Any], handle: Any, topic: Any, what: str) -> Stage:
-        """A stage that keeps per-client state on ``topic`` and walks its deadlines on ticks."""
-        handler = per_event(agent=clients.agent, what=what, handler=handle)
+        handler = per_event(agent=clients.agent, what=f"eof {stage}: message", handler=handle)
         return Stage(clients.agent.replace(":", "-"), (topic,), handler, ticked=(topic,))
