@@ -1,4 +1,9 @@
-"""The barrier end to end: real broker, real workers running the flows of tests/integration/barrier_flows.py."""
+"""The barrier end to end: real broker, real workers running the flows of tests/integration/barrier_flows.py.
+
+Only what needs the broker: a restart, a SIGKILL, two processes, each flow in a process of its own, a graph or a
+selection a worker refuses, a hundred thousand exchanges waiting on one worker. The barrier's behaviours (release,
+remembered completions, retried and definitive failures, timeout, duplicate waiters, an arrival too large,
+release-all) run on the test driver: tests/unit/driver/test_barrier_driver.py."""
 
 from __future__ import annotations
 
@@ -88,143 +93,6 @@ def read_all(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float)
 def step_runs(pipeline: Pipeline) -> Counter[str]:
     path = pipeline.tmp / "steps.log"
     return Counter(path.read_text().splitlines()) if path.exists() else Counter()
-
-
-def test_exchange_waits_for_both_flows_and_goes_on_as_it_arrived(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline).wait_ready()
-    send(pipeline, "dispatch-in", [dispatch("o-1")])
-    time.sleep(3)
-    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "released before anything completed"
-    send(pipeline, "kitchen", [kitchen("o-1")])
-    time.sleep(3)
-    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "released with payment still missing"
-    send(pipeline, "payment", [payment("o-1")])
-    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
-    body = orjson.loads(message.value)
-    headers = {name: value.decode() for name, value in message.headers}
-    assert body["order_id"] == "o-1"
-    assert body["dispatched"] is True
-    assert body["stamped_ms"] is not None, "the property set before the barrier is there after it"
-    assert headers == {"trace": "t-o-1", "order-id": "o-1"}, "headers as they were on arrival at the barrier"
-    runs = step_runs(pipeline)
-    assert runs["stamp o-1"] == 1, "a step before the barrier never runs twice"
-    assert runs["dispatch o-1"] == 1
-
-
-def test_completions_before_arrival_are_remembered(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline).wait_ready()
-    send(pipeline, "kitchen", [kitchen("o-2")])
-    send(pipeline, "payment", [payment("o-2")])
-    time.sleep(3)
-    sent = time.time()
-    send(pipeline, "dispatch-in", [dispatch("o-2")])
-    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
-    assert orjson.loads(message.value)["order_id"] == "o-2"
-    assert message.timestamp / 1000 - sent < 15.0, "released at once, not at the 30 s timeout"
-
-
-def test_a_retried_failure_does_not_count_and_a_definitive_one_fails_the_waiting_exchange(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline).wait_ready()
-    send(pipeline, "dispatch-in", [dispatch("retried"), dispatch("declined")])
-    send(pipeline, "kitchen", [kitchen("retried"), kitchen("declined")])
-    send(pipeline, "payment", [payment("retried", fail_times=2), payment("declined", fail=True)])
-    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
-    assert orjson.loads(message.value)["order_id"] == "retried"
-    letters = [orjson.loads(record.value) for record in read_all(pipeline, "dead-letters", expected=2, timeout_s=30)]
-    by_flow = {(letter["agent"], letter["reason"]): letter for letter in letters}
-    payment_letter = by_flow[("flow:payment", "failed")]
-    assert payment_letter["attempts"] == 3
-    assert "card declined for declined" in payment_letter["error"]
-    waiting_letter = by_flow[("flow:dispatch", "awaited-failed")]
-    assert waiting_letter["step"] == BARRIER
-    assert "'payment' failed for key 'declined'" in waiting_letter["error"]
-    time.sleep(2)
-    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1
-
-
-def test_timeout_dead_letters_names_what_was_awaited_tells_awaiting_flows_and_ignores_late_completions(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=4000).wait_ready()
-    send(pipeline, "notify-in", [("late", {"order_id": "late"}, {"order-id": "late"})])
-    send(pipeline, "dispatch-in", [dispatch("late")])
-    send(pipeline, "kitchen", [kitchen("late")])
-    letters = [orjson.loads(record.value) for record in read_all(pipeline, "dead-letters", expected=2, timeout_s=40)]
-    reasons = {(letter["agent"], letter["reason"]): letter for letter in letters}
-    timed_out = reasons[("flow:dispatch", "timeout")]
-    assert timed_out["awaiting"] == [{"flow": "payment", "key": "late"}]
-    assert "timed out still awaiting 'payment' (key 'late')" in timed_out["error"]
-    told = reasons[("flow:notify", "awaited-failed")]
-    assert "'dispatch' failed for key 'late'" in told["error"]
-    send(pipeline, "payment", [payment("late")])
-    time.sleep(4)
-    assert read_all(pipeline, "dispatched", expected=1, timeout_s=2) == [], "a late completion releases nothing"
-    assert read_all(pipeline, "notified", expected=1, timeout_s=1) == []
-
-
-def copy_of_dispatch(order_id: str, copy: int) -> tuple[str, dict[str, Any], dict[str, str]]:
-    """A dispatch of ``order_id`` told apart from its other copies by the payload field ``copy``."""
-    key, body, headers = dispatch(order_id)
-    return (key, {**body, "copy": copy}, headers)
-
-
-def test_a_second_waiter_on_a_key_is_dead_lettered_and_the_first_released_once(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline).wait_ready()  # the barrier's default rule: on_duplicate="reject"
-    send(pipeline, "dispatch-in", [copy_of_dispatch("twice", 1), copy_of_dispatch("twice", 2)])
-    [record] = read_all(pipeline, "dead-letters", expected=1, timeout_s=30)
-    letter = orjson.loads(record.value)
-    assert (letter["reason"], letter["agent"], letter["step"]) == ("duplicate-waiter", "flow:dispatch", BARRIER)
-    assert "arrived for key 'twice' while exchange" in letter["error"]
-    assert orjson.loads(letter["value"]["text"])["payload"]["copy"] == 2, "the dead letter carries the second exchange"
-    send(pipeline, "kitchen", [kitchen("twice")])
-    send(pipeline, "payment", [payment("twice")])
-    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
-    assert orjson.loads(message.value)["copy"] == 1, "the first goes on, as it arrived"
-    outcomes = [orjson.loads(row.value) for row in read_all(pipeline, "flow.dispatch.outcomes", expected=2, timeout_s=10)]
-    assert sorted(outcome["outcome"] for outcome in outcomes) == ["completed", "failed"], "the refused execution ends failed"
-    time.sleep(2)
-    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1, "released once"
-    assert len(read_all(pipeline, "dead-letters", expected=2, timeout_s=1)) == 1
-
-
-def test_an_exchange_too_large_for_the_barrier_is_dead_lettered_and_fails_alone(pipeline: Pipeline) -> None:
-    """Its arrival cannot be written (1.1 MB, over what a record may hold): a dead letter, a failed outcome, no crash."""
-    prepare(pipeline)
-    start_flows(pipeline).wait_ready()
-    big = (*dispatch("big")[:1], {**dispatch("big")[1], "inflate": 1_100_000}, dispatch("big")[2])
-    send(pipeline, "dispatch-in", [big, dispatch("small")])
-    send(pipeline, "kitchen", [kitchen("big"), kitchen("small")])
-    send(pipeline, "payment", [payment("big"), payment("small")])
-    [message] = read_all(pipeline, "dispatched", expected=1, timeout_s=30)
-    assert orjson.loads(message.value)["order_id"] == "small", "the other key goes on"
-    [record] = read_all(pipeline, "dead-letters", expected=1, timeout_s=10)
-    letter = orjson.loads(record.value)
-    assert (letter["reason"], letter["agent"], letter["step"]) == ("undeliverable", "flow:dispatch", BARRIER)
-    assert "more than a record may hold" in letter["error"]
-    destination = {name: raw["text"] for name, raw in letter["headers"]}["weir-destination"]
-    assert destination == pipeline.topic(f"barrier.{BARRIER}")
-    outcomes = [orjson.loads(row.value) for row in read_all(pipeline, "flow.dispatch.outcomes", expected=2, timeout_s=10)]
-    by_key = {outcome["keys"]["await-dispatch"]: outcome for outcome in outcomes}  # the key the notify barrier reads
-    assert by_key["small"]["outcome"] == "completed"
-    assert by_key["big"]["outcome"] == "failed"
-    assert "more than a record may hold" in by_key["big"]["error"]
-    time.sleep(2)
-    assert len(read_all(pipeline, "dispatched", expected=2, timeout_s=2)) == 1, "the big exchange never passes the barrier"
-    assert step_runs(pipeline)["stamp big"] == 1, "handled once: the worker did not crash and replay it"
-
-
-def test_release_all_releases_every_waiter_on_a_key_together(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start_flows(pipeline, TEST_BARRIER_ON_DUPLICATE="release-all").wait_ready()
-    send(pipeline, "dispatch-in", [copy_of_dispatch("both", 1), copy_of_dispatch("both", 2)])
-    send(pipeline, "kitchen", [kitchen("both")])
-    send(pipeline, "payment", [payment("both")])
-    messages = read_all(pipeline, "dispatched", expected=2, timeout_s=30)
-    assert sorted(orjson.loads(message.value)["copy"] for message in messages) == [1, 2]
-    assert read_all(pipeline, "dead-letters", expected=1, timeout_s=1) == []
 
 
 def test_worker_refuses_a_graph_that_cannot_run(pipeline: Pipeline, tmp_path: Path) -> None:
