@@ -1,4 +1,4 @@
-"""Flows whose barrier awaits each flow under its own key (seed 004), for test_barrier_own_keys.py.
+"""Flows whose barrier awaits each flow under its own key (seed 004), for tests/unit/driver/test_barrier_own_keys_driver.py.
 
 ``gate`` holds a dispatch until the kitchen finished its order (key: ``order_id``) and the payment its
 payment reference (key: ``payment_ref``): one exchange, two keys, two partitions of the barrier topic.

@@ -1,4 +1,8 @@
-"""Split and aggregate as flow steps, end to end: real broker, real workers running tests/integration/split_flows.py."""
+"""Split and aggregate as flow steps, end to end: real broker, real workers running tests/integration/split_flows.py.
+
+Only what needs the broker: a SIGKILL of a flow worker mid-run. The flow's behaviours (steps per item, the merged
+result, failed items and a bad order dead-lettered, an aggregate's timeout) run on the test driver:
+tests/unit/driver/test_split_flow_driver.py."""
 
 from __future__ import annotations
 
@@ -86,60 +90,6 @@ def assert_priced(priced: list[dict[str, Any]], orders: dict[str, list[dict[str,
         assert record["missing"] == []
         assert record["screen"] == "s7", "the property set before the split is there after the aggregate"
         assert record["items_saw_header"], "each item ran with the headers the exchange had at the split"
-
-
-def test_a_split_flow_runs_its_steps_per_item_and_goes_on_with_the_merged_result(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start(pipeline).wait_ready()
-    orders = make_orders(30, seed=1, poisoned=2)
-    send(pipeline, "flow-orders", [order_record(order_id, items) for order_id, items in orders.items()])
-    send(pipeline, "flow-orders", [("bad-1", {"order_id": "bad-1", "items": []}, {"order-id": "bad-1"})])
-    send(pipeline, "audit-in", [(order_id, {"audit": order_id}, {"order-id": order_id}) for order_id in orders])
-
-    priced = [orjson.loads(record.value) for record in read(pipeline, "priced-orders", expected=len(orders), timeout_s=90)]
-    assert_priced(priced, orders)
-    audited = read(pipeline, "audited", expected=len(orders), timeout_s=30, settle_s=0.5)
-    assert sorted(orjson.loads(record.value)["audit"] for record in audited) == sorted(orders), (
-        "the execution's outcome is published after the aggregate and the steps after it: a barrier awaiting the flow is released"
-    )
-    letters = [orjson.loads(record.value) for record in read(pipeline, "dead-letters", expected=3, timeout_s=10, settle_s=0.5)]
-    failed_items = [letter for letter in letters if letter["reason"] == "failed"]
-    assert len(failed_items) == 2, letters
-    assert all(letter["agent"] == "flow:orders:items" and "no price for flavour 'durian'" in letter["error"] for letter in failed_items)
-    assert all(orjson.loads(letter["value"]["text"])["payload"]["flavour"] == "durian" for letter in failed_items), "the item alone"
-    [invalid] = [letter for letter in letters if letter["reason"] == "invalid"]
-    assert "split 'items': the items must be a non-empty list" in invalid["error"]
-
-    runs = step_runs(pipeline)
-    for order_id, items in orders.items():
-        assert runs[f"stamp {order_id}"] == 1
-        assert runs[f"total {order_id}"] == 1
-        for index, item in enumerate(items):
-            assert runs[f"price {order_id}#{index}"] == (2 if item["flavour"] not in PRICES else 1), (order_id, index)
-
-
-def test_a_group_missing_an_item_goes_on_partial_at_the_aggregate_timeout(pipeline: Pipeline) -> None:
-    prepare(pipeline)
-    start(pipeline, TEST_AGGREGATE_TIMEOUT_MS=2000).wait_ready()
-    # A group whose second item never reports (as if its item message were lost): the open the split sends,
-    # with the exchange to resume, and the first item's outcome.
-    deadline_ms = int(time.time() * 1000) + 2000
-    exchange = {"payload": {"order_id": "gap"}, "headers": {"order-id": "gap"}, "properties": {"screen": "s7"}, "key": "gap"}
-    context = {"exchange": exchange, "meta": {"exchange_id": "orders@test", "keys": {}}, "resume_step": 5}  # after the aggregate: total, to
-    result = {"flavour": "mint", "scoops": 2, "cents": 550, "taxed": 605, "order_header": "gap"}
-    messages = [
-        ("gap", {"kind": "open", "correlation_id": "gap", "total": 2, "deadline_ms": deadline_ms, "context": context}, {}),
-        ("gap", {"kind": "item", "correlation_id": "gap", "total": 2, "index": 0, "last": False, "ok": True, "result": result}, {}),
-    ]
-    send(pipeline, RESULTS, messages)
-    [record] = read(pipeline, "priced-orders", expected=1, timeout_s=30)
-    priced = orjson.loads(record.value)
-    assert priced["status"] == "partial"
-    assert priced["reason"] == "timeout"
-    assert priced["missing"] == [1]
-    assert priced["cents"] == 550
-    assert priced["screen"] == "s7"
-    assert time.time() * 1000 >= deadline_ms, "not before the deadline"
 
 
 def test_a_sigkill_of_a_flow_worker_mid_run_loses_and_repeats_no_order(pipeline: Pipeline) -> None:
