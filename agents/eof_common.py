@@ -43,7 +43,13 @@ CONFIG = EofConfig(idle_timeout_ms=settings.eof_idle_timeout_ms, closed_retentio
 
 
 def load_job(spec: str) -> EofJob:
-    """Import the end-of-stream job named ``module:NAME`` (``WEIR_EOF_JOB``)."""
+    """Import the end-of-stream job named ``module:NAME`` (``WEIR_EOF_JOB``); weir has no default job."""
+    if not spec:
+        message = (
+            "setting WEIR_EOF_JOB is not set: the eof_* agents run the end-of-stream job it names, "
+            "'module:NAME' of a tables.eof.EofJob (weir has no default job)"
+        )
+        raise ValueError(message)
     job: EofJob = load_named("WEIR_EOF_JOB", spec, "a tables.eof.EofJob", lambda found: isinstance(found, EofJob))
     return job
 

@@ -1,4 +1,4 @@
-"""What the shop's agents share: their topics and how a core's messages are sent."""
+"""What the shop's agents share: their settings, their topics and how a core's messages are sent."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from faust.types import EventT
 from agents.eof_common import aggregate_topic, counter_topic
 from app.core import app, settings, topics
 from app.runtime.keyed import Output, Undeliverable, send_checked
-from tables.shop import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
+from shop.settings import ShopSettings
+from shop.state import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
 
-__all__ = ["shop_topics", "send_all", "outputs"]
+__all__ = ["shop_settings", "shop_topics", "send_all", "outputs"]
+
+#: The shop's settings, read once when a worker imports its agents (weir's are ``app.core.settings``).
+shop_settings = ShopSettings.from_env()
 
 
 def _topic(name: str) -> faust.TopicT:
