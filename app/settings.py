@@ -112,11 +112,11 @@ def _env_str(name: str, default: str) -> str:
 
 
 def register_agent_sets(modules: Mapping[str, str]) -> None:
-    """Let ``WEIR_AGENTS`` name the agent sets of a package built on weir: ``{"shop_orders": "shop.agents.orders"}``.
+    """Let ``WEIR_AGENTS`` name the agent sets of a package built on weir: ``{"myapp_orders": "myapp.agents.orders"}``.
 
     A worker imports each named set's module (which declares its agents on ``app.core.app``) as it imports
     ``agents.<name>`` for weir's own. The package's worker entry module calls this before it imports
-    ``app.main`` (settings are read when ``app.core`` is first imported), e.g. ``faust -A shop.main worker``.
+    ``app.main`` (settings are read when ``app.core`` is first imported), e.g. ``faust -A myapp.main worker``.
     """
     for name, module in modules.items():
         if name in AGENT_NAMES + OPTIONAL_AGENT_NAMES or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
