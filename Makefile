@@ -35,23 +35,23 @@ broker-wipe: ## stop the local Apache Kafka and delete its data
 demo: $(STAMP) ## run the ice-cream shop on demo/shop/*.jsonl, one screen per file (ORDERS=folder to use yours)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
-	$(BIN)/python -m app.shop_demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
+	$(BIN)/python -m shop.demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 demo-split: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (ORDERS=file to use yours)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
-	$(BIN)/python -m app.demo $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
+	$(BIN)/python -m examples.split_aggregate $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
-lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on the package
-	$(BIN)/ruff check weir app agents tables tests bench scripts
-	$(BIN)/ruff format --check weir app agents tables tests bench scripts
+lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on weir (weir, app, agents, tables), the shop and the examples
+	$(BIN)/ruff check weir app agents tables shop examples tests bench scripts
+	$(BIN)/ruff format --check weir app agents tables shop examples tests bench scripts
 	$(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(BIN)/ruff check --fix weir app agents tables tests bench scripts
-	$(BIN)/ruff format weir app agents tables tests bench scripts
+	$(BIN)/ruff check --fix weir app agents tables shop examples tests bench scripts
+	$(BIN)/ruff format weir app agents tables shop examples tests bench scripts
 
 test-unit: $(STAMP) ## unit and property tests (no broker)
 	$(BIN)/pytest tests/unit

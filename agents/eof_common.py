@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+
 from app.core import settings
 from app.eof_topology import EofTopology, load_job, parse_jobs
 from app.serve import worker_wiring
-from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER
 
-__all__ = ["JOBS", "aggregate_topic", "counter_topic"]
+__all__ = ["jobs"]
 
-_wiring = worker_wiring()
 
-#: Every job this deployment runs (``WEIR_EOF_JOB``: ``module:NAME`` for the unnamed job, ``name=module:NAME`` for more).
-JOBS: list[EofTopology] = [EofTopology(load_job(spec), _wiring, name=name) for name, spec in parse_jobs(settings.eof_job)]
-
-#: The unnamed job's counter and aggregate topics (a stage of one's own may report to them: the shop's end of day).
-counter_topic = _wiring.topic_named(TOPIC_COUNTER)
-aggregate_topic = _wiring.topic_named(TOPIC_AGGREGATE)
+@functools.cache
+def jobs() -> list[EofTopology]:
+    """Every job this deployment runs (``WEIR_EOF_JOB``: ``module:NAME`` for the unnamed job, ``name=module:NAME`` for
+    more); an eof_* agent without one refuses to start (weir has no default job)."""
+    entries = parse_jobs(settings.eof_job)
+    if not entries:
+        message = (
+            "setting WEIR_EOF_JOB is not set: the eof_* agents run the end-of-stream job(s) it names, "
+            "'module:NAME' of a tables.eof.EofJob, or 'name=module:NAME,...' for several (weir has no default job)"
+        )
+        raise ValueError(message)
+    wiring = worker_wiring()
+    return [EofTopology(load_job(spec), wiring, name=name) for name, spec in entries]

@@ -9,8 +9,8 @@ or from the shell, one client per JSON-lines file (the file's stem is the client
 
     python -m app.eof_gateway demo/screens/*.jsonl
 
-A record is any JSON value (the demo's job takes order lines); the side data is what the job's ``join``
-joins the client's totals with (the demo's: a price list, None for the catalogue's prices).
+A record is any JSON value (the example job, ``examples.eof_orders``, takes order lines); the side data is what
+the job's ``join`` joins the client's totals with (the example's: a price list, None for its catalogue's prices).
 
 The gateway keeps no state of its own in Kafka: a client's batches are keyed ``<client>/<batch id>``
 (any filter worker may get any batch), its side data (to the joiner) and the counter messages are keyed

@@ -1,4 +1,8 @@
-"""Worker entry point: ``faust -A app.main worker`` runs the agents that ``WEIR_AGENTS`` names."""
+"""Worker entry point: ``faust -A app.main worker`` runs the agents that ``WEIR_AGENTS`` names.
+
+A package built on weir with agents of its own has an entry module that registers them
+(:func:`app.settings.register_agent_sets`) and then imports this one.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ from app import (
     web,  # noqa: F401  (the read-only /weir/ views)
 )
 from app.core import app, settings
+from app.settings import agent_module
 
 __all__ = ["app"]
 
-_loaded = {agent: importlib.import_module(f"agents.{agent}") for agent in settings.agents}
+_loaded = {agent: importlib.import_module(agent_module(agent)) for agent in settings.agents}
 
 if "triggers" in _loaded:
     # The trigger consumer counts its firings by cause itself (agents.triggers.stats); /metrics reads them at scrape

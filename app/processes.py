@@ -1,4 +1,4 @@
-"""Starting and stopping `faust -A app.main worker` processes (demo, benchmarks)."""
+"""Starting and stopping `faust -A app.main worker` processes (demos, benchmarks, tests)."""
 
 from __future__ import annotations
 
@@ -22,18 +22,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class WorkerProcess:
-    """One worker running the agents ``agents`` with ``env``; its output goes to ``log_path``."""
+    """One worker running the agents ``agents`` with ``env``; its output goes to ``log_path``.
+
+    ``entry`` is the worker's entry module (``faust -A <entry> worker``): ``app.main``, or that of a package built on
+    weir that registers agent sets of its own (:func:`app.settings.register_agent_sets`).
+    """
 
     agents: str
     env: dict[str, str]
     log_path: Path
     web_port: int
+    entry: str = "app.main"
     process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> WorkerProcess:
         faust = Path(sys.executable).parent / "faust"
-        command = [str(faust), "-A", "app.main", "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
+        command = [str(faust), "-A", self.entry, "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
         env = {"PYTHONPATH": str(ROOT), **self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port)}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -6,7 +6,7 @@ import importlib
 import os
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -19,6 +19,8 @@ __all__ = [
     "default_postgres_url",
     "kafka_client_options",
     "AGENT_NAMES",
+    "register_agent_sets",
+    "agent_module",
     "SECURITY_PROTOCOLS",
     "SASL_MECHANISMS",
 ]
@@ -27,8 +29,7 @@ __all__ = [
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
 #: "eof_filter", "eof_controller", "eof_aggregator", "eof_joiner" are the end-of-stream pipeline (agents/eof_*.py);
-#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "shop_*" are the
-#: ice-cream shop's stages (agents/shop_*.py; "shop_dispatch" is the flows agent set running the shop's flows).
+#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py).
 OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "flows",
     "eof_filter",
@@ -36,12 +37,9 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "eof_aggregator",
     "eof_joiner",
     "triggers",
-    "shop_orders",
-    "shop_payments",
-    "shop_kitchen",
-    "shop_dispatch",
-    "shop_claims",
 )
+#: Agent sets of packages built on weir, by name: the module that declares them (see :func:`register_agent_sets`).
+_registered_agent_sets: dict[str, str] = {}
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,21 +111,23 @@ def _env_str(name: str, default: str) -> str:
     return default if raw is None or raw == "" else raw
 
 
-#: The module of the shop's flows: ``WEIR_AGENTS=shop_dispatch`` runs them (the "flows" agent set with this module).
-SHOP_FLOWS_MODULE = "app.shop_flows"
+def register_agent_sets(modules: Mapping[str, str]) -> None:
+    """Let ``WEIR_AGENTS`` name the agent sets of a package built on weir: ``{"myapp_orders": "myapp.agents.orders"}``.
+
+    A worker imports each named set's module (which declares its agents on ``app.core.app``) as it imports
+    ``agents.<name>`` for weir's own. The package's worker entry module calls this before it imports
+    ``app.main`` (settings are read when ``app.core`` is first imported), e.g. ``faust -A myapp.main worker``.
+    """
+    for name, module in modules.items():
+        if name in AGENT_NAMES + OPTIONAL_AGENT_NAMES or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            message = f"agent set {name!r} (module {module!r}): a name of weir's own agents, or not letters, digits, '_', '-'"
+            raise ValueError(message)
+        _registered_agent_sets[name] = module
 
 
-def _flows_module_from_env(agents: tuple[str, ...]) -> str:
-    module = _env_str("WEIR_FLOWS", "")
-    if "shop_dispatch" not in agents:
-        return module
-    if module and module != SHOP_FLOWS_MODULE:
-        message = (
-            f"setting WEIR_FLOWS={module!r}: WEIR_AGENTS includes shop_dispatch, which runs the shop's flows "
-            f"({SHOP_FLOWS_MODULE}); run other flows in a process of their own"
-        )
-        raise ValueError(message)
-    return SHOP_FLOWS_MODULE
+def agent_module(name: str) -> str:
+    """The module that declares agent set ``name``: weir's ``agents.<name>``, or the one a package registered."""
+    return _registered_agent_sets.get(name, f"agents.{name}")
 
 
 def _agents_from_env() -> tuple[str, ...]:
@@ -135,10 +135,13 @@ def _agents_from_env() -> tuple[str, ...]:
     if raw == "all":
         return AGENT_NAMES
     chosen = tuple(sorted({name.strip() for name in raw.split(",") if name.strip()}))
-    unknown = [name for name in chosen if name not in AGENT_NAMES + OPTIONAL_AGENT_NAMES]
+    known = AGENT_NAMES + OPTIONAL_AGENT_NAMES + tuple(_registered_agent_sets)
+    unknown = [name for name in chosen if name not in known]
     if unknown or not chosen:
-        known = list(AGENT_NAMES + OPTIONAL_AGENT_NAMES)
-        message = f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {known}"
+        message = (
+            f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {list(known)} "
+            "(a package's own agent sets are known in the worker its entry module starts, faust -A <module> worker)"
+        )
         raise ValueError(message)
     return chosen
 
@@ -170,8 +173,6 @@ class Settings:
     #: WEIR_WEB_HOST / WEIR_WEB_PORT: the worker's web server (read-only views), local by default.
     web_host: str = "127.0.0.1"
     web_port: int = 6066
-    #: WEIR_DEMO_WEB_PORT: the web port of the demos' first worker; worker N takes this port + N (the shop: 6066-6071).
-    demo_web_port: int = 6066
     #: WEIR_GUARANTEE: "exactly_once" (default) or "at_least_once".
     processing_guarantee: str = "exactly_once"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
@@ -248,15 +249,14 @@ class Settings:
     trace_file: str = ""
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the item's payload is its result).
     item_processor: str = "app.pipeline:as_is"
-    #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py); with shop_dispatch
-    #: among the agents, the shop's (app.shop_flows).
+    #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A
     #: flow runs with its barriers and its split/aggregate stages; each selection is its own consumer group.
     flows_run: tuple[str, ...] = ()
     #: WEIR_EOF_JOB: "module:NAME" of the end-of-stream job (a tables.eof.EofJob: select, zero/merge, join) the
-    #: eof_* agents run; the default is the demo's (ice-cream order lines, scoops per flavour, priced per client).
-    eof_job: str = "app.demo_eof:ORDERS"
+    #: eof_* agents run; no default: a worker running them refuses to start without it.
+    eof_job: str = ""
     #: WEIR_EOF_MAX_BATCH_ORDERS: the EOF filter splits a batch with more records kept than this.
     eof_max_batch_orders: int = 50
     #: WEIR_EOF_IDLE_TIMEOUT_MS: a client with no activity for this long is reported abandoned and cleaned up.
@@ -293,31 +293,6 @@ class Settings:
     outbox_batch: int = 500
     #: WEIR_OUTBOX_METRICS_PORT: the port of the relay process's /metrics (on WEIR_WEB_HOST); 0: none.
     outbox_metrics_port: int = 0
-    #: WEIR_SHOP_CARD_REJECT_RATE: probability that the payment gateway rejects a card at capture.
-    shop_card_reject_rate: float = 0.05
-    #: WEIR_SHOP_SEED: seed of the payment gateway's draw (a card's fate is a function of seed, screen, line and order id).
-    shop_seed: int = 42
-    #: WEIR_SHOP_CARD_KEY: the secret of card tokens (HMAC-SHA256 of the number). The screens draw a random one per
-    #: run when it is unset; the orders stage uses it only for a line that reached Kafka without the screens.
-    shop_card_key: str = field(default="", repr=False)
-    #: WEIR_SHOP_STOCK: scoops of each flavour in stock when the shop opens.
-    shop_stock: int = 1000
-    #: WEIR_SHOP_STOCK_OVERRIDES: other opening stock for some flavours, e.g. "pistachio=120,mint=50".
-    shop_stock_overrides: str = ""
-    #: WEIR_SHOP_DISPATCH_TIMEOUT_MS: how long dispatch waits for the payment's answer, and then for the kitchen's.
-    shop_dispatch_timeout_ms: int = 30_000
-
-    def opening_stock(self, flavour: str) -> int:
-        """Scoops of ``flavour`` when the shop opens (``shop_stock`` unless overridden)."""
-        for entry in self.shop_stock_overrides.split(","):
-            name, _, count = entry.partition("=")
-            if name.strip() == flavour and count.strip():
-                try:
-                    return int(count)
-                except ValueError:
-                    message = f"setting WEIR_SHOP_STOCK_OVERRIDES={self.shop_stock_overrides!r}: {count!r} is not an integer"
-                    raise ValueError(message) from None
-        return self.shop_stock
 
     def kafka_ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of every Kafka connection, or None when the protocol has no TLS."""
@@ -401,14 +376,6 @@ def kafka_client_options() -> dict[str, Any]:
     return Settings(**_security_from_env()).kafka_client_options()
 
 
-def _demo_web_port(default: int) -> int:
-    port = _env_int("WEIR_DEMO_WEB_PORT", default)
-    if not 1 <= port <= 65_000:  # room above it for every worker of a demo
-        message = f"setting WEIR_DEMO_WEB_PORT={port}: expected a port from 1 to 65000 (the demos' workers take it and the next ones)"
-        raise ValueError(message)
-    return port
-
-
 def load_settings() -> Settings:
     """Read the settings from the environment (see each field of :class:`Settings`)."""
     defaults = Settings()
@@ -431,7 +398,6 @@ def load_settings() -> Settings:
         data_dir=Path(_env_str("WEIR_DATA_DIR", str(defaults.data_dir))),
         web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
         web_port=_env_int("WEIR_WEB_PORT", defaults.web_port),
-        demo_web_port=_demo_web_port(defaults.demo_web_port),
         processing_guarantee=guarantee,
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),
@@ -463,7 +429,7 @@ def load_settings() -> Settings:
         max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
         trace_file=_env_str("WEIR_TRACE_FILE", defaults.trace_file),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
-        flows_module=_flows_module_from_env(agents),
+        flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
         eof_job=_env_str("WEIR_EOF_JOB", defaults.eof_job),
         eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
@@ -481,10 +447,4 @@ def load_settings() -> Settings:
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
         outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
         outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),
-        shop_card_reject_rate=_env_float("WEIR_SHOP_CARD_REJECT_RATE", defaults.shop_card_reject_rate),
-        shop_seed=_env_int("WEIR_SHOP_SEED", defaults.shop_seed),
-        shop_card_key=_env_str("WEIR_SHOP_CARD_KEY", defaults.shop_card_key),
-        shop_stock=_env_int("WEIR_SHOP_STOCK", defaults.shop_stock),
-        shop_stock_overrides=_env_str("WEIR_SHOP_STOCK_OVERRIDES", defaults.shop_stock_overrides),
-        shop_dispatch_timeout_ms=_env_int("WEIR_SHOP_DISPATCH_TIMEOUT_MS", defaults.shop_dispatch_timeout_ms),
     )

@@ -34,9 +34,9 @@ from aiokafka import AIOKafkaProducer
 from app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_topic
 from app.processes import Terminated, terminate
 from app.settings import load_settings
-from app.shop_demo import run_shop
+from shop.demo import ENTRY, run_shop
+from shop.state import SHOP_INPUTS
 from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER, TOPIC_JOIN
-from tables.shop import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             victim.kill()
             kills[stage] += 1
             # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
-            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, **env))
+            group.append(pipeline.start_worker(stage, web_port=victim.web_port, entry=ENTRY, **SHOP_ENV, **env))
             if chunks:
                 batch = [(pipeline.topic(name), key, value) for name, key, value in chunks.pop()]
                 garbage_positions.extend(asyncio.run(send_raw(pipeline.bootstrap, batch)))

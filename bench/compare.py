@@ -61,8 +61,6 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from app.catalogue import CATALOGUE_CENTS
-from app.demo_items import STEP as DEMO_STEP
 from app.eof_gateway import Gateway
 from app.kafka_io import delete_topics, ensure_topics
 from app.processes import ROOT, WorkerProcess
@@ -70,6 +68,9 @@ from app.settings import default_bootstrap, load_settings
 from bench import barrier
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record, result_problem
 from bench.charts import FIGURES_FORMAT
+from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
+from examples.pricing import STEP as DEMO_STEP
+from shop.catalogue import CATALOGUE_CENTS
 from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
 from tables.triggers import (
     DEFAULT_WAKE_TOPIC,
@@ -876,7 +877,13 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
     for phase, stages in phases.items():
         tag = "alone" if phase == "filter alone" else "full"
         prefix = f"cmp-{ctx.run_id}.eof-{tag}."
-        env = {**os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"cmp-{ctx.run_id}-eof-{tag}", "WEIR_GUARANTEE": "exactly_once"}
+        env = {
+            "WEIR_EOF_JOB": EOF_ORDERS_JOB,  # the ice-cream order lines the clients send
+            **os.environ,
+            "WEIR_TOPIC_PREFIX": prefix,
+            "WEIR_APP_ID": f"cmp-{ctx.run_id}-eof-{tag}",
+            "WEIR_GUARANTEE": "exactly_once",
+        }
         asyncio.run(ensure_topics(ctx.bootstrap, [prefix + name for name in (TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS)], PARTITIONS))
         workers = {name: _weir_worker(ctx, agents, f"eof-{tag}-{name}", env) for name, agents in stages.items()}
         try:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from app.demo_items import price_item
+from examples.pricing import price_item
 
 if TYPE_CHECKING:
     from quixstreams import Application, State
@@ -52,7 +52,7 @@ REASON_FLAG = "flag"
 
 
 def outcome_of(index: int, payload: Any, total: int) -> dict[str, Any]:
-    """The demo's item step (app.demo_items.price_item) on one item, as an outcome: ok with its result, or failed with the error."""
+    """The demo's item step (examples.pricing.price_item) on one item, as an outcome: ok with its result, or failed with the error."""
     outcome: dict[str, Any] = {"index": index, "last": index == total - 1}
     try:
         outcome |= {"ok": True, "result": price_item(payload), "error": None}

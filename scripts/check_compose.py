@@ -4,15 +4,18 @@
 
 Checks what would otherwise only fail at ``docker compose up``: every service has an image or a build whose
 context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
-for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, a ``kafka``
-service, published ports bound to the loopback address only, named volumes declared, relative bind mounts
-(``./prometheus.yml``) naming files or folders that exist. Prints
+for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, ``WEIR_AGENTS``
+naming agents the service's entry module knows (weir's, or those a package's entry registers, e.g. ``shop.main``),
+``flows`` only with its ``WEIR_FLOWS``, a ``kafka`` service, published ports bound to the loopback address only,
+named volumes declared, relative bind mounts (``./prometheus.yml``) naming files or folders that exist. Prints
 ``compose ok: N services`` or one line per problem, and exits 1 on problems.
 """
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
+import itertools
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -31,13 +34,44 @@ BROKER_SERVICE = "kafka"
 _DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
 
 
-def _agent_names() -> tuple[str, ...]:
+#: Entry modules of packages built on weir that the compose file runs (``faust -A <entry> worker``), and where each
+#: lists the agent sets it registers (``module:NAME``, a mapping of set name -> module).
+ENTRY_AGENT_SETS = {"shop.main": "shop.agents:AGENT_SETS"}
+
+
+def _on_path() -> None:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+
+
+def _agent_names() -> tuple[str, ...]:
+    _on_path()
     from app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
 
     # "flows" runs the user's WEIR_FLOWS module: a service for it belongs to the user's own deployment.
     return AGENT_NAMES + tuple(name for name in OPTIONAL_AGENT_NAMES if name != "flows")
+
+
+def _entry(service: Mapping[str, Any]) -> str:
+    """The worker entry module a service runs: the ``-A`` of its command, else the image's (``app.main``)."""
+    command = service.get("command")
+    words = command.split() if isinstance(command, str) else [str(word) for word in command] if isinstance(command, list) else []
+    for flag, value in itertools.pairwise(words):
+        if flag in ("-A", "--app"):
+            return value
+    return "app.main"
+
+
+def _entry_agent_sets(entry: str) -> tuple[str, ...] | None:
+    """The agent sets ``entry`` registers; None for an entry this checker does not know."""
+    if entry == "app.main":
+        return ()
+    spec = ENTRY_AGENT_SETS.get(entry)
+    if spec is None:
+        return None
+    _on_path()
+    module, _, name = spec.partition(":")
+    return tuple(getattr(importlib.import_module(module), name))
 
 
 def check_compose(path: Path | str, *, base_dir: Path | str | None = None, agent_names: Iterable[str] | None = None) -> list[str]:
@@ -260,11 +294,17 @@ def _check_weir_env(service: Mapping[str, Any], agents: tuple[str, ...]) -> list
     if "WEIR_AGENTS" not in env:
         return []
     errors: list[str] = []
+    entry = _entry(service)
+    registered = _entry_agent_sets(entry)
+    if registered is None:
+        errors.append(f"runs entry module {entry!r}, which registers agent sets this checker does not know (ENTRY_AGENT_SETS)")
+        registered = ()
+    known = agents + registered + (("flows",) if env.get("WEIR_FLOWS") else ())
     raw = env["WEIR_AGENTS"] or ""
     chosen = [name.strip() for name in raw.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in agents]
+    unknown = [name for name in chosen if name not in known]
     if raw != "all" and (unknown or not chosen):
-        errors.append(f"WEIR_AGENTS={raw!r} names unknown agent(s) {unknown}; expected 'all' or some of {list(agents)}")
+        errors.append(f"WEIR_AGENTS={raw!r} names unknown agent(s) {unknown}; expected 'all' or some of {list(known)}")
     bootstrap = env.get("KAFKA_BOOTSTRAP") or ""
     host = bootstrap.rpartition(":")[0]
     if not bootstrap:

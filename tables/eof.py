@@ -14,8 +14,8 @@ only a small tombstone for a retention period so that late duplicates are absorb
 long is reported abandoned and cleaned up the same way.
 
 What is filtered, merged and joined is the job's (:class:`EofJob`: ``select``, ``zero``/``merge``,
-``join``); the demo's job (ice-cream order lines, scoops per flavour, priced by the client's list) is
-:data:`app.demo_eof.ORDERS`.
+``join``), named by ``WEIR_EOF_JOB``; an example job (ice-cream order lines, scoops per flavour, priced by the
+client's list) is ``examples.eof_orders:ORDERS``, outside the library.
 
 No Kafka, no clock: every function takes the state and ``now_ms`` and returns the new state (``None``:
 delete the key) and the messages to send.

@@ -79,14 +79,15 @@ class Pipeline:
         env.update({key: str(value) for key, value in overrides.items()})
         return env
 
-    def start_worker(self, agents: str = "all", web_port: int | None = None, **overrides: Any) -> WorkerProcess:
+    def start_worker(self, agents: str = "all", web_port: int | None = None, *, entry: str = "app.main", **overrides: Any) -> WorkerProcess:
         """A worker of ``agents``; ``web_port``: a killed worker's, to restart it in its slot (its default
-        transactional id, ``<host>-<port>``, is the killed worker's: the restart ends its open transaction)."""
+        transactional id, ``<host>-<port>``, is the killed worker's: the restart ends its open transaction);
+        ``entry``: the worker's entry module (``shop.main`` for the shop's stages)."""
         index = len(self.workers)
         name = f"w{index}-{agents.replace(',', '+')}"
         data_dir = self.tmp / f"data-{name}"
         env = self.env(WEIR_AGENTS=agents, WEIR_DATA_DIR=data_dir, **overrides)
-        worker = WorkerProcess(agents, env, self.tmp / f"{name}.log", web_port=web_port or free_port())
+        worker = WorkerProcess(agents, env, self.tmp / f"{name}.log", web_port=web_port or free_port(), entry=entry)
         self.workers.append(worker.start())
         return worker
 

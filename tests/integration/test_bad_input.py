@@ -23,9 +23,11 @@ from hypothesis import strategies as st
 
 from app.eof_gateway import Gateway
 from app.kafka_io import ensure_topics, produce_json, read_topic
-from app.shop_day import JOB_SETTING
-from app.shop_demo import run_shop
-from tables.shop import SHOP_INPUTS
+from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
+from shop.demo import ENTRY as SHOP_ENTRY
+from shop.demo import WORKER_ENV as SHOP_WORKER_ENV
+from shop.demo import run_shop
+from shop.state import SHOP_INPUTS
 from tables.triggers import completion_message, publish_trigger_messages, registration_message
 from tests.integration.conftest import Pipeline
 
@@ -107,7 +109,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     "triggers": {"kind": "completion", "parent_id": "p-1", "child_id": "c-1", "outcome": "ok"},
 }
 #: The shop's stages, its end of day's (the end-of-stream agents with the shop's job) included.
-SHOP_SET = "shop_orders,shop_claims,shop_payments,shop_kitchen,shop_dispatch,eof_controller,eof_aggregator,eof_joiner"
+SHOP_SET = "shop_orders,shop_claims,shop_payments,shop_kitchen,flows,eof_controller,eof_aggregator,eof_joiner"
 #: Each agent set (one worker each) and the input topics its agents read.
 AGENT_SETS: dict[str, tuple[str, ...]] = {
     "all": ("orders", "items", "item-results"),
@@ -115,8 +117,13 @@ AGENT_SETS: dict[str, tuple[str, ...]] = {
     SHOP_SET: (*(f"shop.{name}" for name in SHOP_INPUTS), "eof-counter", "eof-aggregate", "eof-join"),
     "triggers": ("triggers",),
 }
-#: What a set's worker needs besides (the shop's end of day runs the shop's job).
-SET_ENV: dict[str, dict[str, str]] = {SHOP_SET: {"WEIR_EOF_JOB": JOB_SETTING}}
+#: What a set's worker needs besides: the end-of-stream agents' job; the shop's flows and end of day for the shop's.
+SET_ENV: dict[str, dict[str, str]] = {
+    "eof_filter,eof_controller,eof_aggregator,eof_joiner": {"WEIR_EOF_JOB": EOF_ORDERS_JOB},
+    SHOP_SET: SHOP_WORKER_ENV,
+}
+#: The entry module of a set's worker (the shop's stages are agent sets the shop registers).
+SET_ENTRY: dict[str, str] = {SHOP_SET: SHOP_ENTRY}
 
 ODD_TEXT = [
     "\u0000",
@@ -307,7 +314,12 @@ VALID_AFTERWARDS: dict[str, Callable[[Pipeline], None]] = {
 def test_garbage_on_every_input_topic_is_dead_lettered_and_the_worker_survives(pipeline: Pipeline, agents: str, tmp_path: Path) -> None:
     trace = tmp_path / "trace.txt"
     worker = pipeline.start_worker(
-        agents, WEIR_TRACE_FILE=trace, WEIR_MAX_MESSAGE_BYTES=MAX_MESSAGE_BYTES, WEIR_COMMIT_INTERVAL=0.2, **SET_ENV.get(agents, {})
+        agents,
+        entry=SET_ENTRY.get(agents, "app.main"),
+        WEIR_TRACE_FILE=trace,
+        WEIR_MAX_MESSAGE_BYTES=MAX_MESSAGE_BYTES,
+        WEIR_COMMIT_INTERVAL=0.2,
+        **SET_ENV.get(agents, {}),
     )
     worker.wait_ready(120)
     asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in AGENT_SETS[agents]], 4))

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 #: full test run on 2 cores; kills every 4 s keep some stage restoring most of the time).
 RUN_LIMIT_S = 780
 
-STAGES = {"shop_orders,shop_claims", "shop_payments", "shop_kitchen", "shop_dispatch", "eof_controller,eof_aggregator,eof_joiner"}
+STAGES = {"shop_orders,shop_claims", "shop_payments", "shop_kitchen", "flows", "eof_controller,eof_aggregator,eof_joiner"}
 
 
 @pytest.mark.timeout(RUN_LIMIT_S + 120)

@@ -14,11 +14,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from app.catalogue import CATALOGUE_CENTS
 from app.codec import dumps
-from app.demo_eof import ORDERS
 from app.eof_gateway import Gateway, batched
 from app.kafka_io import produce, read_topic
+from examples.eof_orders import JOB_SETTING, ORDERS
+from shop.catalogue import CATALOGUE_CENTS
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, EofJob, filter_batch, reference_report
 from tests.integration.conftest import Pipeline
 from tests.integration.eof_jobs import WORDS, word_lines
@@ -68,7 +68,7 @@ def make_clients(seed: int, count: int) -> dict[str, list[str]]:
 
 
 def start_eof_workers(pipeline: Pipeline, **env: Any) -> dict[str, Any]:
-    common = {"WEIR_EOF_MAX_BATCH_ORDERS": MAX_BATCH_ORDERS, "WEIR_EOF_CLOSED_RETENTION_MS": 2000, **env}
+    common = {"WEIR_EOF_JOB": JOB_SETTING, "WEIR_EOF_MAX_BATCH_ORDERS": MAX_BATCH_ORDERS, "WEIR_EOF_CLOSED_RETENTION_MS": 2000, **env}
     workers = {
         "filter-a": pipeline.start_worker("eof_filter", **common),
         "filter-b": pipeline.start_worker("eof_filter", **common),
@@ -320,6 +320,7 @@ def test_sigkill_of_controller_joiner_and_a_filter_mid_run_keeps_every_report_ex
             for agents in ("eof_controller", "eof_joiner"):
                 pipeline.start_worker(
                     agents,
+                    WEIR_EOF_JOB=JOB_SETTING,
                     WEIR_EOF_MAX_BATCH_ORDERS=MAX_BATCH_ORDERS,
                     WEIR_EOF_CLOSED_RETENTION_MS=2000,
                     WEIR_EOF_IDLE_TIMEOUT_MS=60_000,

@@ -162,11 +162,11 @@ def test_wrong_or_missing_credentials_are_refused(sasl_broker: BrokerInstance) -
     assert SECRET not in sasl_broker.server_log()
 
 
-@pytest.mark.parametrize("command", ["app.shop_demo", "app.demo"])
+@pytest.mark.parametrize("command", ["shop.demo", "examples.split_aggregate"])
 def test_a_demo_with_a_wrong_sasl_password_says_so_in_one_line(sasl_broker: BrokerInstance, tmp_path: Path, command: str) -> None:
     """Once 82 lines of stderr with three tracebacks; now one line naming the broker and the settings, and exit code 2."""
     (tmp_path / "screen.jsonl").write_text('{"order_id": "o-1"}\n')
-    orders = tmp_path / "screen.jsonl" if command == "app.demo" else tmp_path
+    orders = tmp_path / "screen.jsonl" if command == "examples.split_aggregate" else tmp_path
     env = {
         **os.environ,
         **SASL_ENV,

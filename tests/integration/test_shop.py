@@ -17,12 +17,11 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.catalogue import CATALOGUE_CENTS
 from app.kafka_io import produce, read_topic
-from app.shop_day import JOB_SETTING
-from app.shop_demo import STAGES, run_shop
 from scripts.make_shop_orders import order_lines
-from tables.shop import decision_key, gateway_decision, parse_shop_order
+from shop.catalogue import CATALOGUE_CENTS
+from shop.demo import ENTRY, STAGES, WORKER_ENV, run_shop
+from shop.state import decision_key, gateway_decision, parse_shop_order
 from tests.integration.conftest import Pipeline
 from tests.integration.test_eof import last_values
 
@@ -37,7 +36,7 @@ SHOP_ENV = {
     "WEIR_SHOP_STOCK": 100_000,
     "WEIR_SHOP_STOCK_OVERRIDES": f"pistachio={SCARCE}",
     "WEIR_COMMIT_INTERVAL": 0.1,
-    "WEIR_EOF_JOB": JOB_SETTING,
+    **WORKER_ENV,
 }
 
 
@@ -101,7 +100,7 @@ def comparable(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def start_shop(pipeline: Pipeline, **env: Any) -> dict[str, list[Any]]:
     workers: dict[str, list[Any]] = {}
     for agents in STAGES:
-        workers.setdefault(agents, []).append(pipeline.start_worker(agents, **SHOP_ENV, **env))
+        workers.setdefault(agents, []).append(pipeline.start_worker(agents, entry=ENTRY, **SHOP_ENV, **env))
     for group in workers.values():
         for worker in group:
             worker.wait_ready()
@@ -232,7 +231,7 @@ def test_sigkill_of_kitchen_and_payment_workers_during_a_day_keeps_every_invaria
             kills.append(stage)
             killed_at_ms.append(int(time.time() * 1000))
             # restarted in its slot (its web port, hence its transactional id): it ends the victim's open transaction
-            group.append(pipeline.start_worker(stage, web_port=victim.web_port, **SHOP_ENV, **env))
+            group.append(pipeline.start_worker(stage, web_port=victim.web_port, entry=ENTRY, **SHOP_ENV, **env))
 
     killer = threading.Thread(target=chaos, daemon=True)
     killer.start()

@@ -44,7 +44,7 @@ def test_the_demo_serves_every_screen_when_one_screen_has_poison_lines(kafka_boo
     (orders / "poisoned.jsonl").write_text("\n".join([good[0], *BAD_LINES.values(), good[1]]) + "\n")
     env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "app.shop_demo", "--orders", str(orders), "--timeout", "60", "--keep"],
+        [sys.executable, "-m", "shop.demo", "--orders", str(orders), "--timeout", "60", "--keep"],
         cwd=ROOT,
         env=env,
         capture_output=True,

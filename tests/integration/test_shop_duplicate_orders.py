@@ -43,7 +43,7 @@ def test_a_repeated_order_id_is_charged_once_and_reported_duplicate(kafka_bootst
     (orders / "terrace.jsonl").write_text(_line("o-1", "mint") + "\n")
     env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "PYTHONPATH": str(ROOT), "WEIR_SHOP_CARD_REJECT_RATE": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "app.shop_demo", "--orders", str(orders), "--timeout", "60", "--keep"],
+        [sys.executable, "-m", "shop.demo", "--orders", str(orders), "--timeout", "60", "--keep"],
         cwd=ROOT,
         env=env,
         capture_output=True,

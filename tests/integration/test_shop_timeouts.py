@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from app.kafka_io import read_topic
-from app.shop_demo import run_shop
-from app.shop_screens import payments_by_state
+from shop.demo import ENTRY, run_shop
+from shop.screens import payments_by_state
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV
 
@@ -29,8 +29,8 @@ def _line(order_id: str, flavour: str) -> str:
 
 def test_orders_time_out_at_the_payment_barrier_and_late_captures_are_voided(pipeline: Pipeline) -> None:
     env = {**SHOP_ENV, "WEIR_SHOP_CARD_REJECT_RATE": 0.0, "WEIR_SHOP_DISPATCH_TIMEOUT_MS": TIMEOUT_MS}
-    stages = ("shop_orders,shop_claims", "shop_kitchen", "shop_dispatch", "eof_controller,eof_aggregator,eof_joiner")
-    running = [pipeline.start_worker(agents, **env) for agents in stages]
+    stages = ("shop_orders,shop_claims", "shop_kitchen", "flows", "eof_controller,eof_aggregator,eof_joiner")
+    running = [pipeline.start_worker(agents, entry=ENTRY, **env) for agents in stages]
     for worker in running:
         worker.wait_ready()
     screens = {"screen-1": [_line(f"o-{number}", "vanilla") for number in range(1, 4)]}
@@ -39,7 +39,7 @@ def test_orders_time_out_at_the_payment_barrier_and_late_captures_are_voided(pip
     assert [(outcome["status"], outcome["reason"]) for outcome in outcomes] == [("aborted", "timeout waiting for payment")] * 3
     assert result["reports"]["screen-1"]["aborted_by_reason"] == {"timeout": 3}
 
-    gateway = pipeline.start_worker("shop_payments", **env)
+    gateway = pipeline.start_worker("shop_payments", entry=ENTRY, **env)
     gateway.wait_ready()
     deadline = time.monotonic() + 60
     payments: dict[str, dict[str, object]] = {}

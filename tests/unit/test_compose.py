@@ -149,3 +149,19 @@ def test_real_compose_file_publishes_prometheus_and_grafana_on_loopback() -> Non
     services = _real()["services"]
     assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
     assert services["grafana"]["ports"] == ["127.0.0.1:3000:3000"]
+
+
+def test_a_shop_service_without_the_shops_entry_module_is_reported(tmp_path: Path) -> None:
+    """The shop's agent sets exist only in a worker its entry module (shop.main) starts."""
+    data = _real()
+    del data["services"]["shop_kitchen"]["command"]
+    errors = _check_copy(tmp_path, data)
+    unknown = "service shop_kitchen: WEIR_AGENTS='shop_kitchen' names unknown agent(s) ['shop_kitchen']"
+    assert any(unknown in error for error in errors), errors
+
+
+def test_the_flows_agents_need_their_flows_module(tmp_path: Path) -> None:
+    data = _real()
+    del data["services"]["shop_dispatch"]["environment"]["WEIR_FLOWS"]
+    errors = _check_copy(tmp_path, data)
+    assert any("service shop_dispatch: WEIR_AGENTS='flows' names unknown agent(s) ['flows']" in error for error in errors), errors

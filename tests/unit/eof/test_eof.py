@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import demo_eof
-from app.catalogue import CATALOGUE_CENTS
-from app.demo_eof import OpeningHours, parse_order, parse_prices
+from examples import eof_orders
+from examples.eof_orders import OpeningHours, parse_order, parse_prices
+from shop.catalogue import CATALOGUE_CENTS
 from tables.eof import (
     CLIENT_STATE_STAGES,
     BatchCounts,
@@ -51,7 +51,7 @@ CATALOGUE = {"vanilla": 250, "chocolate": 275, "lemon": 230}
 HOURS = OpeningHours("10:00", "22:00")
 CONFIG = EofConfig(idle_timeout_ms=60_000, closed_retention_ms=10_000)
 #: The demo's job with this file's catalogue (the filter's side of it; the join prices with the client's list).
-JOB = EofJob("orders", lambda line: parse_order(line, CATALOGUE, HOURS), demo_eof.zero, demo_eof.merge, demo_eof.join)
+JOB = EofJob("orders", lambda line: parse_order(line, CATALOGUE, HOURS), eof_orders.zero, eof_orders.merge, eof_orders.join)
 
 
 def _count_words(totals: dict[str, int], record: str) -> dict[str, int]:

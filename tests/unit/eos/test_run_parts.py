@@ -119,10 +119,9 @@ def test_a_worker_refuses_an_agent_with_several_actors() -> None:
 
 
 def test_every_agent_weir_ships_runs_one_actor() -> None:
-    """Every agent module but flows and shop_dispatch, the flows set running the shop's flows (they need WEIR_FLOWS;
-    the flows agents name concurrency=1 themselves)."""
+    """Every agent module but flows (it needs WEIR_FLOWS; the flows agents name concurrency=1 themselves); the shop's
+    agents: tests/unit/shop/test_agents.py."""
     modules = ["splitter", "items", "aggregator", "triggers", "eof_filter", "eof_aggregator", "eof_joiner", "eof_controller"]
-    modules += ["shop_orders", "shop_payments", "shop_kitchen", "shop_claims"]
     for module in modules:
         importlib.import_module(f"agents.{module}")
     assert set(modules) <= {agent.name.rsplit(".", 1)[-1] for agent in core.app.agents.values()}

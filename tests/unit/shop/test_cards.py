@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents import shop_orders
 from app import core, shell
 from app.errors import redacted_dead_letter
-from tables.shop import (
+from shop.agents import orders as shop_orders
+from shop.cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
+from shop.state import (
     CARD_DECLINED,
     CARD_INVALID,
     WAIT_COMPLETED,
@@ -33,7 +34,6 @@ from tables.shop import (
     reservations,
     settle,
 )
-from tables.shop_cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 KEY = b"run secret"

@@ -8,9 +8,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.shop_day import DAY
-from tables.eof import on_batch, on_finish
-from tables.shop import (
+from shop.cards import card_ref
+from shop.day import DAY
+from shop.state import (
     CLAIM_SHARDS,
     DUPLICATE,
     ClaimShard,
@@ -25,7 +25,7 @@ from tables.shop import (
     outcome_sends,
     parse_shop_order,
 )
-from tables.shop_cards import card_ref
+from tables.eof import on_batch, on_finish
 
 SCREEN = "day/screen-1"
 PROPERTY = settings(max_examples=200, deadline=None, database=None)

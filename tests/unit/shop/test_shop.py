@@ -12,11 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.flows import Exchange, Flow, validate_flows
-from app.shop_day import DAY
-from app.shop_flows import FLOWS
-from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
-from tables.eof import ClientJoin, ClientTotals, ControllerState, Emit, Totals, on_batch, on_finish, on_report, on_sent, on_side, on_totals
-from tables.shop import (
+from shop.cards import CardRef, card_ref
+from shop.day import DAY
+from shop.flows import FLOWS
+from shop.state import (
     Capture,
     Payment,
     Send,
@@ -31,7 +30,8 @@ from tables.shop import (
     order_sends,
     parse_shop_order,
 )
-from tables.shop_cards import CardRef, card_ref
+from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
+from tables.eof import ClientJoin, ClientTotals, ControllerState, Emit, Totals, on_batch, on_finish, on_report, on_sent, on_side, on_totals
 
 KEY = b"test key"
 CARD = card_ref("4111 1111 1111 1111", KEY)
@@ -112,7 +112,7 @@ class Shop:
     """The cores wired as the agents and the dispatch flow wire them, over a bus that keeps each partition's order
     (per topic and key, as Kafka does) but interleaves partitions at random and delivers some messages twice.
 
-    The dispatch is the shop's flows as declared (app/shop_flows.py), run step by step as the flow agents run them,
+    The dispatch is the shop's flows as declared (shop/flows.py), run step by step as the flow agents run them,
     with the barrier's core (tables/barrier.py) at each barrier: an open arrives at the payment's barrier; its
     release reserves and arrives at the kitchen's; that one's release settles. The answer flows' executions
     complete at the barriers that await them, with their part and their answer as result.
@@ -123,7 +123,7 @@ class Shop:
         self.payments: dict[str, Payment] = {}
         self.stock = {flavour: Stock(flavour, available=stock, initial=stock) for flavour in CATALOGUE}
         self.barriers: dict[tuple[str, str], BarrierState | None] = {}
-        #: the screen's day in the end-of-stream stages (app/shop_day.py): controller, aggregate, join
+        #: the screen's day in the end-of-stream stages (shop/day.py): controller, aggregate, join
         self.counter: ControllerState | None = None
         self.day: ClientTotals | None = None
         self.join: ClientJoin | None = None

@@ -1,16 +1,18 @@
-"""The shop's dispatch as declared flows (app/shop_flows.py): the graph weir validates, the steps' reading of the
-barriers' reports, and WEIR_AGENTS=shop_dispatch naming the flows agent set with the shop's flows."""
+"""The shop's dispatch as declared flows (shop/flows.py): the graph weir validates, the steps' reading of the
+barriers' reports, and the shop's workers running them on weir's flows agents."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
 
 from app.flows import Exchange, validate_flows
-from app.settings import SHOP_FLOWS_MODULE, load_settings
-from app.shop_flows import AWAIT_KITCHEN, AWAIT_PAYMENT, DISPATCH, FLOWS, KITCHEN_ANSWERS, PAYMENT_ANSWERS, reserve, settle_order
-from tables.shop import CARD_DECLINED
+from app.settings import load_settings
+from shop.demo import STAGES, WORKER_ENV
+from shop.flows import AWAIT_KITCHEN, AWAIT_PAYMENT, DISPATCH, FLOWS, KITCHEN_ANSWERS, PAYMENT_ANSWERS, reserve, settle_order
+from shop.state import CARD_DECLINED
 
 OPEN = {
     "kind": "open",
@@ -64,14 +66,11 @@ def test_a_captured_order_reserves_each_flavour_and_settles_ready_when_each_is_r
     assert (settlement["outcomes"][0]["status"], settlement["outcomes"][0]["amount_cents"]) == ("ready", 900)
 
 
-def test_shop_dispatch_is_the_flows_agent_set_with_the_shops_flows(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WEIR_AGENTS", "shop_dispatch")
-    monkeypatch.delenv("WEIR_FLOWS", raising=False)
-    settings = load_settings()
-    assert settings.flows_module == SHOP_FLOWS_MODULE
-    assert settings.group_id.endswith("-shop_dispatch")
-    monkeypatch.setenv("WEIR_FLOWS", "myapp.flows")
-    with pytest.raises(ValueError, match="WEIR_AGENTS includes shop_dispatch, which runs the shop's flows"):
-        load_settings()
+def test_the_shops_dispatch_is_weirs_flows_agent_set_running_the_shops_flows(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "flows" in STAGES
+    for name, value in WORKER_ENV.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("WEIR_AGENTS", "flows")
-    assert load_settings().flows_module == "myapp.flows", "other workers run the flows they are told"
+    settings = load_settings()
+    assert settings.flows_module == "shop.flows"
+    assert importlib.import_module(settings.flows_module).FLOWS is FLOWS

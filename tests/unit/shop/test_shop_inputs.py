@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.shop_orders import parse_envelope, read_order, ticket_parts
-from app.shop_day import DAY
-from app.shop_demo import read_lines
-from app.shop_screens import Screens
+from shop.agents.orders import parse_envelope, read_order, ticket_parts
+from shop.day import DAY
+from shop.demo import read_lines
+from shop.screens import Screens
+from shop.state import outcome_sends
 from tables.eof import ClientTotals, on_batch, on_report
-from tables.shop import outcome_sends
 
 #: The lines that once ended the demo with no report for any screen.
 NASTY_LINES = {

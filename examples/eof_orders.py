@@ -1,10 +1,10 @@
-"""The demo's end-of-stream job: ice-cream order lines, scoops per flavour per client, priced by the client's list.
+"""An end-of-stream job: ice-cream order lines, scoops per flavour per client, priced by the client's list.
 
 Each record the gateway sends is one JSON line, an order ``{"order_id", "time": "HH:MM", "items": [{"flavour",
 "scoops"}]}``. The filter keeps the orders taken within opening hours whose flavours are in the catalogue;
 the group-by/aggregate stage sums the scoops per flavour; the joiner prices them with the price list the
-gateway sent for the client (its side data; none: the catalogue's prices). It is the default job
-(``WEIR_EOF_JOB=app.demo_eof:ORDERS``); a job of one's own is an :class:`tables.eof.EofJob` of the same shape.
+gateway sent for the client (its side data; none: the catalogue's prices). The eof_* agents run it with
+``WEIR_EOF_JOB=examples.eof_orders:ORDERS``; a job of one's own is an :class:`tables.eof.EofJob` of the same shape.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.catalogue import CATALOGUE_CENTS
+from shop.catalogue import CATALOGUE_CENTS
 from tables.eof import Dropped, EofJob, is_count
 
-__all__ = ["OpeningHours", "HOURS", "parse_order", "zero", "merge", "join", "parse_prices", "ORDERS"]
+__all__ = ["OpeningHours", "HOURS", "parse_order", "zero", "merge", "join", "parse_prices", "ORDERS", "JOB_SETTING"]
 
 
 @dataclass(frozen=True)
@@ -113,5 +113,7 @@ def join(client: str, totals: Mapping[str, Any], side: Any) -> dict[str, Any]:
     }
 
 
-#: The demo's job.
+#: The job.
 ORDERS = EofJob("ice-cream orders", select=parse_order, zero=zero, merge=merge, join=join)
+#: The setting that names it.
+JOB_SETTING = "examples.eof_orders:ORDERS"

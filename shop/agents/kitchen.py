@@ -11,13 +11,13 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import outputs, shop_topics
 from app.core import InvalidMessage, app, handle_events, now_ms, settings
 from app.deadlines import DeadlineIndex, deadline_bucket
 from app.runtime.keyed import Change, KeyedState, TableStore
 from app.ticks import tick_every
-from tables.shop import Send, Stock, on_deliver, on_release, on_reserve
-from tables.shop_stock_tables import settled, settled_deadlines, stock
+from shop.agents.common import outputs, shop_settings, shop_topics
+from shop.state import Send, Stock, on_deliver, on_release, on_reserve
+from shop.tables.stock import settled, settled_deadlines, stock
 
 __all__ = ["shop_kitchen"]
 
@@ -29,7 +29,7 @@ containers: KeyedState[Stock] = KeyedState(agent=AGENT, store=TableStore(stock, 
 def _container(flavour: str) -> Stock:
     raw = stock.get(flavour)
     if raw is None:  # the shop opens with a full container of every flavour
-        opening = settings.opening_stock(flavour)
+        opening = shop_settings.opening_stock(flavour)
         return Stock(flavour=flavour, available=opening, initial=opening)
     return Stock.from_dict(raw)
 

@@ -3,14 +3,14 @@
 Why an order id is checked here. A line reaches the orders stage keyed by its ticket, so that any partition
 can take it and a line that cannot even be read is still answered by its key; no orders partition sees a
 screen's other lines, hence no other line with the same id. The orders stage sends each parsed order here
-first, keyed by [screen, shard] (:func:`tables.shop.claim_key`), so that every line with that id on that
+first, keyed by [screen, shard] (:func:`shop.state.claim_key`), so that every line with that id on that
 screen's day lands on one key of one partition. The first line takes the id and its order goes on to the
 payments and the dispatch (which asks the kitchen once the capture succeeded); a later line with the same id is
 answered ``duplicate`` (dead letter ``duplicate-order``) before anything is charged or reserved. A record
 delivered again is not a second line: under exactly_once it is never seen twice, and under at_least_once the
 same ticket asking again gets its order sent again, which every later stage treats as the redelivery it is.
 
-The day's end is the end-of-stream pattern's (app/shop_day.py): once the screen holds its report, the
+The day's end is the end-of-stream pattern's (shop/day.py): once the screen holds its report, the
 controller's cleanup broadcast sends a ``cleanup`` to each of the screen's shards; each drops its ids and stays a
 tombstone (a late claim is answered ``invalid``) for ``WEIR_EOF_CLOSED_RETENTION_MS``, then goes.
 """
@@ -22,12 +22,13 @@ from typing import Any
 import orjson
 from faust.types import EventT, StreamT
 
-from agents.shop_common import outputs, send_all, shop_topics
 from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
 from app.deadlines import DeadlineIndex
 from app.runtime.keyed import Change, KeyedState, Refusal, TableStore
 from app.ticks import tick_every
-from tables.shop import (
+from shop.agents.common import outputs, send_all, shop_settings, shop_topics
+from shop.cards import CardRef
+from shop.state import (
     INVALID,
     MAX_ORDER_ID_CHARS,
     ClaimShard,
@@ -40,8 +41,7 @@ from tables.shop import (
     on_order,
     order_sends,
 )
-from tables.shop_cards import CardRef
-from tables.shop_order_tables import order_ids, order_ids_deadlines
+from shop.tables.order_ids import order_ids, order_ids_deadlines
 
 __all__ = ["shop_claims"]
 
@@ -82,7 +82,7 @@ async def _claim(event: EventT[bytes], screen: str, message: dict[str, Any]) -> 
     ticket, line, order = read_claim(message)
     key = claim_key(screen, order.order_id)
     previous = claims.load(key)
-    forward = order_sends(order, ticket, screen, line, now_ms() + settings.shop_dispatch_timeout_ms)
+    forward = order_sends(order, ticket, screen, line, now_ms() + shop_settings.dispatch_timeout_ms)
     shard, sends, duplicate = on_order(previous, screen, ticket, line, order.order_id, forward)
     if shard is not previous and claims.store.encoded_size(key, shard) > record_limit():
         # The shard cannot hold one more id (a day of some hundred thousand lines): the line is answered, not dropped.

@@ -1,8 +1,8 @@
 """Shop orders: a screen's line is read as an order and sent to claim its order id on the screen's day.
 
-The claim (agents/shop_claims.py) sends the order on: a capture and an open at the dispatch barrier (the
+The claim (shop/agents/claims.py) sends the order on: a capture and an open at the dispatch barrier (the
 dispatch asks the kitchen once the capture succeeded); or answers the line ``duplicate`` when an earlier line of
-the screen took the id. The line's card is the reference the screen made of it (tables/shop_cards.py); a line
+the screen took the id. The line's card is the reference the screen made of it (shop/cards.py); a line
 written by something else may hold the number itself: it becomes a reference here, and every dead letter of this stage
 (the line, or a record that cannot even be decoded) holds it masked.
 """
@@ -14,20 +14,20 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import outputs, send_all, shop_topics
-from app.catalogue import CATALOGUE_CENTS
-from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, redact_dead_letters, send_dead_letter, settings
+from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, redact_dead_letters, send_dead_letter
 from app.errors import describe_error
 from app.runtime.keyed import prepare_outputs, send_prepared
-from tables.shop import INVALID, Send, ShopOrder, claim_key, line_outcome, order_sends, parse_shop_order
-from tables.shop_cards import mask_card_numbers
+from shop.agents.common import outputs, send_all, shop_settings, shop_topics
+from shop.cards import mask_card_numbers
+from shop.catalogue import CATALOGUE_CENTS
+from shop.state import INVALID, Send, ShopOrder, claim_key, line_outcome, order_sends, parse_shop_order
 
 __all__ = ["shop_orders"]
 
 AGENT = "shop_orders"
 #: The key of the tokens of cards that reach this stage in clear (never from the screens): the configured one, or
 #: this process's own (a token then differs between workers, which decides nothing: the gateway never reads it).
-CARD_KEY = settings.shop_card_key.encode() or os.urandom(32)
+CARD_KEY = shop_settings.card_key.encode() or os.urandom(32)
 
 
 def masked(raw: bytes) -> bytes:
@@ -93,12 +93,12 @@ async def _take_order(event: EventT[bytes], message: Any) -> None:
         await send_dead_letter(event, reason="invalid", error=error, agent=AGENT, step="parse")
         await _send_invalid(event, ticket, screen, line, str(problem))
         return
-    # The gateway decides the card's fate (agents/shop_payments.py); only its reference goes on from here.
+    # The gateway decides the card's fate (shop/agents/payments.py); only its reference goes on from here.
     order_fields = {"order_id": order.order_id, "card": order.card.to_dict(), "scoops": order.scoops, "amount_cents": order.amount_cents}
     claim = {"kind": "order", "screen": screen, "ticket": ticket, "line": line, "order": order_fields}
     # What the claim will send is measured here too (its deadline as large as any), so that an order that
     # cannot go on is answered invalid now, not left without an outcome after its id was taken.
-    forward = order_sends(order, ticket, screen, line, deadline_ms=now_ms() + settings.shop_dispatch_timeout_ms)
+    forward = order_sends(order, ticket, screen, line, deadline_ms=now_ms() + shop_settings.dispatch_timeout_ms)
     sends = [Send("claims", claim_key(screen, order.order_id), claim), *forward]
     prepared = prepare_outputs(outputs(sends), record_limit())
     if prepared.undeliverable:

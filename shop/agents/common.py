@@ -1,4 +1,4 @@
-"""What the shop's agents share: their topics and how a core's messages are sent."""
+"""What the shop's agents share: their settings, their topics and how a core's messages are sent."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ from collections.abc import Sequence
 import faust
 from faust.types import EventT
 
-from agents.eof_common import aggregate_topic, counter_topic
 from app.core import app, settings, topics
 from app.runtime.keyed import Output, Undeliverable, send_checked
-from tables.shop import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
+from app.serve import faust_topic
+from shop.settings import ShopSettings
+from shop.state import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
+from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER
 
-__all__ = ["shop_topics", "send_all", "outputs"]
+__all__ = ["shop_settings", "shop_topics", "send_all", "outputs"]
+
+#: The shop's settings, read once when a worker imports its agents (weir's are ``app.core.settings``).
+shop_settings = ShopSettings.from_env()
 
 
 def _topic(name: str) -> faust.TopicT:
@@ -22,7 +27,10 @@ def _topic(name: str) -> faust.TopicT:
 shop_topics: dict[str, faust.TopicT] = {name: _topic(name) for name in SHOP_TOPICS}
 topics.extra.extend(shop_topics.values())
 #: Every topic a core's message may go to: the shop's, and the end of day's (the end-of-stream pattern's).
-_TARGETS: dict[str, faust.TopicT] = {**shop_topics, DAY_AGGREGATE: aggregate_topic, DAY_COUNTER: counter_topic}
+#: The end of day's topics: the unnamed end-of-stream job's aggregate and counter (created at start here too).
+_day_topics = {DAY_AGGREGATE: faust_topic(settings.topic(TOPIC_AGGREGATE)), DAY_COUNTER: faust_topic(settings.topic(TOPIC_COUNTER))}
+topics.extra.extend(_day_topics.values())
+_TARGETS: dict[str, faust.TopicT] = {**shop_topics, **_day_topics}
 
 
 def outputs(sends: Sequence[Send]) -> tuple[Output, ...]:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import default_bootstrap, load_settings
-from app.shop_demo import read_screens
+from app.settings import default_bootstrap
+from shop.demo import read_screens
+from shop.settings import demo_web_port
 from tests.conftest import ROOT
 
 
@@ -70,7 +71,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.parametrize("command", ["app.shop_demo", "app.demo"])
+@pytest.mark.parametrize("command", ["shop.demo", "examples.split_aggregate"])
 def test_a_broker_that_cannot_be_reached_is_one_line_naming_the_address_and_the_setting(command: str) -> None:
     bootstrap = f"127.0.0.1:{_free_port()}"  # nothing listens there
     env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONPATH": str(ROOT)}
@@ -85,9 +86,9 @@ def test_a_broker_that_cannot_be_reached_is_one_line_naming_the_address_and_the_
 
 def test_the_demos_first_web_port_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WEIR_DEMO_WEB_PORT", raising=False)
-    assert load_settings().demo_web_port == 6066
+    assert demo_web_port() == 6066
     monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "7100")
-    assert load_settings().demo_web_port == 7100
+    assert demo_web_port() == 7100
     monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "70000")
     with pytest.raises(ValueError, match="WEIR_DEMO_WEB_PORT=70000"):
-        load_settings()
+        demo_web_port()

@@ -10,7 +10,7 @@ __all__ = ["stock", "settled", "settled_deadlines"]
 stock = json_table(
     "shop_stock",
     "Stock per flavour, one container per key, owned by one kitchen worker at a time: scoops available, "
-    "reserved per order, delivered (value: tables.shop.Stock).",
+    "reserved per order, delivered (value: shop.state.Stock).",
 )
 settled = json_table(
     "shop_kitchen_settled",

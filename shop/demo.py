@@ -26,25 +26,32 @@ from app.jsonlines import read_lines
 from app.kafka_io import check_broker, delete_topics, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
-from app.shop_day import JOB_SETTING
-from app.shop_flows import describe as dispatch_flows
-from app.shop_screens import ScreenProgress, Screens, payments_by_state, stock_left
+from shop.day import JOB_SETTING
+from shop.flows import FLOWS_SETTING
+from shop.flows import describe as dispatch_flows
+from shop.screens import ScreenProgress, Screens, payments_by_state, stock_left
+from shop.settings import demo_web_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "shop"
-#: The shop's processes: two kitchen robots and two payment workers share their partitions; the end of day runs
-#: on the end-of-stream agents (the screens' outcomes are its filter stage's output, app/shop_day.py).
+#: The shop's processes: two kitchen robots and two payment workers share their partitions; the dispatch is weir's
+#: flows agents running the shop's flows; the end of day runs on the end-of-stream agents (the screens' outcomes
+#: are its filter stage's output, shop/day.py).
 STAGES = (
     "shop_orders,shop_claims",
     "shop_payments",
     "shop_payments",
     "shop_kitchen",
     "shop_kitchen",
-    "shop_dispatch",
+    "flows",
     "eof_controller,eof_aggregator,eof_joiner",
 )
+#: The entry module of every shop worker (``faust -A shop.main worker``): it registers the shop's agent sets.
+ENTRY = "shop.main"
+#: What every shop worker runs with: the flows agents run the shop's flows, the end-of-stream agents its end of day.
+WORKER_ENV = {"WEIR_FLOWS": FLOWS_SETTING, "WEIR_EOF_JOB": JOB_SETTING}
 #: The demo's defaults (each can be overridden from the environment).
-DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1", "WEIR_EOF_JOB": JOB_SETTING}
+DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
 
 
 def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
@@ -52,10 +59,10 @@ def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[W
     workers = []
     for number, agents in enumerate(STAGES):
         worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
+        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number, entry=ENTRY).start()
         workers.append(worker)
         print(f"  worker {number}: {agents:<41} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
-    print("  shop_dispatch runs the flows of app/shop_flows.py on weir's flow API:")
+    print("  flows runs the shop's dispatch, the flows of shop/flows.py on weir's flow API:")
     for flow in dispatch_flows():
         print(f"    {flow}")
     return workers
@@ -197,10 +204,10 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
     await check_broker(settings.bootstrap)  # before any worker starts: one line if it cannot be used (see run_main)
     run_id = uuid.uuid4().hex[:6]
     prefix = f"shop-{run_id}."
-    env = {**DEMO_ENV, **os.environ, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
+    env = {**DEMO_ENV, **os.environ, **WORKER_ENV, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
-    workers = start_workers(env, log_dir, settings.demo_web_port)
+    workers = start_workers(env, log_dir, demo_web_port())
     ok = False
     try:
         for worker in workers:

@@ -1,18 +1,18 @@
-"""The demos' item step (``make demo-split``, the benchmarks): price an ice-cream item from the shop's catalogue.
+"""An item step (``make demo-split``, the benchmarks): price an ice-cream item from the shop's catalogue.
 
-Not a library default: name it with ``WEIR_ITEM_PROCESSOR=app.demo_items:price_item``.
+Name it with ``WEIR_ITEM_PROCESSOR=examples.pricing:price_item`` (weir's default step keeps the payload as it is).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.catalogue import CATALOGUE_CENTS
+from shop.catalogue import CATALOGUE_CENTS
 
 __all__ = ["price_item", "STEP"]
 
 #: The setting that names this step.
-STEP = "app.demo_items:price_item"
+STEP = "examples.pricing:price_item"
 
 
 def price_item(payload: Any) -> dict[str, Any]:

@@ -4,13 +4,13 @@ The screen is the gateway: it sends its side data (None: the day's report prices
 its lines (to the orders stage, keyed by ticket), and at its end "sent N" (N lines, batches 0..N-1). Each line's
 one outcome, from whichever stage decided it (orders: invalid; claims: duplicate; dispatch: ready or aborted),
 is seed 000's filter output: the outcome forwarded as batch ``<line - 1>.0`` to the group-by/aggregate stage
-and "batch <line - 1>: forwarded 1" to the controller, in one transaction (:func:`tables.shop.outcome_sends`).
+and "batch <line - 1>: forwarded 1" to the controller, in one transaction (:func:`shop.state.outcome_sends`).
 The controller finishes the day once every line is reported; the aggregate stage folds the outcomes into the
-day's totals (:func:`tables.shop.day_merge`) and flushes them to the joiner, which joins them with the price
-list into the report (:func:`tables.shop.day_report`). The screen says "delivered", and the cleanup broadcast
-reaches the aggregate and join stages and every shard of the day's order ids (agents/shop_claims.py).
+day's totals (:func:`shop.state.day_merge`) and flushes them to the joiner, which joins them with the price
+list into the report (:func:`shop.state.day_report`). The screen says "delivered", and the cleanup broadcast
+reaches the aggregate and join stages and every shard of the day's order ids (shop/agents/claims.py).
 
-The shop's workers run the end-of-stream agents with ``WEIR_EOF_JOB=app.shop_day:DAY``. A day with no line
+The shop's workers run the end-of-stream agents with ``WEIR_EOF_JOB=shop.day:DAY``. A day with no line
 decided for ``WEIR_EOF_IDLE_TIMEOUT_MS`` (5 min) is reported ``abandoned``: keep it above an order's longest wait,
 twice ``WEIR_SHOP_DISPATCH_TIMEOUT_MS`` (two barriers; 30 s each by default).
 """
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.catalogue import CATALOGUE_CENTS
+from shop.catalogue import CATALOGUE_CENTS
+from shop.state import claim_shard_keys, day_merge, day_report, day_zero, read_outcome
 from tables.eof import Dropped, EofJob, is_count
-from tables.shop import claim_shard_keys, day_merge, day_report, day_zero, read_outcome
 
 __all__ = ["DAY", "JOB_SETTING"]
 
 #: The setting the shop's end-of-stream workers run with.
-JOB_SETTING = "app.shop_day:DAY"
+JOB_SETTING = "shop.day:DAY"
 
 
 def _select(record: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ order_ids = json_table(
     "shop_order_ids",
     "Order ids taken on a screen's day, keyed by [screen, shard]: each id with the ticket and line that took it; a "
     "later line with the same id is answered 'duplicate' and never charged. The day's cleanup leaves each shard a "
-    "tombstone for WEIR_EOF_CLOSED_RETENTION_MS, then it goes (value: tables.shop.ClaimShard).",
+    "tombstone for WEIR_EOF_CLOSED_RETENTION_MS, then it goes (value: shop.state.ClaimShard).",
 )
 order_ids_deadlines = json_table(
     "shop_order_ids_deadlines",

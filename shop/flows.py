@@ -1,4 +1,4 @@
-"""The shop's dispatch, declared with weir's flow API (``WEIR_AGENTS=shop_dispatch`` runs these flows).
+"""The shop's dispatch, declared with weir's flow API (``WEIR_AGENTS=flows`` with ``WEIR_FLOWS=shop.flows`` runs them).
 
 Seed 002's two-phase commit, in its sequence, as a flow with two barriers keyed by the order's ticket:
 
@@ -18,11 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from app.flows import Await, Exchange, Flow, payload
-from app.settings import load_settings
-from tables.shop import DAY_AGGREGATE, DAY_COUNTER, DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
+from shop.settings import ShopSettings
+from shop.state import DAY_AGGREGATE, DAY_COUNTER, DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
 
-__all__ = ["FLOWS", "describe", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
+__all__ = ["FLOWS", "FLOWS_SETTING", "describe", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
 
+#: The setting that names these flows: ``WEIR_FLOWS=shop.flows`` (the dispatch worker runs weir's ``flows`` agents).
+FLOWS_SETTING = "shop.flows"
 #: The flows' and barriers' names (tables ``barrier-<name>``, topics ``flow.<name>.*`` and ``barrier.<name>``).
 DISPATCH = "shop-dispatch"
 PAYMENT_ANSWERS = "shop-payment-answers"
@@ -122,7 +124,7 @@ def _flows(timeout_ms: int) -> list[Flow]:
         .to("shop.payments", "commit-or-void", each=_each("payments"), key=payload("order_id"))
         .to("shop.kitchen", "deliver-or-release", each=_each("kitchen"), key=payload("flavour"))
         .to("shop.outcomes", "outcome", each=_each("outcomes"), key=payload("ticket"))
-        # The outcome is the end of day's filter output (app/shop_day.py): forwarded, and reported to its controller.
+        # The outcome is the end of day's filter output (shop/day.py): forwarded, and reported to its controller.
         .to(DAY_AGGREGATE, "day-outcome", each=_each(DAY_AGGREGATE), key=payload("client"))
         .to(DAY_COUNTER, "day-count", each=_each(DAY_COUNTER), key=payload("client"))
     )
@@ -130,7 +132,7 @@ def _flows(timeout_ms: int) -> list[Flow]:
 
 
 #: The shop's flows: the dispatch and the two flows of answers it awaits.
-FLOWS = _flows(load_settings().shop_dispatch_timeout_ms)
+FLOWS = _flows(ShopSettings.from_env().dispatch_timeout_ms)
 
 
 def describe() -> list[str]:

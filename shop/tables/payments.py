@@ -10,7 +10,7 @@ __all__ = ["payments"]
 payments = json_table(
     "shop_payments",
     "Payments by order ticket: the gateway's decision, captured then committed or voided, or rejected and why; the card "
-    "as its token and last four digits (value: tables.shop.Payment).",
+    "as its token and last four digits (value: shop.state.Payment).",
 )
 
 register_view(

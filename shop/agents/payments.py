@@ -1,7 +1,7 @@
 """Shop payment gateway: decides each card (Luhn fact, seeded draw), captures or rejects, then commits or voids; all logged.
 
 The gateway sees a card's reference only (token, last four digits, the Luhn fact the screen established where the
-number was); its draw is keyed by screen, line and order id (tables.shop.gateway_decision), so a capture replayed
+number was); its draw is keyed by screen, line and order id (shop.state.gateway_decision), so a capture replayed
 after a crash decides the same.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from agents.shop_common import outputs, shop_topics
-from app.core import InvalidMessage, app, handle_events, now_ms, settings
+from app.core import InvalidMessage, app, handle_events, now_ms
 from app.runtime.keyed import Change, KeyedState, TableStore
-from tables.shop import Capture, Payment, on_capture, on_settle
-from tables.shop_payment_tables import payments
+from shop.agents.common import outputs, shop_settings, shop_topics
+from shop.state import Capture, Payment, on_capture, on_settle
+from shop.tables.payments import payments
 
 __all__ = ["shop_payments"]
 
@@ -34,7 +34,7 @@ async def _handle(event: EventT[bytes], message: Any) -> None:
             capture = Capture.from_message(message)
         except ValueError as malformed:
             raise InvalidMessage(f"shop payments: capture of {order_id!r}: {malformed}") from None
-        captured, sends = on_capture(previous, capture, settings.shop_seed, settings.shop_card_reject_rate, now_ms())
+        captured, sends = on_capture(previous, capture, shop_settings.seed, shop_settings.card_reject_rate, now_ms())
         payment: Payment | None = captured
         error = None
     elif kind in ("commit", "void"):

@@ -13,11 +13,12 @@ from typing import Any
 
 import orjson
 
-from app.demo_items import STEP as DEMO_STEP
 from app.kafka_io import check_broker, ensure_topics, produce, read_topic
 from app.processes import WorkerProcess, run_main
 from app.settings import load_settings
 from app.split import InvalidMessage, split_order
+from examples.pricing import STEP as DEMO_STEP
+from shop.settings import demo_web_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"
@@ -77,7 +78,7 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
     await ensure_topics(settings.bootstrap, names, settings.partitions)
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))
     print(f"weir demo: {len(records)} lines from {orders_path} ({len(order_ids)} orders), broker {settings.bootstrap}")
-    processes = _start_workers(env, log_dir, settings.demo_web_port)
+    processes = _start_workers(env, log_dir, demo_web_port())
     try:
         started = time.monotonic()
         await produce(settings.bootstrap, f"{prefix}orders", records)

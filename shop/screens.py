@@ -2,14 +2,14 @@
 
 A screen sends each line (an order, or whatever the line holds) to the shop keyed by its ticket
 ``<day>/<screen>/<line>``, and waits for that ticket's outcome before the next customer: ready, aborted
-(with a reason) or invalid. Its day is a client of the end-of-stream pattern (app/shop_day.py): the screen is
+(with a reason) or invalid. Its day is a client of the end-of-stream pattern (shop/day.py): the screen is
 the gateway. Once its N lines are out it sends its side data (none: the report prices with the catalogue) and
 "sent N", waits for its report (``eof-reports``), and says "delivered", upon which every stage that keeps
 state of its day drops it.
 
 A screen is where a customer's card number is read, and the only place it is: before a line goes to Kafka its
 ``card`` becomes a reference (a token keyed by this run's secret, the last four digits, the Luhn fact) and any
-other run of digits that looks like a card number is masked (tables/shop_cards.py).
+other run of digits that looks like a card number is masked (shop/cards.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import orjson
 from app.codec import dumps
 from app.kafka_io import ReplyDesk, read_topic
 from app.settings import load_settings
+from shop.cards import protect_line
+from shop.settings import ShopSettings
+from shop.state import SHOP_TOPICS
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
-from tables.shop import SHOP_TOPICS
-from tables.shop_cards import protect_line
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 
@@ -62,7 +63,7 @@ class Screens:
     ) -> None:
         self._topic = topic
         #: the secret of this run's card tokens: given, WEIR_SHOP_CARD_KEY, or drawn for the run (never logged)
-        self._card_key = card_key or load_settings().shop_card_key.encode() or os.urandom(32)
+        self._card_key = card_key or ShopSettings.from_env().card_key.encode() or os.urandom(32)
         #: the largest record a screen sends (the shop's ``WEIR_MAX_MESSAGE_BYTES`` less 1 KiB, by default)
         self.max_record_bytes = max_record_bytes if max_record_bytes is not None else load_settings().max_message_bytes - 1024
         self._partitions = partitions

@@ -2,7 +2,7 @@
 
 The seed's shop (screens, a Bully-elected leader, robots passing flavour tokens, a payment gateway with
 two-phase commit) rebuilt as streams. A card number never reaches this module's messages: a line's card is a
-:class:`~tables.shop_cards.CardRef` (token, last four digits, Luhn fact) from the screen that read it. Every
+:class:`~shop.cards.CardRef` (token, last four digits, Luhn fact) from the screen that read it. Every
 message is keyed so that one partition owns each piece of state: an order's payment and dispatch by order id,
 a flavour's stock by flavour (the token that gave one robot a container), the order ids taken on a screen's day
 by screen and shard. A screen's end of day runs on the end-of-stream pattern (seed 000): each line's outcome is
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tables.shop_cards import CardRef, card_ref
+from shop.cards import CardRef, card_ref
 
 __all__ = [
     "SHOP_TOPICS",
@@ -75,7 +75,7 @@ __all__ = [
 
 #: Every topic of the shop (``shop.<name>``) and its key: orders/payments/dispatch/outcomes/transactions and the
 #: payment's and the kitchen's answers by ticket, kitchen by flavour, claims by screen and shard. The dispatch flow
-#: (app/shop_flows.py) reads dispatch and the two answer topics. The end of day runs on the end-of-stream topics
+#: (shop/flows.py) reads dispatch and the two answer topics. The end of day runs on the end-of-stream topics
 #: (``eof-counter``, ``eof-aggregate``, ``eof-join``, ``eof-reports``, keyed by screen).
 SHOP_TOPICS = (
     "orders",
@@ -530,7 +530,7 @@ def on_deliver(stock: Stock, order_id: str) -> Stock:
 
 # ----------------------------------------------------------------------------------------- dispatch
 #
-# Dispatch is a flow (app/shop_flows.py) with two barriers, in the seed's sequence: the order's open waits for the
+# Dispatch is a flow (shop/flows.py) with two barriers, in the seed's sequence: the order's open waits for the
 # gateway's answer to the capture; captured, the flow asks the kitchen (one reservation per flavour) and waits for
 # every answer; then it settles. The functions below are its steps' pure parts: what to reserve after the payment's
 # wait, what to send once both waits ended. The barriers (tables/barrier.py) hold the waiting and the answers.
@@ -670,7 +670,7 @@ def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Sen
 
 # A screen's day is a client of the end-of-stream pattern (tables/eof.py): its lines are the batches the screen
 # (the gateway) sent, each line's outcome the one batch forwarded for it (:func:`outcome_sends`). These are the
-# day's job's steps (app/shop_day.py): the outcome kept, the day's totals, and the report.
+# day's job's steps (shop/day.py): the outcome kept, the day's totals, and the report.
 
 
 def read_outcome(record: Any) -> dict[str, Any]:
