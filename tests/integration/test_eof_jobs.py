@@ -37,7 +37,11 @@ def test_two_jobs_on_one_set_of_workers_keep_their_clients_and_reports_apart(pip
     rng = random.Random(7)
     readers = {f"c-{n}": word_lines(rng, 30 + 7 * n) for n in range(3)}
     counters = {f"c-{n}": [rng.randint(0, 99) if rng.random() < 0.9 else "x" for _ in range(25 + n)] for n in range(3)}
-    words, sums = asyncio.run(asyncio.wait_for(asyncio.gather(_run(pipeline, "words", readers), _run(pipeline, "sums", counters)), 180))
+
+    async def both() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        return await asyncio.wait_for(asyncio.gather(_run(pipeline, "words", readers), _run(pipeline, "sums", counters)), 180)
+
+    words, sums = asyncio.run(both())
     for client, lines in readers.items():
         report = dict(words[client])
         report.pop("batches")
