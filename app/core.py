@@ -20,7 +20,7 @@ from app import engine, metrics
 from app.errors import RetryPolicy
 from app.kafka_io import ensure_topics
 from app.runtime import environment
-from app.settings import Settings, load_settings
+from app.settings import Settings
 from app.shell import (
     DecodeError,
     EventHandler,
@@ -75,7 +75,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-settings: Settings = load_settings()
+settings: Settings = Settings.from_env()
 engine.install(
     engine.EngineConfig(
         worker_transaction=settings.worker_id if settings.transactions == "per_worker" else None,

@@ -332,6 +332,12 @@ class Settings:
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
 
+    @classmethod
+    def from_env(cls) -> Settings:
+        """The settings the environment variables give (each field names its variable); parsed at a command's edge
+        only (a worker's ``app.core``, a demo's ``main``): a library user passes a value (``Settings(partitions=2)``)."""
+        return load_settings()
+
 
 class _Security(TypedDict):
     kafka_security_protocol: str

@@ -59,3 +59,16 @@ def test_the_worker_still_refuses_a_bad_setting_at_its_edge() -> None:
     )
     assert run.returncode != 0
     assert "WEIR_PARTITIONS='not a number': expected an integer" in run.stderr
+
+
+def test_settings_from_the_environment_only_at_the_edge() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WEIR_PARTITIONS": "7", "WEIR_TOPIC_PREFIX": "edge."}
+    code = (
+        "from weir import Settings\n"
+        "assert Settings().partitions == 4, 'a value: its documented defaults, whatever the environment says'\n"
+        "edge = Settings.from_env()\n"
+        "print(edge.partitions, edge.topic('x'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["7", "edge.x"]
