@@ -1,4 +1,5 @@
-"""The flows of ``WEIR_FLOWS`` (its ``FLOWS`` list; ``WEIR_FLOWS_RUN`` picks some), served as agents (:mod:`app.flow_topology`)."""
+"""The flows of ``WEIR_FLOWS`` (the ``FLOWS`` lists of one module or several; ``WEIR_FLOWS_RUN`` picks some), served as agents
+(:mod:`app.flow_topology`)."""
 
 from __future__ import annotations
 

@@ -57,16 +57,21 @@ __all__ = ["FlowTopology", "load_flows"]
 log = logging.getLogger(__name__)
 
 
-def load_flows(module_name: str) -> list[Flow]:
-    """The ``FLOWS`` list of ``module_name``."""
-    if not module_name:
+def load_flows(module_names: str) -> list[Flow]:
+    """The ``FLOWS`` lists of the modules ``module_names`` names (``WEIR_FLOWS``: one module, or several comma separated),
+    together: their flows may await each other."""
+    names = [name.strip() for name in module_names.split(",") if name.strip()]
+    if not names:
         message = "WEIR_AGENTS includes 'flows' but WEIR_FLOWS names no module (expected e.g. 'myapp.flows' defining FLOWS)"
         raise FlowGraphError(message)
-    flows = getattr(importlib.import_module(module_name), "FLOWS", None)
-    if not isinstance(flows, list | tuple) or not all(isinstance(flow, Flow) for flow in flows):
-        message = f"WEIR_FLOWS={module_name!r}: the module must define FLOWS, a list of weir Flow objects"
-        raise FlowGraphError(message)
-    return list(flows)
+    found: list[Flow] = []
+    for module_name in names:
+        flows = getattr(importlib.import_module(module_name), "FLOWS", None)
+        if not isinstance(flows, list | tuple) or not all(isinstance(flow, Flow) for flow in flows):
+            message = f"WEIR_FLOWS={module_names!r}: the module {module_name!r} must define FLOWS, a list of weir Flow objects"
+            raise FlowGraphError(message)
+        found.extend(flows)
+    return found  # checked together by FlowTopology (validate_flows): unique names and sources, no cycle of waits
 
 
 @dataclass
