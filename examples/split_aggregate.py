@@ -83,12 +83,11 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         started = time.monotonic()
         await produce(settings.bootstrap, f"{prefix}orders", records)
         print(f"sent {len(records)} lines to {prefix}orders; waiting for results...")
-        seen: dict[str, dict[str, Any]] = {}
+        expected = set(order_ids)
 
         def progress(rows: list[Any]) -> bool:
-            for row in rows[len(seen) :]:
-                seen.setdefault(row["correlation_id"], row)
-            return len(seen) >= len(order_ids)
+            # an invalid line is answered too (an 'invalid' result under its key): wait for every order's own result
+            return expected <= {row["correlation_id"] for row in rows}
 
         results = await read_topic(settings.bootstrap, f"{prefix}aggregates", until=progress, timeout_s=timeout_s, decode=orjson.loads)
         elapsed = time.monotonic() - started
@@ -98,14 +97,16 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         letters = await read_topic(
             settings.bootstrap, f"{prefix}dead-letters", until=lambda rows: False, timeout_s=2.0, decode=orjson.loads
         )
-        statuses = Counter(result["status"] for result in by_id.values())
-        failed_items = sum(len(result["failed"]) for result in by_id.values())
+        completed = {order_id: result for order_id, result in by_id.items() if order_id in expected}
+        statuses = Counter(result["status"] for result in completed.values())
+        failed_items = sum(len(result["failed"]) for result in completed.values())
         print("\nsummary")
-        print(f"  orders completed   {len(by_id)} of {len(order_ids)} in {elapsed:.1f}s ({dict(statuses)})")
+        print(f"  orders completed   {len(completed)} of {len(order_ids)} in {elapsed:.1f}s ({dict(statuses)})")
+        print(f"  other lines        {len(by_id) - len(completed)} answered 'invalid' under their key")
         print(f"  items failed       {failed_items} (each also dead-lettered)")
         print(f"  dead letters       {len(letters)}: {dict(Counter(letter['reason'] for letter in letters))}")
         print(f"  worker logs        {log_dir}")
-        return 0 if len(by_id) == len(order_ids) else 1
+        return 0 if len(completed) == len(expected) else 1
     finally:
         for worker in processes:
             worker.stop()
