@@ -1,4 +1,9 @@
-"""Counter triggers end to end: real broker, real `faust worker` processes, wakes read read_committed."""
+"""Counter triggers end to end: real broker, real `faust worker` processes, wakes read read_committed.
+
+What needs the broker: the sweep against a real database within its interval and grace, a SIGKILL of a trigger worker,
+a child killed between its commit and its publish, the status rows purged by a worker. The trigger stage's behaviours
+(every parent woken once whatever the order, duplicates and early completions; expiry of what never fired) run on the
+test driver: tests/unit/triggers/test_trigger_shell.py."""
 
 from __future__ import annotations
 
@@ -114,39 +119,6 @@ def registration(parent_id: str, children: dict[str, str]) -> Message:
     return registration_message(parent_id, len(children), context={"resume_at": f"step-after-{parent_id}"})
 
 
-def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_completions(pipeline: Pipeline) -> None:
-    create_topics(pipeline)
-    rng = random.Random(11)
-    parents = make_parents(200, seed=5)
-    completions = [
-        completion_message(parent, child, outcome) for parent, children in parents.items() for child, outcome in children.items()
-    ]
-    completions += rng.sample(completions, len(completions) // 5)  # redelivered
-    rng.shuffle(completions)
-    early, late = completions[: len(completions) // 3], completions[len(completions) // 3 :]
-    registrations = [registration(parent, children) for parent, children in parents.items()]
-    rng.shuffle(registrations)
-    workers = [pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=1000) for _ in range(2)]
-    for worker in workers:
-        worker.wait_ready()
-    started = time.time()
-    publish(pipeline, early)  # children that end before their parent registered
-    publish(pipeline, registrations)
-    publish(pipeline, late)
-    wakes = read_wakes(pipeline, expected=len(parents), timeout_s=180, settle_s=3)
-    elapsed = max(wake["fired_ms"] for wake in wakes) / 1000 - started
-    assert_woken_once(wakes, parents, pipeline)
-    fired_by = Counter(wake["fired_by"] for wake in wakes)
-    assert fired_by["sweep"] == 0, "no completion was lost and no status source is set: the sweep has nothing to fire"
-    assert fired_by["registration"] > 0, "some parents registered after all their children ended"
-    events = len(completions) + len(registrations)
-    stats = trigger_stats(pipeline, events=events)
-    assert stats["events"] >= events
-    assert stats["completions"] >= len(completions)
-    report("shuffled, duplicated, early", stats, seconds=elapsed)
-    assert stats["state_writes"] < events, "trigger state must be written once per parent per batch, not once per event"
-
-
 def test_lost_completions_are_caught_by_the_sweep_within_interval_and_grace(pipeline: Pipeline, tmp_path: Path) -> None:
     create_topics(pipeline)
     children_db = str(tmp_path / "children.sqlite")
@@ -226,50 +198,6 @@ def test_a_sigkill_of_a_trigger_worker_mid_run_wakes_every_parent_once(pipeline:
         time.sleep(0.25)
     wakes = read_wakes(pipeline, expected=len(parents), timeout_s=180, settle_s=3)
     assert_woken_once(wakes, parents, pipeline)
-
-
-def table_keys(pipeline: Pipeline, table: str) -> tuple[set[str], set[str]]:
-    """The keys a table ever held, and those it holds now (its committed changelog's latest value is not a deletion)."""
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda _: False, timeout_s=2.0))
-    latest = {orjson.loads(record.key): record.value for record in records}
-    return set(latest), {key for key, value in latest.items() if value is not None}
-
-
-def test_a_parent_that_never_registers_leaves_no_state_and_one_dead_letter_after_its_retention(pipeline: Pipeline) -> None:
-    create_topics(pipeline)
-    retention_ms = 2000
-    worker = pipeline.start_worker(
-        "triggers", WEIR_SWEEP_INTERVAL_MS=500, WEIR_TRIGGER_ORPHAN_RETENTION_MS=retention_ms, WEIR_DONE_RETENTION_MS=retention_ms
-    )
-    worker.wait_ready()
-    # "orphan" never registers; "fired" does and fires, so its marker expires too, and it must not be dead-lettered.
-    publish(pipeline, [completion_message("orphan", "a"), completion_message("orphan", "b"), completion_message("orphan", "a", "failed")])
-    publish(pipeline, [registration("fired", {"x": OK}), completion_message("fired", "x")])
-    wakes = read_wakes(pipeline, expected=1, timeout_s=60, settle_s=0)
-    assert [wake["parent_id"] for wake in wakes] == ["fired"]
-    tables = ("triggers", "triggers_fired")
-    deadline = time.monotonic() + 60
-    seen: dict[str, set[str]] = {}
-    left: dict[str, set[str]] = {}
-    letters: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        letters = dead_letters(pipeline)
-        keys = {table: table_keys(pipeline, table) for table in tables}
-        seen = {table: ever for table, (ever, _) in keys.items()}
-        left = {table: now & {"orphan", "fired"} for table, (_, now) in keys.items() if now & {"orphan", "fired"}}
-        if letters and not left:
-            break
-        time.sleep(0.5)
-    held = {("triggers", "orphan"), ("triggers_fired", "fired")}
-    assert all(key in seen.get(table, set()) for table, key in held), f"the tables never held the state checked: {seen}"
-    assert not left, f"state left after the retention: {left}"
-    [letter] = letters
-    assert (letter["reason"], letter["agent"]) == ("orphan-completions", "triggers"), letter
-    assert letter["key"]["text"] == "orphan"
-    held = orjson.loads(letter["value"]["text"])
-    assert held["state"]["children"] == {"a": OK, "b": OK}, "a child is counted once, its first completion"
-    time.sleep(2 * retention_ms / 1000)
-    assert len(dead_letters(pipeline)) == 1, "one dead letter, once"
 
 
 # The child of the seed's case: it commits its work and its status in one database transaction through the outbox,

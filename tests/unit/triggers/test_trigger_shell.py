@@ -7,6 +7,8 @@ keyed by the parent. The clock is virtual; nothing sleeps or touches Kafka.
 from __future__ import annotations
 
 import contextlib
+import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,8 @@ import pytest
 
 from app.outbox import SQLiteOutbox, write
 from app.trigger_status import SQLiteStatusSource, child_done
-from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, registration_message
+from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, outcome_summary, registration_message
+from tests.integration.test_triggers import make_parents, registration
 from weir import Settings, TestDriver
 
 SETTINGS = Settings(partitions=1, sweep_grace_ms=1_000, sweep_interval_ms=250, done_retention_ms=5_000, trigger_orphan_retention_ms=8_000)
@@ -179,3 +182,42 @@ def test_a_status_source_that_fails_fires_nothing_and_the_sweep_looks_again(tmp_
         shell.driver.close()
         source.close()
         outbox.close()
+
+
+def test_every_parent_is_woken_once_whatever_the_order_duplicates_and_early_completions() -> None:
+    """200 parents, their children's completions shuffled, a fifth of them redelivered, a third before the parent
+    registered: each parent woken once with its children's summary, and the trigger state written once per parent per
+    batch, not once per event. (The broker test of the same ran two workers; a SIGKILL of one stays there.)"""
+
+    rng = random.Random(11)
+    parents = make_parents(200, seed=5)
+    completions = [
+        completion_message(parent, child, outcome) for parent, children in parents.items() for child, outcome in children.items()
+    ]
+    completions += rng.sample(completions, len(completions) // 5)  # redelivered
+    rng.shuffle(completions)
+    early, late = completions[: len(completions) // 3], completions[len(completions) // 3 :]
+    registrations = [registration(parent, children) for parent, children in parents.items()]
+    rng.shuffle(registrations)
+    shell = Shell()
+    try:
+        for batch in (early, registrations, late):  # children that end before their parent registered, then the rest
+            shell.send(*batch)
+        wakes = [wake for _, wake in shell.wakes]
+        counts = Counter(wake["parent_id"] for wake in wakes)
+        assert counts == dict.fromkeys(parents, 1), "every parent woken, once"
+        assert not shell.dead_letters, "valid trigger messages are not dead-lettered"
+        for wake in wakes:
+            children = parents[wake["parent_id"]]
+            assert wake["expected_count"] == len(children)
+            assert wake["summary"] == outcome_summary(children), wake
+            assert wake["context"] == {"resume_at": f"step-after-{wake['parent_id']}"}
+        fired_by = Counter(wake["fired_by"] for wake in wakes)
+        assert fired_by["sweep"] == 0, "no completion was lost and no status source is set: the sweep has nothing to fire"
+        assert fired_by["registration"] > 0, "some parents registered after all their children ended"
+        stats = shell.topology.stats
+        events = len(completions) + len(registrations)
+        assert stats.events == events
+        assert stats.counted[0].writes < events, "trigger state is written once per parent per batch, not once per event"
+    finally:
+        shell.driver.close()
