@@ -161,15 +161,15 @@ class _Outlet:
 
 
 class TestDriver:
-    """Runs ``flows`` and end-of-stream jobs in this process: pipe records in, advance time, read outputs, dead letters
-    and tables.
+    """Runs ``flows``, end-of-stream jobs, the split/aggregate pipeline and the counter triggers in this process: pipe
+    records in, advance time, read outputs, dead letters and tables.
 
     ``settings``: the settings they run with (partitions, retry policy, tick interval, chunk and bundle sizes, EOF
     timeouts, topic prefix...; :class:`app.settings.Settings`' defaults otherwise). ``eof_jobs``: end-of-stream jobs
     by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``.
     ``item_step``: runs the split/aggregate pipeline with this item step (``WEIR_ITEM_PROCESSOR``; orders on
     ``orders``, results on ``aggregates``). ``triggers``: runs the counter triggers (registrations and completions on
-    ``triggers``, wakes on ``triggers-fired``), the safety sweep reading ``status_source``. Topic
+    ``triggers``, wakes on ``trigger-fired``), the safety sweep reading ``status_source``. Topic
     names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
     :meth:`close`.
     """
