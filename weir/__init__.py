@@ -2,15 +2,22 @@
 
     from weir import Flow, Settings, TestDriver, payload
 
+Flows and their test driver; the clients of the patterns: an end-of-stream job and its :class:`Gateway`, the
+counter trigger's messages, the outbox and the children's status.
+
 Everything else in the repository's ``app``, ``agents`` and ``tables`` packages is weir's own and may change.
 """
 
 from __future__ import annotations
 
+from app.eof_gateway import Gateway
 from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
+from app.outbox import open_outbox, write
 from app.settings import Settings
 from app.testing import Crashed, TestDriver, TestRecord, VirtualClock
+from app.trigger_status import child_done
 from tables.eof import Dropped, EofJob
+from tables.triggers import completion_message, publish_trigger_messages, registration_message
 
 __all__ = [
     "Await",
@@ -21,11 +28,18 @@ __all__ = [
     "Flow",
     "FlowDeclarationError",
     "FlowGraphError",
+    "Gateway",
     "KeyExpr",
     "Settings",
     "TestDriver",
     "TestRecord",
     "VirtualClock",
+    "child_done",
+    "completion_message",
     "header",
+    "open_outbox",
     "payload",
+    "publish_trigger_messages",
+    "registration_message",
+    "write",
 ]
