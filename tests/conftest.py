@@ -19,6 +19,11 @@ from app.settings import default_bootstrap, default_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tests that import the end-of-stream agents in this process (tests/unit/eos) need a job to load (weir has no
+# default one): the example job, unless the environment names another. Set here, before any test module imports
+# app.core (which reads the settings once); the integration tests' workers name their job themselves.
+os.environ.setdefault("WEIR_EOF_JOB", "examples.eof_orders:ORDERS")
+
 # No per-example time limit in the property tests: Hypothesis' default (200 ms) is a timed assertion, and one
 # failed on a machine busy with other work (an example that waits on the local PostgreSQL server).
 settings.register_profile("weir", deadline=None)
