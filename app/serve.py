@@ -35,14 +35,20 @@ def worker_wiring() -> Wiring:
 
 
 def serve(stages: Iterable[Stage]) -> None:
-    """Declare each stage as a Faust agent (:func:`app.core.handle_parts` on its sources), and its ticks."""
+    """Declare each stage as a Faust agent (:func:`app.core.handle_parts` on its sources, in batches of its own size and
+    wait), its ticks and its timers."""
     for stage in stages:
         names = [topic.get_topic_name() for topic in stage.sources]
         channel = stage.sources[0] if len(names) == 1 else faust_topic(*names)
 
         async def agent(stream: StreamT[bytes], stage: Stage = stage) -> None:
             await handle_parts(
-                stream, stage.handle_part, slice_most=1 if stage.runs_user_steps else None, concurrent=stage.concurrent_parts
+                stream,
+                stage.handle_part,
+                size=stage.batch_size,
+                wait_ms=stage.batch_wait_ms,
+                slice_most=1 if stage.runs_user_steps else None,
+                concurrent=stage.concurrent_parts,
             )
 
         agent.__qualname__ = agent.__name__ = f"stage_{stage.name.replace('-', '_')}"
