@@ -228,66 +228,64 @@ class EofTopology:
     @functools.cached_property
     def counters(self) -> ClientStates[Any]:
         """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return ClientStates(
-            self._wiring.table(
-                f"{self._table_prefix}eof_counters",
-                "EOF controller, per client: batches the gateway sent, filter reports by batch id (batches forwarded), whether "
-                "the aggregator was told to finish, and the tombstone of a cleaned-up client (value: tables.eof.ControllerState).",
-            ),
-            self._wiring.table(
-                f"{self._table_prefix}eof_counter_deadlines",
-                "Deadline index of the EOF controller (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
-            ),
+        return self._client_states(
+            ("eof_counters", "eof_counter_deadlines"),
+            "EOF controller, per client: batches the gateway sent, filter reports by batch id (batches forwarded), whether "
+            "the aggregator was told to finish, and the tombstone of a cleaned-up client (value: tables.eof.ControllerState).",
+            "Deadline index of the EOF controller (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
             ControllerState.from_dict,
-            agent=self._agent("eof_controller"),
+            stage="eof_controller",
             step="count",
-            config=self.config,
-            outputs=self.outputs,
         )
 
     @functools.cached_property
     def totals(self) -> ClientStates[Any]:
         """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return ClientStates(
-            self._wiring.table(
-                f"{self._table_prefix}eof_totals",
-                f"EOF aggregator, per client: the totals of job {self.job.name!r} over the batches merged so far (by batch id), "
-                "whether the count is final, and the tombstone of a cleaned-up client (value: tables.eof.ClientTotals).",
-            ),
-            self._wiring.table(
-                f"{self._table_prefix}eof_totals_deadlines",
-                "Deadline index of the EOF aggregator (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
-            ),
+        return self._client_states(
+            ("eof_totals", "eof_totals_deadlines"),
+            f"EOF aggregator, per client: the totals of job {self.job.name!r} over the batches merged so far (by batch id), "
+            "whether the count is final, and the tombstone of a cleaned-up client (value: tables.eof.ClientTotals).",
+            "Deadline index of the EOF aggregator (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
             ClientTotals.from_dict,
-            agent=self._agent("eof_aggregator"),
+            stage="eof_aggregator",
             step="merge",
-            config=self.config,
-            outputs=self.outputs,
         )
 
     @functools.cached_property
     def joins(self) -> ClientStates[Any]:
         """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return ClientStates(
-            self._wiring.table(
-                f"{self._table_prefix}eof_joins",
-                f"EOF joiner, per client: the side data the gateway sent, the totals the aggregator flushed, whether the report "
-                f"of job {self.job.name!r} went out, and the tombstone of a cleaned-up client (value: tables.eof.ClientJoin).",
-            ),
-            self._wiring.table(
-                f"{self._table_prefix}eof_joins_deadlines",
-                "Deadline index of the EOF joiner (app.deadlines.DeadlineIndex): stray clients and tombstones to drop.",
-            ),
+        return self._client_states(
+            ("eof_joins", "eof_joins_deadlines"),
+            f"EOF joiner, per client: the side data the gateway sent, the totals the aggregator flushed, whether the report "
+            f"of job {self.job.name!r} went out, and the tombstone of a cleaned-up client (value: tables.eof.ClientJoin).",
+            "Deadline index of the EOF joiner (app.deadlines.DeadlineIndex): stray clients and tombstones to drop.",
             ClientJoin.from_dict,
-            agent=self._agent("eof_joiner"),
+            stage="eof_joiner",
             step="join",
+        )
+
+    def _client_states(
+        self,
+        tables: tuple[str, str],
+        help_text: str,
+        deadlines_help: str,
+        decode: Callable[[Mapping[str, Any]], Any],
+        *,
+        stage: str,
+        step: str,
+    ) -> ClientStates[Any]:
+        """A stage's clients: its table and that table's deadline index, named after the job for a named job."""
+        prefix = f"{self.name}-" if self.name else ""
+        table, deadlines = tables
+        return ClientStates(
+            self._wiring.table(prefix + table, help_text),
+            self._wiring.table(prefix + deadlines, deadlines_help),
+            decode,
+            agent=self._agent(stage),
+            step=step,
             config=self.config,
             outputs=self.outputs,
         )
-
-    @property
-    def _table_prefix(self) -> str:
-        return f"{self.name}-" if self.name else ""
 
     def _agent(self, stage: str) -> str:
         return f"{stage}:{self.name}" if self.name else stage
