@@ -35,7 +35,10 @@ from app.kafka_io import ReplyDesk
 from app.settings import load_settings
 from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
 
-__all__ = ["Gateway", "batched"]
+__all__ = ["Gateway", "batched", "client_messages", "delivered_message"]
+
+#: A message of the gateway's protocol: (topic, without the deployment's prefix or the job's name; key; value).
+Message = tuple[str, str, dict[str, Any]]
 
 
 def batched(lines: Iterable[Any], batch_size: int) -> list[list[Any]]:
@@ -50,6 +53,24 @@ def batched(lines: Iterable[Any], batch_size: int) -> list[list[Any]]:
     if batch:
         batches.append(batch)
     return batches
+
+
+def client_messages(client: str, lines: Iterable[Any], *, batch_size: int, side: Any = None) -> tuple[list[Message], Message, Message]:
+    """What the gateway sends for a client: its batches (keyed ``<client>/<batch id>``: any filter worker may get any
+    batch), its side data for the joiner, and its end (how many batches it sent) for the controller."""
+    batches = batched(lines, batch_size)
+    sent = [
+        (TOPIC_BATCHES, f"{client}/{batch_id}", {"client": client, "batch_id": batch_id, "lines": batch})
+        for batch_id, batch in enumerate(batches)
+    ]
+    side_data = (TOPIC_JOIN, client, {"kind": "side", "client": client, "side": side})
+    end = (TOPIC_COUNTER, client, {"kind": "sent", "client": client, "batches": len(batches)})
+    return sent, side_data, end
+
+
+def delivered_message(client: str) -> Message:
+    """What the gateway tells the controller once it has the client's report: the cleanup may go."""
+    return (TOPIC_COUNTER, client, {"kind": "delivered", "client": client})
 
 
 class Gateway:
@@ -90,24 +111,21 @@ class Gateway:
         The side data goes with the end, not before the batches: the joiner drops a client it heard nothing else of
         after ten idle timeouts, and a client's batches may take longer than that."""
         producer = self._desk.producer
-        batches = batched(lines, batch_size)
-        side_data = {"kind": "side", "client": client, "side": side}
-        pending = []
-        for batch_id, batch in enumerate(batches):
-            value = {"client": client, "batch_id": batch_id, "lines": batch}
-            pending.append(await producer.send(self._topic(TOPIC_BATCHES), key=f"{client}/{batch_id}".encode(), value=dumps(value)))
-        pending.append(await producer.send(self._topic(TOPIC_JOIN), key=client.encode(), value=dumps(side_data)))
+        batches, side_data, end = client_messages(client, lines, batch_size=batch_size, side=side)
+        pending = [
+            await producer.send(self._topic(topic), key=key.encode(), value=dumps(value)) for topic, key, value in [*batches, side_data]
+        ]
         # The end is sent once every batch is acknowledged (the controller may still see it first: it counts by id).
         await asyncio.gather(*pending)
-        end = {"kind": "sent", "client": client, "batches": len(batches)}
-        await producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(end))
+        topic, key, value = end
+        await producer.send_and_wait(self._topic(topic), key=key.encode(), value=dumps(value))
         return len(batches)
 
     async def report(self, client: str, *, timeout_s: float) -> dict[str, Any]:
         """Wait for the client's report, then tell the controller it was delivered."""
         report: dict[str, Any] = await self._desk.wait(client, timeout_s)
-        delivered = {"kind": "delivered", "client": client}
-        await self._desk.producer.send_and_wait(self._topic(TOPIC_COUNTER), key=client.encode(), value=dumps(delivered))
+        topic, key, value = delivered_message(client)
+        await self._desk.producer.send_and_wait(self._topic(topic), key=key.encode(), value=dumps(value))
         return report
 
     async def run_client(

@@ -28,7 +28,7 @@ from typing import Any, cast
 from faust.types import EventT
 
 from app.codec import dumps, loads
-from app.eof_gateway import batched
+from app.eof_gateway import client_messages, delivered_message
 from app.eof_topology import EofTopology, topic_base
 from app.flow_topology import FlowTopology
 from app.flows import Flow
@@ -39,7 +39,7 @@ from app.settings import Settings
 from app.stages import Stage, Wiring
 from app.trigger_status import StatusSource
 from app.trigger_topology import TriggerTopology
-from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, EofJob
+from tables.eof import TOPIC_REPORTS, EofJob
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
 
@@ -295,16 +295,14 @@ class TestDriver:
     def eof_client(self, client: str, records: Sequence[Any], *, job: str = "", batch_size: int = 20, side: Any = None) -> Any:
         """One client through end-of-stream job ``job``, as :class:`app.eof_gateway.Gateway` runs it on a broker: its
         batches, its side data, its end; then its report (None if none came), and "delivered" (the cleanup follows)."""
-        batches = batched(records, batch_size)
-        for batch_id, batch in enumerate(batches):
-            value = {"client": client, "batch_id": batch_id, "lines": batch}
-            self.pipe(topic_base(job, TOPIC_BATCHES), value, key=f"{client}/{batch_id}")
-        self.pipe(topic_base(job, TOPIC_JOIN), {"kind": "side", "client": client, "side": side}, key=client)
-        self.pipe(topic_base(job, TOPIC_COUNTER), {"kind": "sent", "client": client, "batches": len(batches)}, key=client)
+        batches, side_data, end = client_messages(client, records, batch_size=batch_size, side=side)
+        for topic, key, value in [*batches, side_data, end]:
+            self.pipe(topic_base(job, topic), value, key=key)
         reports = [record.value for record in self.read(topic_base(job, TOPIC_REPORTS)) if record.key == client]
         if not reports:
             return None
-        self.pipe(topic_base(job, TOPIC_COUNTER), {"kind": "delivered", "client": client}, key=client)
+        topic, key, value = delivered_message(client)
+        self.pipe(topic_base(job, topic), value, key=key)
         return reports[-1]
 
     def crash_after(self, events: int) -> None:

@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from app.eof_gateway import batched
+from app.eof_gateway import batched, client_messages, delivered_message
 from examples.eof_orders import ORDERS
 from tables.eof import EofJob, filter_batch
 from tests.integration.eof_jobs import WORDS, word_lines
@@ -33,19 +33,23 @@ def _settings(**overrides: Any) -> Settings:
 def _run_at_once(driver: TestDriver, clients: dict[str, list[Any]], side: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Every client's batches, side data and end written before any stage runs (all clients at once, interleaved by
     partition), then the stages run; the reports as they came, one per client."""
-    for client, lines in clients.items():
-        for batch_id, batch in enumerate(batched(lines, BATCH_SIZE)):
-            driver.pipe("eof-batches", {"client": client, "batch_id": batch_id, "lines": batch}, key=f"{client}/{batch_id}", run=False)
-    for client, lines in clients.items():
-        driver.pipe("eof-join", {"kind": "side", "client": client, "side": (side or {}).get(client)}, key=client, run=False)
-        driver.pipe("eof-counter", {"kind": "sent", "client": client, "batches": len(batched(lines, BATCH_SIZE))}, key=client, run=False)
+    messages = {
+        client: client_messages(client, lines, batch_size=BATCH_SIZE, side=(side or {}).get(client)) for client, lines in clients.items()
+    }
+    for batches, _, _ in messages.values():
+        for topic, key, value in batches:
+            driver.pipe(topic, value, key=key, run=False)
+    for _, side_data, end in messages.values():
+        for topic, key, value in (side_data, end):
+            driver.pipe(topic, value, key=key, run=False)
     driver.run()
     return {record.key: record.value for record in driver.read("eof-reports") if record.key is not None}
 
 
 def _deliver(driver: TestDriver, clients: dict[str, list[Any]]) -> None:
     for client in clients:
-        driver.pipe("eof-counter", {"kind": "delivered", "client": client}, key=client, run=False)
+        topic, key, value = delivered_message(client)
+        driver.pipe(topic, value, key=key, run=False)
     driver.run()
 
 
