@@ -17,7 +17,6 @@ from faust.types import EventT, StreamT, TableT
 from faust.types.auth import CredentialsT
 
 from app import engine, metrics
-from app.errors import RetryPolicy
 from app.kafka_io import ensure_topics
 from app.runtime import environment
 from app.settings import Settings
@@ -45,7 +44,6 @@ __all__ = [
     "app",
     "settings",
     "topics",
-    "retry_policy",
     "signals",
     "json_table",
     "topic_partitions",
@@ -265,13 +263,6 @@ def _prepare_worker(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> N
     if failure:
         message = f"weir: could not create topics {names} on {settings.bootstrap}: {failure[0]}"
         raise RuntimeError(message) from failure[0]
-
-
-retry_policy = RetryPolicy(
-    attempts=settings.retry_attempts,
-    backoff_ms=settings.retry_backoff_ms,
-    max_backoff_ms=settings.retry_max_backoff_ms,
-)
 
 
 class SignalSender:

@@ -31,7 +31,7 @@ from app import metrics
 from app.aggregation import Aggregation, ItemWorker, send_split, split_messages
 from app.codec import dumps
 from app.deadlines import DeadlineIndex
-from app.errors import RetryPolicy, StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
+from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
@@ -162,15 +162,14 @@ class FlowTopology:
         self.declare_topic = wiring.topic
         self.declare_table = wiring.table
         self.dead_letters = wiring.dead_letters
-        self.retry_policy = RetryPolicy(
-            attempts=settings.retry_attempts, backoff_ms=settings.retry_backoff_ms, max_backoff_ms=settings.retry_max_backoff_ms
-        )
+        self.retry_policy = settings.retry_policy()
         self.declared = list(flows)
         self.by_source = validate_flows(self.declared)
         chosen = sorted(set(runs))
         unknown = sorted(set(chosen) - {flow.name for flow in self.declared})
         if unknown:
-            raise FlowGraphError(f"flow(s) {unknown} to run are not declared; the flows are {[flow.name for flow in self.declared]}")
+            declared = [flow.name for flow in self.declared]
+            raise FlowGraphError(f"WEIR_FLOWS_RUN names flow(s) {unknown} that the flows do not declare; they are {declared}")
         #: the flows this process runs
         self.runs = frozenset(chosen or [flow.name for flow in self.declared])
         self._topics: dict[str, Any] = {}
@@ -185,13 +184,12 @@ class FlowTopology:
         self.barrier_topics: dict[str, Any] = {}
         self.segments: dict[tuple[str, int], CompiledSegment] = {}
         self.correlating: dict[tuple[str, int], CompiledAggregate] = {}
-        self._to_topics: dict[str, Any] = {}
         self._compile_barriers()
         self._compile_aggregates()
         for flow in self.declared:  # declared now, so that a worker creates them at start
             for step in flow.steps:
                 if step.kind == "to" and step.topic:
-                    self._to_topic(step.topic)
+                    self._topic(step.topic)
 
     def _topic(self, name: str) -> Any:
         """The topic ``name`` (the settings' prefix added), declared once."""
@@ -272,7 +270,7 @@ class FlowTopology:
         found += [topic for segment in self.segments.values() for topic in (segment.items, segment.results)]
         found += [aggregate.results for aggregate in self.correlating.values()]
         found += list(self.barrier_topics.values())
-        found += [self._to_topic(step.topic) for flow in self.declared for step in flow.steps if step.kind == "to" and step.topic]
+        found += [self._topic(step.topic) for flow in self.declared for step in flow.steps if step.kind == "to" and step.topic]
         return found
 
     def stages(self) -> list[Stage]:
@@ -497,13 +495,8 @@ class FlowTopology:
                 key = step.key(Exchange(payload=payload, headers=exchange.headers, properties=exchange.properties, key=exchange.key))
                 if key is None:
                     return [], f"the record key ({step.key.description}) cannot be read from {str(payload)[:80]!r}"
-            records.append(Output(self._to_topic(step.topic), key, payload, headers=headers, what=f"step {step.name!r}"))
+            records.append(Output(self._topic(step.topic), key, payload, headers=headers, what=f"step {step.name!r}"))
         return records, None
-
-    def _to_topic(self, name: str) -> Any:
-        if name not in self._to_topics:
-            self._to_topics[name] = self._topic(name)
-        return self._to_topics[name]
 
     def _expected_counts(self, barrier: Barrier, exchange: Exchange) -> tuple[dict[str, int], str | None]:
         """How many executions of each counted await this exchange awaits (flow name -> count), or why it cannot be read."""

@@ -36,7 +36,7 @@ from app.split import split_order
 from app.stages import Stage, Wiring, per_event
 from tables.aggregates import AggregatorConfig
 
-__all__ = ["as_is", "load_processor", "make_step", "aggregator_config", "retry_policy_of", "PipelineTopology", "AGGREGATOR_NAME"]
+__all__ = ["as_is", "load_processor", "make_step", "aggregator_config", "PipelineTopology", "AGGREGATOR_NAME"]
 
 #: The item step on one item: (payload, its index, the item message) -> its outcome (``app.aggregation.ItemStep``).
 ItemStep = Callable[[Any, int, dict[str, Any]], Awaitable[StepOutcome]]
@@ -66,11 +66,6 @@ def aggregator_config(settings: Settings) -> AggregatorConfig:
     )
 
 
-def retry_policy_of(settings: Settings) -> RetryPolicy:
-    """The retry policy the settings give (``WEIR_RETRY_*``)."""
-    return RetryPolicy(attempts=settings.retry_attempts, backoff_ms=settings.retry_backoff_ms, max_backoff_ms=settings.retry_max_backoff_ms)
-
-
 def make_step(process: Callable[[Any], Any], *, threads: int, policy: RetryPolicy | None = None) -> tuple[ItemStep, bool]:
     """The item step on one item, retried by ``policy`` (``app.aggregation.ItemStep``; default: the settings'
     defaults), and whether a message's items may run at once.
@@ -80,7 +75,7 @@ def make_step(process: Callable[[Any], Any], *, threads: int, policy: RetryPolic
     hand-off); else in a pool of ``threads`` threads, its items at once, so that a slow or blocking sync step
     neither serialises a message's items nor stalls the worker's event loop (heartbeats, commits).
     """
-    retries = policy if policy is not None else retry_policy_of(Settings())
+    retries = policy if policy is not None else Settings().retry_policy()
     if asyncio.iscoroutinefunction(process) or threads <= 0:
         runs_at_once = asyncio.iscoroutinefunction(process)
 
@@ -116,7 +111,7 @@ class PipelineTopology:
         self.item_results = wiring.topic_named("item-results")
         self.aggregates = wiring.topic_named("aggregates")
         self.config = aggregator_config(settings)
-        self.policy = retry_policy_of(settings)
+        self.policy = settings.retry_policy()
         self.step, self.runs_at_once = make_step(process, threads=settings.item_threads, policy=self.policy)
         #: the step's plain function when it runs in the event loop, one item after the other (sync, no threads): an
         #: ItemWorker tries it in place first, and retries through ``step`` only when it raised

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from app.errors import RetryPolicy
+
 __all__ = [
     "Settings",
     "load_settings",
@@ -331,6 +333,10 @@ class Settings:
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy of the steps (``WEIR_RETRY_ATTEMPTS``, ``WEIR_RETRY_BACKOFF_MS``, ``WEIR_RETRY_MAX_BACKOFF_MS``)."""
+        return RetryPolicy(attempts=self.retry_attempts, backoff_ms=self.retry_backoff_ms, max_backoff_ms=self.retry_max_backoff_ms)
 
     @classmethod
     def from_env(cls) -> Settings:
