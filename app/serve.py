@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,9 +20,10 @@ def faust_topic(*names: str) -> Any:
     return app.topic(*names, partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
 
 
+@functools.cache
 def worker_wiring() -> Wiring:
-    """This worker's wiring: its settings, Faust topics and changelog-backed tables, its dead-letter topic; every topic a
-    topology declares is created at start."""
+    """This worker's wiring, one for all its topologies: its settings, Faust topics (one per name) and changelog-backed
+    tables, its dead-letter topic; every topic a topology declares is created at start."""
 
     declared: dict[str, Any] = {}
 
