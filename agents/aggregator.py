@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from agents.pipeline_common import PIPELINE
-from app.serve import serve
+from weir.agents.pipeline_common import PIPELINE
+from weir.app.serve import serve
 
 serve([PIPELINE.aggregator_stage()])

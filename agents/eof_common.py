@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from app.core import settings
-from app.eof_topology import EofTopology, load_job, parse_jobs
-from app.serve import worker_wiring
+from weir.app.core import settings
+from weir.app.eof_topology import EofTopology, load_job, parse_jobs
+from weir.app.serve import worker_wiring
 
 __all__ = ["jobs"]
 

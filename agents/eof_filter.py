@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.eof_common import jobs
-from app.serve import serve
+from weir.agents.eof_common import jobs
+from weir.app.serve import serve
 
 serve(job.filter_stage() for job in jobs())

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from app.core import settings
-from app.flow_topology import FlowTopology, load_flows
-from app.serve import serve, worker_wiring
+from weir.app.core import settings
+from weir.app.flow_topology import FlowTopology, load_flows
+from weir.app.serve import serve, worker_wiring
 
 __all__ = ["topology"]
 

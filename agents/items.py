@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.pipeline_common import PIPELINE
-from app.serve import serve
+from weir.agents.pipeline_common import PIPELINE
+from weir.app.serve import serve
 
 serve([PIPELINE.items_stage()])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.core import settings
-from app.pipeline import PipelineTopology, load_processor
-from app.serve import worker_wiring
+from weir.app.core import settings
+from weir.app.pipeline import PipelineTopology, load_processor
+from weir.app.serve import worker_wiring
 
 __all__ = ["PIPELINE"]
 

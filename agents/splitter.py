@@ -3,7 +3,7 @@ the order's result (:meth:`app.pipeline.PipelineTopology.splitter_stage`)."""
 
 from __future__ import annotations
 
-from agents.pipeline_common import PIPELINE
-from app.serve import serve
+from weir.agents.pipeline_common import PIPELINE
+from weir.app.serve import serve
 
 serve([PIPELINE.splitter_stage()])

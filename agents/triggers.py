@@ -3,10 +3,10 @@ statuses from ``WEIR_TRIGGER_STATUS_DB`` (none: the sweep fires nothing)."""
 
 from __future__ import annotations
 
-from app.core import settings
-from app.serve import serve, worker_wiring
-from app.trigger_status import open_status_source
-from app.trigger_topology import TriggerTopology
+from weir.app.core import settings
+from weir.app.serve import serve, worker_wiring
+from weir.app.trigger_status import open_status_source
+from weir.app.trigger_topology import TriggerTopology
 
 __all__ = ["topology", "stats"]
 

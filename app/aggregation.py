@@ -27,13 +27,13 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
-from app import metrics
-from app.codec import dumps
-from app.deadlines import DeadlineIndex
-from app.errors import RetryPolicy, StepOutcome, run_with_retry
-from app.kafka_io import key_partition
-from app.runtime import environment
-from app.runtime.keyed import (
+from weir.app import metrics
+from weir.app.codec import dumps
+from weir.app.deadlines import DeadlineIndex
+from weir.app.errors import RetryPolicy, StepOutcome, run_with_retry
+from weir.app.kafka_io import key_partition
+from weir.app.runtime import environment
+from weir.app.runtime.keyed import (
     Change,
     KeyedState,
     Output,
@@ -43,7 +43,7 @@ from app.runtime.keyed import (
     prepare_outputs,
     send_checked,
 )
-from app.shell import (
+from weir.app.shell import (
     InvalidMessage,
     all_at_once,
     dead_letter_value,
@@ -54,7 +54,7 @@ from app.shell import (
     record_limit,
     send_dead_letter,
 )
-from tables.aggregates import (
+from weir.tables.aggregates import (
     DEAD_LETTERED,
     FORCE_ACTIONS,
     TOO_LARGE,

@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import sys
 
-from app.codec import dumps
-from app.kafka_io import produce, produce_everywhere
-from app.settings import default_bootstrap
-from tables.aggregates import FORCE_ACTIONS, force_message
+from weir.app.codec import dumps
+from weir.app.kafka_io import produce, produce_everywhere
+from weir.app.settings import default_bootstrap
+from weir.tables.aggregates import FORCE_ACTIONS, force_message
 
 __all__ = ["send_force", "main"]
 

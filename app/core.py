@@ -16,11 +16,11 @@ from aiokafka import AIOKafkaProducer
 from faust.types import EventT, StreamT, TableT
 from faust.types.auth import CredentialsT
 
-from app import engine, metrics
-from app.kafka_io import ensure_topics
-from app.runtime import environment
-from app.settings import Settings
-from app.shell import (
+from weir.app import engine, metrics
+from weir.app.kafka_io import ensure_topics
+from weir.app.runtime import environment
+from weir.app.settings import Settings
+from weir.app.shell import (
     DecodeError,
     EventHandler,
     OwedOutcome,
@@ -38,7 +38,7 @@ from app.shell import (
     send_dead_letter,
     send_dead_letter_record,
 )
-from app.split import InvalidMessage
+from weir.app.split import InvalidMessage
 
 __all__ = [
     "app",
@@ -131,8 +131,8 @@ app = faust.App(
     key_serializer="raw",
     value_serializer="raw",
     autodiscover=False,
-    Table="app.engine:WeirTable",
-    Topic="app.engine:WeirTopic",
+    Table="weir.app.engine:WeirTable",
+    Topic="weir.app.engine:WeirTopic",
 )
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from app.codec import dumps
-from app.jsonlines import read_lines
-from app.kafka_io import ReplyDesk
-from app.settings import load_settings
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
+from weir.app.codec import dumps
+from weir.app.jsonlines import read_lines
+from weir.app.kafka_io import ReplyDesk
+from weir.app.settings import load_settings
+from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
 
 __all__ = ["Gateway", "batched", "client_messages", "delivered_message"]
 

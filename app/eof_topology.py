@@ -15,12 +15,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from faust.types import EventT
 
-from app.deadlines import DeadlineIndex
-from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
-from app.settings import load_named
-from app.shell import InvalidMessage, now_ms
-from app.stages import Stage, Wiring, per_event
-from tables.eof import (
+from weir.app.deadlines import DeadlineIndex
+from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from weir.app.settings import load_named
+from weir.app.shell import InvalidMessage, now_ms
+from weir.app.stages import Stage, Wiring, per_event
+from weir.tables.eof import (
     TOPIC_AGGREGATE,
     TOPIC_BATCHES,
     TOPIC_COUNTER,

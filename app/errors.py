@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from app.codec import dumps as _dumps
-from app.runtime import environment
+from weir.app.codec import dumps as _dumps
+from weir.app.runtime import environment
 
 __all__ = [
     "OutputFailed",

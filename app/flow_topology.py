@@ -27,16 +27,16 @@ from typing import Any
 import faust
 from faust.types import EventT, TableT
 
-from app import metrics
-from app.aggregation import Aggregation, ItemWorker, send_split, split_messages
-from app.codec import dumps
-from app.deadlines import DeadlineIndex
-from app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
-from app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
-from app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
-from app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
-from app.stages import Stage, Wiring, per_event
-from tables.barrier import (
+from weir.app import metrics
+from weir.app.aggregation import Aggregation, ItemWorker, send_split, split_messages
+from weir.app.codec import dumps
+from weir.app.deadlines import DeadlineIndex
+from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
+from weir.app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
+from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from weir.app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
+from weir.app.stages import Stage, Wiring, per_event
+from weir.tables.barrier import (
     COMPLETED,
     FAILED,
     BarrierState,

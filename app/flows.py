@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tables.aggregates import ONE_SHOT, AggregatorConfig
-from tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, REJECT, GiveUp, OnDuplicate
+from weir.tables.aggregates import ONE_SHOT, AggregatorConfig
+from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, REJECT, GiveUp, OnDuplicate
 
 __all__ = [
     "Exchange",

@@ -20,8 +20,8 @@ from aiokafka.errors import (
 )
 from aiokafka.partitioner import murmur2
 
-from app.codec import dumps
-from app.settings import kafka_client_options
+from weir.app.codec import dumps
+from weir.app.settings import kafka_client_options
 
 __all__ = [
     "produce",

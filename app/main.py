@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib
 
-from app import (
+from weir.app import (
     collector,
     metrics,
     web,  # noqa: F401  (the read-only /weir/ views)
 )
-from app.core import app, settings
-from app.settings import agent_module
+from weir.app.core import app, settings
+from weir.app.settings import agent_module
 
 __all__ = ["app"]
 

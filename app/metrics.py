@@ -20,11 +20,11 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app import engine
-from app.runtime.views import best_match
-from tables.barrier import BarrierState
-from tables.eof import ControllerState
-from tables.triggers import TriggerState
+from weir.app import engine
+from weir.app.runtime.views import best_match
+from weir.tables.barrier import BarrierState
+from weir.tables.eof import ControllerState
+from weir.tables.triggers import TriggerState
 
 __all__ = [
     "REGISTRY",

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from app.settings import kafka_client_options
+from weir.app.settings import kafka_client_options
 
 __all__ = [
     "OUTBOX_ID_HEADER",

@@ -9,9 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from app.kafka_io import ensure_topics
-from app.outbox import OutboxRelay, open_outbox
-from app.settings import load_settings
+from weir.app.kafka_io import ensure_topics
+from weir.app.outbox import OutboxRelay, open_outbox
+from weir.app.settings import load_settings
 
 __all__ = ["main"]
 
@@ -66,7 +66,7 @@ async def _run(arguments: argparse.Namespace) -> None:
     )
     if arguments.metrics_port:
         # Imported only here: app.metrics loads Faust's machinery (app.engine), which a relay without metrics does not need.
-        from app import metrics
+        from weir.app import metrics
 
         metrics.watch_outbox_relay(relay)
         metrics.serve(arguments.metrics_host, arguments.metrics_port)

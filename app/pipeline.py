@@ -17,7 +17,7 @@ from typing import Any
 
 from faust.types import EventT
 
-from app.aggregation import (
+from weir.app.aggregation import (
     Aggregation,
     ItemWorker,
     Keyed,
@@ -28,13 +28,13 @@ from app.aggregation import (
     send_splits,
     split_messages,
 )
-from app.errors import RetryPolicy, StepOutcome, run_with_retry
-from app.runtime.keyed import Output, send_checked
-from app.settings import Settings, load_named
-from app.shell import handle_part_events, now_ms
-from app.split import split_order
-from app.stages import Stage, Wiring, per_event
-from tables.aggregates import AggregatorConfig
+from weir.app.errors import RetryPolicy, StepOutcome, run_with_retry
+from weir.app.runtime.keyed import Output, send_checked
+from weir.app.settings import Settings, load_named
+from weir.app.shell import handle_part_events, now_ms
+from weir.app.split import split_order
+from weir.app.stages import Stage, Wiring, per_event
+from weir.tables.aggregates import AggregatorConfig
 
 __all__ = ["as_is", "load_processor", "make_step", "aggregator_config", "PipelineTopology", "AGGREGATOR_NAME"]
 

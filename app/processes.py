@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from app.kafka_io import BrokerUnavailable
+from weir.app.kafka_io import BrokerUnavailable
 
 __all__ = ["WorkerProcess", "run_main", "terminate", "Terminated"]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from faust.types import StreamT
 
-from app.core import app, handle_parts, json_table, settings, topics
-from app.stages import Stage, Wiring
-from app.ticks import tick_every
+from weir.app.core import app, handle_parts, json_table, settings, topics
+from weir.app.stages import Stage, Wiring
+from weir.app.ticks import tick_every
 
 __all__ = ["serve", "faust_topic", "worker_wiring"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from app.errors import RetryPolicy
+from weir.app.errors import RetryPolicy
 
 __all__ = [
     "Settings",
@@ -129,7 +129,7 @@ def register_agent_sets(modules: Mapping[str, str]) -> None:
 
 def agent_module(name: str) -> str:
     """The module that declares agent set ``name``: weir's ``agents.<name>``, or the one a package registered."""
-    return _registered_agent_sets.get(name, f"agents.{name}")
+    return _registered_agent_sets.get(name, f"weir.agents.{name}")
 
 
 def _agents_from_env() -> tuple[str, ...]:
@@ -250,7 +250,7 @@ class Settings:
     #: WEIR_TRACE_FILE: diagnostic: every worker appends each handled event and committed offset there (empty: none).
     trace_file: str = ""
     #: WEIR_ITEM_PROCESSOR: "module:function" run for each item (default: the item's payload is its result).
-    item_processor: str = "app.pipeline:as_is"
+    item_processor: str = "weir.app.pipeline:as_is"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A

@@ -18,11 +18,11 @@ from typing import Any
 
 from faust.types import EventT
 
-from app import metrics
-from app.codec import DecodeError, dumps, loads
-from app.errors import OutputFailed, Redaction, dead_letter_record, describe_error, fitted_dead_letter, redacted_dead_letter
-from app.runtime import environment
-from app.split import InvalidMessage
+from weir.app import metrics
+from weir.app.codec import DecodeError, dumps, loads
+from weir.app.errors import OutputFailed, Redaction, dead_letter_record, describe_error, fitted_dead_letter, redacted_dead_letter
+from weir.app.runtime import environment
+from weir.app.split import InvalidMessage
 
 __all__ = [
     "now_ms",

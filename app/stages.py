@@ -15,8 +15,8 @@ from typing import Any
 
 from faust.types import EventT
 
-from app.settings import Settings
-from app.shell import EventHandler, OwedOutcome, handle_part_events
+from weir.app.settings import Settings
+from weir.app.shell import EventHandler, OwedOutcome, handle_part_events
 
 __all__ = ["Stage", "Timer", "Wiring", "PartHandler", "TopicFactory", "TableFactory", "per_event"]
 

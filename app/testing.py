@@ -27,19 +27,19 @@ from typing import Any, cast
 
 from faust.types import EventT
 
-from app.codec import dumps, loads
-from app.eof_gateway import client_messages, delivered_message
-from app.eof_topology import EofTopology, topic_base
-from app.flow_topology import FlowTopology
-from app.flows import Flow
-from app.kafka_io import key_partition
-from app.pipeline import PipelineTopology
-from app.runtime import environment
-from app.settings import Settings
-from app.stages import Stage, Wiring
-from app.trigger_status import StatusSource
-from app.trigger_topology import TriggerTopology
-from tables.eof import TOPIC_REPORTS, EofJob
+from weir.app.codec import dumps, loads
+from weir.app.eof_gateway import client_messages, delivered_message
+from weir.app.eof_topology import EofTopology, topic_base
+from weir.app.flow_topology import FlowTopology
+from weir.app.flows import Flow
+from weir.app.kafka_io import key_partition
+from weir.app.pipeline import PipelineTopology
+from weir.app.runtime import environment
+from weir.app.settings import Settings
+from weir.app.stages import Stage, Wiring
+from weir.app.trigger_status import StatusSource
+from weir.app.trigger_topology import TriggerTopology
+from weir.tables.eof import TOPIC_REPORTS, EofJob
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import faust
 
-from app.codec import dumps
-from app.core import app, settings, signals
+from weir.app.codec import dumps
+from weir.app.core import app, settings, signals
 
 __all__ = ["tick_owned", "tick_every"]
 

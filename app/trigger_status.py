@@ -25,8 +25,8 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from app.outbox import OutboxTransaction
-from tables.triggers import OK, TRIGGERS_TOPIC, completion_message
+from weir.app.outbox import OutboxTransaction
+from weir.tables.triggers import OK, TRIGGERS_TOPIC, completion_message
 
 __all__ = ["STATUS_TABLE", "StatusSource", "SQLiteStatusSource", "PostgresStatusSource", "open_status_source", "child_done"]
 

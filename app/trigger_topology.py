@@ -19,16 +19,16 @@ from typing import Any, cast
 
 from faust.types import EventT, TableT
 
-from app.codec import DecodeError, dumps
-from app.deadlines import DeadlineIndex
-from app.errors import OutputFailed, describe_error
-from app.runtime import environment
-from app.runtime.keyed import Change, KeyedState, Output, Refusal, Undeliverable
-from app.shell import InvalidMessage, decode_event, now_ms, send_dead_letter
-from app.stages import Stage, Timer, Wiring
-from app.trigger_status import StatusSource
-from tables.trigger_tables import SweepQueue
-from tables.triggers import (
+from weir.app.codec import DecodeError, dumps
+from weir.app.deadlines import DeadlineIndex
+from weir.app.errors import OutputFailed, describe_error
+from weir.app.runtime import environment
+from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal, Undeliverable
+from weir.app.shell import InvalidMessage, decode_event, now_ms, send_dead_letter
+from weir.app.stages import Stage, Timer, Wiring
+from weir.app.trigger_status import StatusSource
+from weir.tables.trigger_tables import SweepQueue
+from weir.tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
     ChildCompletion,

@@ -17,15 +17,15 @@ from faust import web
 from faust.types import TableT
 from yarl import URL
 
-from app import engine, metrics
-from app.core import app, settings, topic_partitions, topics
-from app.dead_letter_pages import DeadLetterReader, format_before, parse_before
-from app.kafka_io import key_partition
-from app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
-from tables.aggregates import DoneState, GroupState
-from tables.barrier import BarrierState
-from tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
-from tables.triggers import OK, FiredState, TriggerState
+from weir.app import engine, metrics
+from weir.app.core import app, settings, topic_partitions, topics
+from weir.app.dead_letter_pages import DeadLetterReader, format_before, parse_before
+from weir.app.kafka_io import key_partition
+from weir.app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
+from weir.tables.aggregates import DoneState, GroupState
+from weir.tables.barrier import BarrierState
+from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
+from weir.tables.triggers import OK, FiredState, TriggerState
 
 __all__ = [
     "register_view",

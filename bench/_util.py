@@ -16,8 +16,8 @@ from typing import IO
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from app.processes import ROOT
 from shop.catalogue import CATALOGUE_CENTS
+from weir.app.processes import ROOT
 
 __all__ = [
     "FLAVOURS",

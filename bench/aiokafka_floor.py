@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from app.settings import default_bootstrap
 from bench.quix_split_aggregate import price_order
+from weir.app.settings import default_bootstrap
 
 __all__ = ["run"]
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import delete_topics, ensure_topics, read_topic
-from app.processes import ROOT, WorkerProcess
-from app.settings import load_settings
 from bench._util import CpuMeter
+from weir.app.kafka_io import delete_topics, ensure_topics, read_topic
+from weir.app.processes import ROOT, WorkerProcess
+from weir.app.settings import load_settings
 
 __all__ = ["BARRIER", "start_worker", "fill", "disk_bytes", "release"]
 

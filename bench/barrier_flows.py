@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from app.flows import Exchange, Flow, header
+from weir.app.flows import Exchange, Flow, header
 
 TIMEOUT_MS = int(os.environ.get("BENCH_BARRIER_TIMEOUT_MS", str(30 * 60_000)))
 

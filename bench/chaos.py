@@ -31,14 +31,14 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_topic
-from app.processes import Terminated, terminate
-from app.settings import load_settings
 from shop.demo import ENTRY, run_shop
 from shop.state import SHOP_INPUTS
-from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER, TOPIC_JOIN
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
+from weir.app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_topic
+from weir.app.processes import Terminated, terminate
+from weir.app.settings import load_settings
+from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER, TOPIC_JOIN
 
 #: The shop's input topics (what the screens and the stages send to each other), its end of day's included.
 INPUT_TOPICS = (*(f"shop.{name}" for name in SHOP_INPUTS), TOPIC_COUNTER, TOPIC_AGGREGATE, TOPIC_JOIN)

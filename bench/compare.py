@@ -61,18 +61,18 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from app.eof_gateway import Gateway
-from app.kafka_io import delete_topics, ensure_topics
-from app.processes import ROOT, WorkerProcess
-from app.settings import default_bootstrap, load_settings
 from bench import barrier
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record, result_problem
 from bench.charts import FIGURES_FORMAT
 from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
 from examples.pricing import STEP as DEMO_STEP
 from shop.catalogue import CATALOGUE_CENTS
-from tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
-from tables.triggers import (
+from weir.app.eof_gateway import Gateway
+from weir.app.kafka_io import delete_topics, ensure_topics
+from weir.app.processes import ROOT, WorkerProcess
+from weir.app.settings import default_bootstrap, load_settings
+from weir.tables.eof import TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_REPORTS
+from weir.tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
     TRIGGERS_TOPIC,

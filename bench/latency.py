@@ -38,10 +38,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.kafka_io import delete_topics
-from app.settings import load_settings
 from bench._util import broker_pid, percentile
 from bench.compare import ITEMS, PARTITIONS, SETTLE_S, WEIR_STAGES, Context, Pipeline, cpu_text, orders_run, weir_pipeline
+from weir.app.kafka_io import delete_topics
+from weir.app.settings import load_settings
 
 _COMMIT = re.compile(r"commit-gate\+txn-([\d.]+)\+([\d.]+)ms")
 _BATCH = re.compile(r"batch-(\d+)-")

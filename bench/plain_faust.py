@@ -16,7 +16,7 @@ from typing import Any
 
 import faust
 
-from app.settings import default_bootstrap
+from weir.app.settings import default_bootstrap
 
 BOOTSTRAP = default_bootstrap()
 PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "4"))

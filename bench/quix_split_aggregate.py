@@ -158,7 +158,7 @@ def build() -> Application:
     from quixstreams import Application
     from quixstreams.models import TopicConfig
 
-    from app.settings import default_bootstrap
+    from weir.app.settings import default_bootstrap
 
     chosen = form()
     app = Application(

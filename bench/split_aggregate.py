@@ -21,10 +21,10 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import delete_topics, ensure_topics, read_topic
-from app.processes import WorkerProcess
-from app.settings import load_settings
 from examples.pricing import STEP as DEMO_STEP
+from weir.app.kafka_io import delete_topics, ensure_topics, read_topic
+from weir.app.processes import WorkerProcess
+from weir.app.settings import load_settings
 
 FLAVOURS = ["vanilla", "chocolate", "strawberry", "pistachio", "lemon", "mint"]
 

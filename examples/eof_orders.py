@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shop.catalogue import CATALOGUE_CENTS
-from tables.eof import Dropped, EofJob, is_count
+from weir.tables.eof import Dropped, EofJob, is_count
 
 __all__ = ["OpeningHours", "HOURS", "parse_order", "zero", "merge", "join", "parse_prices", "ORDERS", "JOB_SETTING"]
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 
-from app.kafka_io import check_broker, ensure_topics, produce, read_topic
-from app.processes import WorkerProcess, run_main
-from app.settings import load_settings
-from app.split import InvalidMessage, split_order
 from examples.pricing import STEP as DEMO_STEP
 from shop.settings import demo_web_port
+from weir.app.kafka_io import check_broker, ensure_topics, produce, read_topic
+from weir.app.processes import WorkerProcess, run_main
+from weir.app.settings import load_settings
+from weir.app.split import InvalidMessage, split_order
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"

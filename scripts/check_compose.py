@@ -46,7 +46,7 @@ def _on_path() -> None:
 
 def _agent_names() -> tuple[str, ...]:
     _on_path()
-    from app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
+    from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
 
     # "flows" runs the user's WEIR_FLOWS module: a service for it belongs to the user's own deployment.
     return AGENT_NAMES + tuple(name for name in OPTIONAL_AGENT_NAMES if name != "flows")

@@ -21,7 +21,7 @@ from typing import Any
 
 from shop.catalogue import CATALOGUE_CENTS
 from shop.state import claim_shard_keys, day_merge, day_report, day_zero, read_outcome
-from tables.eof import Dropped, EofJob, is_count
+from weir.tables.eof import Dropped, EofJob, is_count
 
 __all__ = ["DAY", "JOB_SETTING"]
 

@@ -22,15 +22,15 @@ from typing import Any
 
 import orjson
 
-from app.jsonlines import read_lines
-from app.kafka_io import check_broker, delete_topics, read_topic
-from app.processes import WorkerProcess, run_main
-from app.settings import load_settings
 from shop.day import JOB_SETTING
 from shop.flows import FLOWS_SETTING
 from shop.flows import describe as dispatch_flows
 from shop.screens import ScreenProgress, Screens, payments_by_state, stock_left
 from shop.settings import demo_web_port
+from weir.app.jsonlines import read_lines
+from weir.app.kafka_io import check_broker, delete_topics, read_topic
+from weir.app.processes import WorkerProcess, run_main
+from weir.app.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "shop"

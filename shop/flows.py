@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.flows import Await, Exchange, Flow, payload
 from shop.settings import ShopSettings
 from shop.state import DAY_AGGREGATE, DAY_COUNTER, DispatchOrder, Send, WaitEnd, read_answer, reservations, settle
+from weir.app.flows import Await, Exchange, Flow, payload
 
 __all__ = ["FLOWS", "FLOWS_SETTING", "describe", "PAYMENT_ANSWERS", "KITCHEN_ANSWERS", "DISPATCH", "AWAIT_PAYMENT", "AWAIT_KITCHEN"]
 

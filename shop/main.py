@@ -8,11 +8,11 @@ agents running its job (``WEIR_EOF_JOB=shop.day:DAY``): :data:`shop.demo.WORKER_
 
 from __future__ import annotations
 
-from app.settings import register_agent_sets
 from shop.agents import AGENT_SETS
+from weir.app.settings import register_agent_sets
 
 register_agent_sets(AGENT_SETS)
 
-from app.main import app  # noqa: E402  (after the registration: importing it reads WEIR_AGENTS)
+from weir.app.main import app  # noqa: E402  (after the registration: importing it reads WEIR_AGENTS)
 
 __all__ = ["app"]

@@ -25,13 +25,13 @@ from typing import Any
 
 import orjson
 
-from app.codec import dumps
-from app.kafka_io import ReplyDesk, read_topic
-from app.settings import load_settings
 from shop.cards import protect_line
 from shop.settings import ShopSettings
 from shop.state import SHOP_TOPICS
-from tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
+from weir.app.codec import dumps
+from weir.app.kafka_io import ReplyDesk, read_topic
+from weir.app.settings import load_settings
+from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
 __all__ = ["Screens", "ScreenProgress", "stock_left"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.flows import Flow
+    from weir.app.flows import Flow
 
 __all__ = [
     "OK",
@@ -439,6 +439,6 @@ async def publish_trigger_messages(bootstrap: str, topic_prefix: str, messages: 
 
     Inside an agent, send them on ``agents.triggers.triggers_topic`` instead, so they join the event's transaction.
     """
-    from app.kafka_io import produce_json  # the state core itself stays free of Kafka
+    from weir.app.kafka_io import produce_json  # the state core itself stays free of Kafka
 
     return await produce_json(bootstrap, f"{topic_prefix}{TRIGGERS_TOPIC}", messages)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 from psycopg import sql
 
-from app.settings import default_bootstrap, default_postgres_url
+from weir.app.settings import default_bootstrap, default_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ settings.load_profile("weir")
 def _commits_not_refused() -> Iterator[None]:
     """A test that stops a worker refuses its commits (``app.engine.scopes.gate.refuse``): the next test's may commit."""
     yield
-    scopes = sys.modules.get("app.engine.scopes")
+    scopes = sys.modules.get("weir.app.engine.scopes")
     if scopes is not None:
         scopes.gate.refused = None
 

@@ -10,14 +10,14 @@ Everything else in the repository's ``app``, ``agents`` and ``tables`` packages 
 
 from __future__ import annotations
 
-from app.eof_gateway import Gateway
-from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
-from app.outbox import open_outbox, write
-from app.settings import Settings
-from app.testing import Crashed, TestDriver, TestRecord, VirtualClock
-from app.trigger_status import child_done
-from tables.eof import Dropped, EofJob
-from tables.triggers import completion_message, publish_trigger_messages, registration_message
+from weir.app.eof_gateway import Gateway
+from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
+from weir.app.outbox import open_outbox, write
+from weir.app.settings import Settings
+from weir.app.testing import Crashed, TestDriver, TestRecord, VirtualClock
+from weir.app.trigger_status import child_done
+from weir.tables.eof import Dropped, EofJob
+from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
 
 __all__ = [
     "Await",

@@ -123,18 +123,18 @@ from collections.abc import Callable, Mapping
 
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
-from app.engine import config as _config
-from app.engine import fetcher, kip447, restore
-from app.engine.commit import observe_aborts, observe_commits
-from app.engine.config import EngineConfig, worker_slot
-from app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
-from app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
-from app.engine.overlay import WeirTable, WeirTopic, send_record
-from app.engine.restore import observe_restores, wipe_local_tables
-from app.engine.scopes import batch_scope, gate, part_scope
-from app.engine.stores import by_partition, partition_get, partition_items
-from app.engine.streams import batches, take_ready
-from app.engine.transactions import WeirProducer, WeirTransactionManager
+from weir.app.engine import config as _config
+from weir.app.engine import fetcher, kip447, restore
+from weir.app.engine.commit import observe_aborts, observe_commits
+from weir.app.engine.config import EngineConfig, worker_slot
+from weir.app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
+from weir.app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
+from weir.app.engine.overlay import WeirTable, WeirTopic, send_record
+from weir.app.engine.restore import observe_restores, wipe_local_tables
+from weir.app.engine.scopes import batch_scope, gate, part_scope
+from weir.app.engine.stores import by_partition, partition_get, partition_items
+from weir.app.engine.streams import batches, take_ready
+from weir.app.engine.transactions import WeirProducer, WeirTransactionManager
 
 __all__ = [
     "TESTED_VERSIONS",

@@ -33,8 +33,8 @@ from aiokafka.errors import CommitFailedError, ProducerFenced
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from app.engine.diagnostics import trace, tracing
-from app.engine.scopes import await_deliveries, gate, take_deferred
+from weir.app.engine.diagnostics import trace, tracing
+from weir.app.engine.scopes import await_deliveries, gate, take_deferred
 
 __all__ = [
     "force_commit",

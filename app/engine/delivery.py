@@ -24,12 +24,12 @@ from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
 from mode.utils.futures import notify
 
-from app.engine import commit, offsets, restore
-from app.engine.config import installed, worker_slot
-from app.engine.diagnostics import trace, tracing
-from app.engine.fetcher import assigned_position, kafka_assignment, kafka_client, set_fetching, skipped_offsets, until_listed
-from app.engine.inbox import drop_revoked, inbox_for
-from app.engine.scopes import gate
+from weir.app.engine import commit, offsets, restore
+from weir.app.engine.config import installed, worker_slot
+from weir.app.engine.diagnostics import trace, tracing
+from weir.app.engine.fetcher import assigned_position, kafka_assignment, kafka_client, set_fetching, skipped_offsets, until_listed
+from weir.app.engine.inbox import drop_revoked, inbox_for
+from weir.app.engine.scopes import gate
 
 __all__ = ["WeirConsumer", "WeirConsumerThread", "first_delivery", "to_process", "ack_handled_all"]
 

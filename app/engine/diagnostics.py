@@ -8,8 +8,8 @@ from typing import Any
 
 from faust.types import TP
 
-from app.engine.config import installed
-from app.engine.scopes import gate
+from weir.app.engine.config import installed
+from weir.app.engine.scopes import gate
 
 __all__ = ["tracing", "trace", "describe_consumer", "committed_offsets"]
 

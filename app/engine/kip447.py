@@ -39,7 +39,7 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from app.engine import offsets
+from weir.app.engine import offsets
 
 __all__ = ["GroupMember", "attach_group_member", "install", "wait_settled", "UnstableOffsetCommitError"]
 

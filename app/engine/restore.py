@@ -11,8 +11,8 @@ from typing import Any
 
 from faust.types import TP
 
-from app.engine import fetcher, kip447, offsets
-from app.engine.config import installed
+from weir.app.engine import fetcher, kip447, offsets
+from weir.app.engine.config import installed
 
 __all__ = [
     "changelog_ends",

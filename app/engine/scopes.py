@@ -14,8 +14,8 @@ from faust.streams import _current_event
 from faust.types import EventT
 from faust.types.tuples import FutureMessage
 
-from app.engine.config import installed
-from app.engine.overlay import _scope_changelog, _scope_sends, _scope_writes, send_changelogs, write_out_tables
+from weir.app.engine.config import installed
+from weir.app.engine.overlay import _scope_changelog, _scope_sends, _scope_writes, send_changelogs, write_out_tables
 
 __all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "part_scope", "await_deliveries", "take_deferred"]
 

@@ -10,8 +10,8 @@ from typing import Any, cast
 
 from faust.types import EventT, StreamT
 
-from app.engine.config import installed
-from app.engine.inbox import inbox_batches, open_inbox
+from weir.app.engine.config import installed
+from weir.app.engine.inbox import inbox_batches, open_inbox
 
 __all__ = ["batches", "take_ready"]
 

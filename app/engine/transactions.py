@@ -16,9 +16,9 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.tuples import RecordMetadata
 
-from app.engine import kip447
-from app.engine.commit import commit_transactions
-from app.engine.config import installed, worker_slot
+from weir.app.engine import kip447
+from weir.app.engine.commit import commit_transactions
+from weir.app.engine.config import installed, worker_slot
 
 __all__ = ["WeirTransactionManager", "WeirProducer"]
 

@@ -36,13 +36,13 @@ import faust
 from aiokafka.errors import IllegalOperation, ProducerFenced
 from faust.types import EventT, TableT
 
-from app import metrics
-from app.codec import dumps
-from app.deadlines import DeadlineIndex
-from app.errors import OutputFailed, dead_letter_record, describe_error
-from app.runtime import environment
-from app.shell import message_headers, record_limit, send_dead_letter, send_dead_letter_record
-from app.shell import now_ms as wall_clock_ms
+from weir.app import metrics
+from weir.app.codec import dumps
+from weir.app.deadlines import DeadlineIndex
+from weir.app.errors import OutputFailed, dead_letter_record, describe_error
+from weir.app.runtime import environment
+from weir.app.shell import message_headers, record_limit, send_dead_letter, send_dead_letter_record
+from weir.app.shell import now_ms as wall_clock_ms
 
 __all__ = [
     "Output",

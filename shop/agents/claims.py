@@ -22,10 +22,6 @@ from typing import Any
 import orjson
 from faust.types import EventT, StreamT
 
-from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
-from app.deadlines import DeadlineIndex
-from app.runtime.keyed import Change, KeyedState, Refusal, TableStore
-from app.ticks import tick_every
 from shop.agents.common import outputs, send_all, shop_settings, shop_topics
 from shop.cards import CardRef
 from shop.state import (
@@ -42,6 +38,10 @@ from shop.state import (
     order_sends,
 )
 from shop.tables.order_ids import order_ids, order_ids_deadlines
+from weir.app.core import InvalidMessage, app, handle_events, now_ms, record_limit, send_dead_letter, settings
+from weir.app.deadlines import DeadlineIndex
+from weir.app.runtime.keyed import Change, KeyedState, Refusal, TableStore
+from weir.app.ticks import tick_every
 
 __all__ = ["shop_claims"]
 

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import faust
 from faust.types import EventT
 
-from app.core import app, settings, topics
-from app.runtime.keyed import Output, Undeliverable, send_checked
-from app.serve import faust_topic
 from shop.settings import ShopSettings
 from shop.state import DAY_AGGREGATE, DAY_COUNTER, SHOP_TOPICS, Send
-from tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER
+from weir.app.core import app, settings, topics
+from weir.app.runtime.keyed import Output, Undeliverable, send_checked
+from weir.app.serve import faust_topic
+from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER
 
 __all__ = ["shop_settings", "shop_topics", "send_all", "outputs"]
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from app.core import InvalidMessage, app, handle_events, now_ms, settings
-from app.deadlines import DeadlineIndex, deadline_bucket
-from app.runtime.keyed import Change, KeyedState, TableStore
-from app.ticks import tick_every
 from shop.agents.common import outputs, shop_settings, shop_topics
 from shop.state import Send, Stock, on_deliver, on_release, on_reserve
 from shop.tables.stock import settled, settled_deadlines, stock
+from weir.app.core import InvalidMessage, app, handle_events, now_ms, settings
+from weir.app.deadlines import DeadlineIndex, deadline_bucket
+from weir.app.runtime.keyed import Change, KeyedState, TableStore
+from weir.app.ticks import tick_every
 
 __all__ = ["shop_kitchen"]
 

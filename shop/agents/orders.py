@@ -14,13 +14,13 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from app.core import InvalidMessage, app, handle_events, now_ms, record_limit, redact_dead_letters, send_dead_letter
-from app.errors import describe_error
-from app.runtime.keyed import prepare_outputs, send_prepared
 from shop.agents.common import outputs, send_all, shop_settings, shop_topics
 from shop.cards import mask_card_numbers
 from shop.catalogue import CATALOGUE_CENTS
 from shop.state import INVALID, Send, ShopOrder, claim_key, line_outcome, order_sends, parse_shop_order
+from weir.app.core import InvalidMessage, app, handle_events, now_ms, record_limit, redact_dead_letters, send_dead_letter
+from weir.app.errors import describe_error
+from weir.app.runtime.keyed import prepare_outputs, send_prepared
 
 __all__ = ["shop_orders"]
 

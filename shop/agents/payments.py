@@ -11,11 +11,11 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from app.core import InvalidMessage, app, handle_events, now_ms
-from app.runtime.keyed import Change, KeyedState, TableStore
 from shop.agents.common import outputs, shop_settings, shop_topics
 from shop.state import Capture, Payment, on_capture, on_settle
 from shop.tables.payments import payments
+from weir.app.core import InvalidMessage, app, handle_events, now_ms
+from weir.app.runtime.keyed import Change, KeyedState, TableStore
 
 __all__ = ["shop_payments"]
 

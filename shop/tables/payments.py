@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.core import json_table
-from app.runtime.views import register_view
+from weir.app.core import json_table
+from weir.app.runtime.views import register_view
 
 __all__ = ["payments"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.flows import Await, Exchange, Flow, header, payload
+from weir.app.flows import Await, Exchange, Flow, header, payload
 
 TIMEOUT_MS = int(os.environ.get("TEST_BARRIER_TIMEOUT_MS", "30000"))
 #: The dispatch barrier's rule for a second exchange of one order while one waits ("reject" is the default).

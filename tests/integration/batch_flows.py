@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.flows import Exchange, Flow, payload
+from weir.app.flows import Exchange, Flow, payload
 
 
 def summarise(exchange: Exchange) -> dict[str, Any]:

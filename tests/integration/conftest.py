@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from app.kafka_io import delete_topics
-from app.processes import WorkerProcess
 from tests.conftest import ROOT
+from weir.app.kafka_io import delete_topics
+from weir.app.processes import WorkerProcess
 
 #: Ports handed out by :func:`free_port` in this process (a worker may not have bound its port yet).
 _HANDED_OUT: set[int] = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tables.eof import Dropped, EofJob
+from weir.tables.eof import Dropped, EofJob
 
 WORDS_SAID = ("stream", "batch", "client", "count", "merge", "join")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from app.flows import Await, Exchange, Flow, payload
+from weir.app.flows import Await, Exchange, Flow, payload
 
 TIMEOUT_MS = int(os.environ.get("TEST_BARRIER_TIMEOUT_MS", "30000"))
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.flows import Exchange, Flow, header, payload
+from weir.app.flows import Exchange, Flow, header, payload
 
 TIMEOUT_MS = int(os.environ.get("TEST_AGGREGATE_TIMEOUT_MS", "30000"))
 PRICES = {"vanilla": 250, "chocolate": 300, "mint": 275}

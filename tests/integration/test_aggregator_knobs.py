@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from app.control import send_force
-from app.kafka_io import ensure_topics, produce_json, read_topic
 from tests.integration.conftest import Pipeline
+from weir.app.control import send_force
+from weir.app.kafka_io import ensure_topics, produce_json, read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -21,15 +21,15 @@ from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from app.eof_gateway import Gateway
-from app.kafka_io import ensure_topics, produce_json, read_topic
 from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
 from shop.demo import ENTRY as SHOP_ENTRY
 from shop.demo import WORKER_ENV as SHOP_WORKER_ENV
 from shop.demo import run_shop
 from shop.state import SHOP_INPUTS
-from tables.triggers import completion_message, publish_trigger_messages, registration_message
 from tests.integration.conftest import Pipeline
+from weir.app.eof_gateway import Gateway
+from weir.app.kafka_io import ensure_topics, produce_json, read_topic
+from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.kafka_io import ensure_topics, produce_json, read_topic
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
+from weir.app.kafka_io import ensure_topics, produce_json, read_topic
 
 pytestmark = pytest.mark.integration
 

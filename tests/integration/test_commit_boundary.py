@@ -15,8 +15,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.kafka_io import ensure_topics
 from tests.integration.conftest import Pipeline
+from weir.app.kafka_io import ensure_topics
 
 pytestmark = pytest.mark.integration
 

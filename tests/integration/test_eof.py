@@ -16,12 +16,12 @@ from typing import Any
 import orjson
 import pytest
 
-from app.eof_gateway import Gateway, batched
-from app.kafka_io import read_topic
 from examples.eof_orders import JOB_SETTING, ORDERS
 from shop.catalogue import CATALOGUE_CENTS
-from tables.eof import TOPIC_COUNTER, TOPIC_REPORTS, EofJob, filter_batch, reference_report
 from tests.integration.conftest import Pipeline
+from weir.app.eof_gateway import Gateway, batched
+from weir.app.kafka_io import read_topic
+from weir.tables.eof import TOPIC_COUNTER, TOPIC_REPORTS, EofJob, filter_batch, reference_report
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from app.eof_gateway import Gateway
-from tables.eof import reference_report
 from tests.integration.conftest import Pipeline
 from tests.integration.eof_jobs import SUMS, WORDS, word_lines
+from weir.app.eof_gateway import Gateway
+from weir.tables.eof import reference_report
 
 pytestmark = pytest.mark.integration
 

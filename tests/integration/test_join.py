@@ -15,8 +15,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaClient
 
-from app.engine.fetcher import until_listed
-from app.kafka_io import ensure_topics
+from weir.app.engine.fetcher import until_listed
+from weir.app.kafka_io import ensure_topics
 
 pytestmark = pytest.mark.integration
 

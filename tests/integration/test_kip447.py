@@ -14,8 +14,8 @@ from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import TopicPartition
 
-from app.engine import kip447
-from app.kafka_io import ensure_topics
+from weir.app.engine import kip447
+from weir.app.kafka_io import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -19,20 +19,20 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.kafka_io import ensure_topics, produce, produce_json, read_topic
-from app.outbox import Doorbell, open_outbox, write
-from app.processes import WorkerProcess
-from app.trigger_status import child_done
-from tables.triggers import (
+from tests.conftest import ROOT
+from tests.integration.conftest import Pipeline, free_port
+from tests.integration.test_barrier import BARRIER, dispatch, kitchen, payment, prepare, send, start_flows
+from weir.app.kafka_io import ensure_topics, produce, produce_json, read_topic
+from weir.app.outbox import Doorbell, open_outbox, write
+from weir.app.processes import WorkerProcess
+from weir.app.trigger_status import child_done
+from weir.tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     TRIGGERS_TOPIC,
     completion_message,
     publish_trigger_messages,
     registration_message,
 )
-from tests.conftest import ROOT
-from tests.integration.conftest import Pipeline, free_port
-from tests.integration.test_barrier import BARRIER, dispatch, kitchen, payment, prepare, send, start_flows
 
 pytestmark = pytest.mark.integration
 
@@ -194,7 +194,7 @@ def test_a_relay_process_serves_rows_relayed_and_the_rows_pending_with_their_wai
     database = tmp_path / "outbox.sqlite"
     outbox = open_outbox(str(database), source="metrics-relay")
     port = free_port()
-    command = [sys.executable, "-m", "app.outbox_relay", "--db", str(database), "--source", "metrics-relay", "--topic", topic]
+    command = [sys.executable, "-m", "weir.app.outbox_relay", "--db", str(database), "--source", "metrics-relay", "--topic", topic]
     command += ["--metrics-port", str(port), "--safety-timeout", "600"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP": kafka_bootstrap}
     with (tmp_path / "relay.log").open("wb") as log:

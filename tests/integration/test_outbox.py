@@ -23,9 +23,9 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.kafka_io import ensure_topics
-from app.outbox import OUTBOX_ID_FIELD, Outbox, OutboxDedup, OutboxRelay, OutboxRow, open_outbox, outbox_id_of, write
 from tests.conftest import ROOT
+from weir.app.kafka_io import ensure_topics
+from weir.app.outbox import OUTBOX_ID_FIELD, Outbox, OutboxDedup, OutboxRelay, OutboxRow, open_outbox, outbox_id_of, write
 
 pytestmark = pytest.mark.integration
 
@@ -249,7 +249,7 @@ def test_writer_threads_arrive_in_order_exactly_once_and_wake_the_sleeping_relay
 WRITER_PROCESS = textwrap.dedent(
     """
     import random, sys, time
-    from app.outbox import open_outbox, write
+    from weir.app.outbox import open_outbox, write
     location, source, name, count, mark = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     outbox = open_outbox(location, source=source)
     jitter = random.Random(name)
@@ -314,7 +314,19 @@ class RelayProcess:
     """``python -m app.outbox_relay`` in its own session, so a SIGKILL takes the whole process group."""
 
     def __init__(self, db: str, source: str, topic: str, bootstrap: str, log_path: Path, batch: int) -> None:
-        self.command = [sys.executable, "-m", "app.outbox_relay", "--db", db, "--source", source, "--topic", topic, "--batch", str(batch)]
+        self.command = [
+            sys.executable,
+            "-m",
+            "weir.app.outbox_relay",
+            "--db",
+            db,
+            "--source",
+            source,
+            "--topic",
+            topic,
+            "--batch",
+            str(batch),
+        ]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP": bootstrap}
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None

@@ -23,12 +23,12 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from app.kafka_io import produce, produce_json, read_topic
-from app.processes import WorkerProcess
-from app.settings import Settings
 from tests.conftest import ROOT
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
+from weir.app.kafka_io import produce, produce_json, read_topic
+from weir.app.processes import WorkerProcess
+from weir.app.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -17,13 +17,13 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.kafka_io import produce, read_topic
 from scripts.make_shop_orders import order_lines
 from shop.catalogue import CATALOGUE_CENTS
 from shop.demo import ENTRY, STAGES, WORKER_ENV, run_shop
 from shop.state import decision_key, gateway_decision, parse_shop_order
 from tests.integration.conftest import Pipeline
 from tests.integration.test_eof import last_values
+from weir.app.kafka_io import produce, read_topic
 
 pytestmark = pytest.mark.integration
 

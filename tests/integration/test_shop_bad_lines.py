@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.kafka_io import delete_topics, read_topic
 from scripts.make_shop_orders import order_lines
 from tests.conftest import ROOT
+from weir.app.kafka_io import delete_topics, read_topic
 
 pytestmark = pytest.mark.integration
 

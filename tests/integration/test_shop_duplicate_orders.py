@@ -19,8 +19,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.kafka_io import delete_topics, read_topic
 from tests.conftest import ROOT
+from weir.app.kafka_io import delete_topics, read_topic
 
 pytestmark = pytest.mark.integration
 

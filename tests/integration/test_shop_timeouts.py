@@ -12,11 +12,11 @@ from collections import Counter
 import orjson
 import pytest
 
-from app.kafka_io import read_topic
 from shop.demo import ENTRY, run_shop
 from shop.screens import payments_by_state
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV
+from weir.app.kafka_io import read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from app.kafka_io import ensure_topics, produce, produce_json, read_topic
-from app.processes import WorkerProcess
 from tests.integration.conftest import Pipeline
+from weir.app.kafka_io import ensure_topics, produce, produce_json, read_topic
+from weir.app.processes import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from app.kafka_io import ensure_topics, read_topic
-from app.processes import WorkerProcess
 from tests.integration.conftest import Pipeline
 from tests.integration.split_flows import PRICES
 from tests.integration.test_barrier import send
+from weir.app.kafka_io import ensure_topics, read_topic
+from weir.app.processes import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

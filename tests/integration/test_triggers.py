@@ -20,10 +20,11 @@ from typing import Any
 import orjson
 import pytest
 
-from app.kafka_io import ensure_topics, read_topic
-from app.outbox import OutboxRelay, open_outbox, write
-from app.trigger_status import child_done
-from tables.triggers import (
+from tests.integration.conftest import Pipeline
+from weir.app.kafka_io import ensure_topics, read_topic
+from weir.app.outbox import OutboxRelay, open_outbox, write
+from weir.app.trigger_status import child_done
+from weir.tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
     TRIGGERS_TOPIC,
@@ -33,7 +34,6 @@ from tables.triggers import (
     publish_trigger_messages,
     registration_message,
 )
-from tests.integration.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -204,8 +204,8 @@ def test_a_sigkill_of_a_trigger_worker_mid_run_wakes_every_parent_once(pipeline:
 # then waits to be killed; nothing of it is published (no relay runs).
 CHILD = """
 import sys, time
-from app.outbox import open_outbox, write
-from app.trigger_status import child_done
+from weir.app.outbox import open_outbox, write
+from weir.app.trigger_status import child_done
 location, prefix, parent_id, child_id = sys.argv[1:5]
 outbox = open_outbox(location)
 mark = "%s" if location.startswith("postgres") else "?"
@@ -304,7 +304,7 @@ def test_a_triggers_worker_deletes_status_rows_past_their_retention(pipeline: Pi
     """The children's status table does not grow forever: rows older than WEIR_TRIGGER_STATUS_RETENTION_MS go, newer stay."""
     import sqlite3
 
-    from app.trigger_status import STATUS_TABLE, SQLiteStatusSource
+    from weir.app.trigger_status import STATUS_TABLE, SQLiteStatusSource
 
     create_topics(pipeline)
     database = tmp_path / "children.sqlite"

@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.kafka_io import ensure_topics, produce_json, read_topic
 from tests.integration.conftest import Pipeline
+from weir.app.kafka_io import ensure_topics, produce_json, read_topic
 
 pytestmark = pytest.mark.integration
 

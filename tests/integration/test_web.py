@@ -19,10 +19,10 @@ from urllib.parse import quote
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from app.kafka_io import ensure_topics, produce, produce_json
-from app.web import weir_partition
 from tests.conftest import ROOT
 from tests.integration.conftest import Pipeline
+from weir.app.kafka_io import ensure_topics, produce, produce_json
+from weir.app.web import weir_partition
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app import collector
+from weir.app import collector
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.settings import AGENT_NAMES
+from weir.app.settings import AGENT_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"

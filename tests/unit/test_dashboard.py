@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from app import metrics
+from weir.app import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.deadlines import DeadlineIndex, deadline_bucket
+from weir.app.deadlines import DeadlineIndex, deadline_bucket
 
 
 class FakeTable(dict[str, Any]):

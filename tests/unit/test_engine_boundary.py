@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from app import engine
+from weir.app import engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("app", "agents", "tables")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import RetryPolicy, StepOutcome, dead_letter_record, describe_error, run_with_retry
+from weir.app.errors import RetryPolicy, StepOutcome, dead_letter_record, describe_error, run_with_retry
 
 FAST = settings(max_examples=200, deadline=None, database=None)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, header, payload, validate_flows
+from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, header, payload, validate_flows
 
 
 def noop(exchange: Exchange) -> None:
@@ -162,7 +162,7 @@ def test_a_split_without_its_aggregate_is_refused_at_startup() -> None:
 
 
 def test_a_flow_selection_is_its_own_stage_and_consumer_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.settings import load_settings
+    from weir.app.settings import load_settings
 
     monkeypatch.setenv("WEIR_APP_ID", "shop")
     monkeypatch.setenv("WEIR_AGENTS", "flows")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.flow_topology import load_flows
 from weir import FlowGraphError, Settings, TestDriver
+from weir.app.flow_topology import load_flows
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.pipeline import make_step
+from weir.app.pipeline import make_step
 
 
 def meeting_sync(barrier: threading.Barrier) -> Any:
@@ -90,7 +90,7 @@ class _Flaky:
 
 def _outcomes(function: _Flaky, payloads: list[int]) -> list[Any]:
     """The item worker's outcomes for one item message, its step tried in place first (as the pipeline's sync step is)."""
-    from app.aggregation import ItemWorker
+    from weir.app.aggregation import ItemWorker
 
     async def step(payload: Any, index: int, message: dict[str, Any]) -> Any:
         raise AssertionError("a sync step in place is not run through the coroutine step")

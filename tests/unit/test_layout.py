@@ -30,7 +30,20 @@ def _weir_imports(path: Path, packages: tuple[str, ...]) -> list[tuple[str, str 
             found.extend((node.module, alias.name) for alias in node.names)
         elif isinstance(node, ast.Import):
             found.extend((alias.name, None) for alias in node.names)
-    return [(module, name) for module, name in found if module.split(".")[0] in packages]
+    # weir's code names its packages weir.app, weir.agents, weir.tables (the short names are the checkout's)
+    short = [(module.removeprefix("weir."), name) for module, name in found]
+    return [(module, name) for module, name in short if module.split(".")[0] in packages]
+
+
+def _short_name_imports(path: Path) -> list[str]:
+    """Absolute imports of ``app``, ``agents`` or ``tables`` by the short name (which a user's own package may own)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return [module for module in found if module.split(".")[0] in LIBRARY]
 
 
 def _imports(path: Path) -> set[str]:
@@ -82,6 +95,13 @@ def _unpublished_names(path: Path) -> list[str]:
         if published is None or name not in published:
             problems.append(f"{module}:{name} (not in {module}.__all__)")
     return problems
+
+
+@pytest.mark.parametrize("path", _modules(*LIBRARY, "weir", *USERS, "tests", "bench", "scripts"), ids=_relative)
+def test_code_imports_weirs_packages_by_their_installed_names(path: Path) -> None:
+    """``weir.app``, never ``app``: installed, weir is one top-level package, and a project's own ``app`` is its own."""
+    short = _short_name_imports(path)
+    assert not short, f"{_relative(path)} imports {short}: write weir.{short[0]}"
 
 
 @pytest.mark.parametrize("path", _modules("app/engine"), ids=_relative)

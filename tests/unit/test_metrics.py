@@ -13,14 +13,14 @@ import pytest
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import core, engine, metrics
-from app.engine import commit, delivery, restore
-from app.outbox import RelayStats, SQLiteOutbox, write
-from app.runtime import keyed
-from app.runtime.keyed import Change, KeyedState, Output, Refusal
-from tables.barrier import BarrierState, Waiting
-from tables.eof import ControllerState
-from tables.triggers import TriggerState
+from weir.app import core, engine, metrics
+from weir.app.engine import commit, delivery, restore
+from weir.app.outbox import RelayStats, SQLiteOutbox, write
+from weir.app.runtime import keyed
+from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal
+from weir.tables.barrier import BarrierState, Waiting
+from weir.tables.eof import ControllerState
+from weir.tables.triggers import TriggerState
 
 #: The only label names a weir metric may have: all bounded (never a key or a correlation id).
 BOUNDED_LABELS = {

@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from app.settings import kafka_client_options, load_settings
+from weir.app.settings import kafka_client_options, load_settings
 
 SECRET = "pw-never-shown-31"
 

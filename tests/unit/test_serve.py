@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from app import core, serve
-from app.stages import Stage
+from weir.app import core, serve
+from weir.app.stages import Stage
 
 
 async def _nothing(part: Any) -> None:

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from app import engine
-from app.settings import load_settings
+from weir.app import engine
+from weir.app.settings import load_settings
 
 
 def test_one_transaction_per_worker_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tables.aggregates import (
+from weir.tables.aggregates import (
     AggregatorConfig,
     DoneState,
     GroupState,

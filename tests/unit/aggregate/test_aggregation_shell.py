@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import aggregation, core, metrics
-from app.aggregation import Aggregation, split_messages
-from app.errors import fitted_dead_letter
-from app.runtime import keyed
-from app.runtime.keyed import Output
-from tables.aggregates import AggregatorConfig
+from weir.app import aggregation, core, metrics
+from weir.app.aggregation import Aggregation, split_messages
+from weir.app.errors import fitted_dead_letter
+from weir.app.runtime import keyed
+from weir.app.runtime.keyed import Output
+from weir.tables.aggregates import AggregatorConfig
 
 
 def _stage(config: AggregatorConfig | None = None) -> tuple[Aggregation, list[Any], dict[str, Any]]:
@@ -248,7 +248,7 @@ def _open_with_one_outcome(stage: Aggregation, correlation_id: str, partition: i
 
 
 def test_force_all_completes_the_open_groups_of_its_partition_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.kafka_io import key_partition
+    from weir.app.kafka_io import key_partition
 
     monkeypatch.setitem(core.topic_partitions, "item-results", 4)
     stage, emitted, tables = _stage(AggregatorConfig(name="t", timeout_ms=None))

@@ -18,12 +18,12 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import aggregation, core, shell
-from app.aggregation import ItemWorker, send_bundled, split_messages
-from app.errors import StepOutcome
-from app.kafka_io import key_partition
 from tests.unit.aggregate.test_aggregation_shell import _outcomes, _stage
 from weir import Settings, TestDriver
+from weir.app import aggregation, core, shell
+from weir.app.aggregation import ItemWorker, send_bundled, split_messages
+from weir.app.errors import StepOutcome
+from weir.app.kafka_io import key_partition
 
 
 class _Topic:

@@ -19,9 +19,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.aggregation import split_messages
-from app.pipeline import aggregator_config
-from tables.aggregates import (
+from tests.unit.aggregate.test_aggregation_shell import _stage
+from tests.unit.aggregate.test_on_items import fold
+from weir import Settings, TestDriver
+from weir.app.aggregation import split_messages
+from weir.app.pipeline import aggregator_config
+from weir.tables.aggregates import (
     COMPLETE_BY_COUNT,
     COMPLETE_BY_FLAG,
     AggregatorConfig,
@@ -31,9 +34,6 @@ from tables.aggregates import (
     inline_result,
     on_open,
 )
-from tests.unit.aggregate.test_aggregation_shell import _stage
-from tests.unit.aggregate.test_on_items import fold
-from weir import Settings, TestDriver
 
 ROOT = Path(__file__).resolve().parents[3]
 AGGREGATOR = aggregator_config(Settings())
@@ -91,7 +91,9 @@ def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_ord
 
 def test_items_inline_refuses_to_start_under_at_least_once() -> None:
     env = {**os.environ, "WEIR_ITEMS_INLINE": "1", "WEIR_GUARANTEE": "at_least_once", "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-inline")}
-    done = subprocess.run([sys.executable, "-c", "import agents.splitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import weir.agents.splitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0
     assert "WEIR_ITEMS_INLINE=1 needs WEIR_GUARANTEE=exactly_once" in done.stderr
 

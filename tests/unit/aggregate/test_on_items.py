@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tables.aggregates import (
+from weir.tables.aggregates import (
     COMPLETE_BY_COUNT,
     COMPLETE_BY_FLAG,
     AggregatorConfig,

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from app.aggregation import ItemWorker, split_messages
-from app.errors import StepOutcome
+from weir.app.aggregation import ItemWorker, split_messages
+from weir.app.errors import StepOutcome
 
 
 def test_items_that_fit_one_chunk_carry_their_open_and_no_open_is_sent_apart() -> None:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tables.barrier import (
+from weir.tables.barrier import (
     COMPLETED,
     DUPLICATE_RULES,
     FAILED,

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tables.barrier import (
+from weir.tables.barrier import (
     COMPLETED,
     CONTINUE,
     FAILED,

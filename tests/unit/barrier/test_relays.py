@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tables.barrier import (
+from weir.tables.barrier import (
     COMPLETED,
     FAILED,
     REJECT,

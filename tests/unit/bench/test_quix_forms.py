@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.pipeline import aggregator_config
-from app.settings import Settings
 from bench import quix_split_aggregate as quix
 from bench._util import FLAVOURS, expected_total_cents, order, result_problem
-from tables.aggregates import ItemOutcome, complete_at_once
+from weir.app.pipeline import aggregator_config
+from weir.app.settings import Settings
+from weir.tables.aggregates import ItemOutcome, complete_at_once
 
 AGGREGATOR = aggregator_config(Settings())
 

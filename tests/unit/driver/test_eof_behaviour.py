@@ -8,9 +8,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from app.eof_gateway import batched, client_messages, delivered_message
 from examples.eof_orders import ORDERS
-from tables.eof import EofJob, filter_batch
 from tests.integration.eof_jobs import WORDS, word_lines
 from tests.integration.test_eof import (
     BATCH_SIZE,
@@ -24,6 +22,8 @@ from tests.integration.test_eof import (
     make_clients,
 )
 from weir import Settings, TestDriver
+from weir.app.eof_gateway import batched, client_messages, delivered_message
+from weir.tables.eof import EofJob, filter_batch
 
 
 def _settings(**overrides: Any) -> Settings:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from examples import eof_orders
 from examples.eof_orders import OpeningHours, parse_order, parse_prices
 from shop.catalogue import CATALOGUE_CENTS
-from tables.eof import (
+from weir.tables.eof import (
     CLIENT_STATE_STAGES,
     BatchCounts,
     BatchIds,

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from app.eof_topology import load_job, parse_jobs
 from examples.eof_orders import JOB_SETTING, ORDERS
 from tests.conftest import ROOT
+from weir.app.eof_topology import load_job, parse_jobs
 
 
 def test_no_job_is_refused_with_the_setting_named() -> None:

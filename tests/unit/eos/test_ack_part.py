@@ -14,7 +14,7 @@ from typing import Any
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
-from app.engine.delivery import WeirConsumer
+from weir.app.engine.delivery import WeirConsumer
 
 ORDERS = TP("weir.orders", 0)
 

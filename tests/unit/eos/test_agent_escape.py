@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from app import core
-from app.errors import OutputFailed
+from weir.app import core
+from weir.app.errors import OutputFailed
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_an_error_escaping_an_agent_s_loop_stops_the_worker(crashes: list[BaseEx
 
 def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: list[BaseException]) -> None:
     """The failed part's sends are in the open transaction without its offsets: Faust's stop must not commit them."""
-    from app.engine import commit, gate
+    from weir.app.engine import commit, gate
 
     class Manager:
         def __init__(self) -> None:

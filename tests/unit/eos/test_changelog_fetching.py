@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import TopicPartition
 
-from app.engine.fetcher import set_fetching
+from weir.app.engine.fetcher import set_fetching
 
 CHANGELOG = TopicPartition("weir-aggregates-changelog", 0)
 OTHER = TopicPartition("weir-aggregates-changelog", 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engine.commit import CommitBudget
+from weir.app.engine.commit import CommitBudget
 
 
 def run(budget: CommitBudget, every_s: float, duration_s: float, count: int) -> list[float]:

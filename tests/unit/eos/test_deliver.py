@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from mode import Service
 
-from app.engine import delivery
+from weir.app.engine import delivery
 
 
 async def _deliver(callback: Any, suspend: asyncio.Event) -> bool:

@@ -9,8 +9,8 @@ from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine import delivery
-from app.engine.fetcher import SkippedOffsets, note_skipped_offsets, skipped_offsets
+from weir.app.engine import delivery
+from weir.app.engine.fetcher import SkippedOffsets, note_skipped_offsets, skipped_offsets
 
 
 def test_a_hole_is_covered_only_by_ranges_a_fetch_stepped_over() -> None:

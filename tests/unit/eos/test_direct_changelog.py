@@ -20,8 +20,8 @@ from faust.tables.base import Collection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import engine
-from app.engine.scopes import BatchScope, gate
+from weir.app import engine
+from weir.app.engine.scopes import BatchScope, gate
 
 KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
 VALUES = st.one_of(st.integers(0, 9), st.dictionaries(st.sampled_from(["n", "é"]), st.integers(0, 3), max_size=2), st.text(max_size=5))
@@ -55,7 +55,7 @@ def make_table(directory: Path, name: str) -> Any:
         datadir=str(directory / name),
         processing_guarantee="exactly_once",
         autodiscover=False,
-        Table="app.engine:WeirTable",
+        Table="weir.app.engine:WeirTable",
     )
     app.__dict__["in_transaction"] = True  # a worker's app under exactly_once
     app.tables.persist_offset_on_commit = lambda store, tp, offset: None

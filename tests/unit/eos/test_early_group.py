@@ -7,7 +7,7 @@ import asyncio
 from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from app.engine import kip447
+from weir.app.engine import kip447
 
 TP = TopicPartition("items", 0)
 

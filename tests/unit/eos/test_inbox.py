@@ -16,8 +16,8 @@ from faust.types.tuples import ConsumerMessage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import inbox as inboxes
-from app.engine.inbox import Inbox, inbox_batches, open_inbox
+from weir.app.engine import inbox as inboxes
+from weir.app.engine.inbox import Inbox, inbox_batches, open_inbox
 
 ORDERS = "weir.orders"
 

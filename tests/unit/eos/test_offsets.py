@@ -9,7 +9,7 @@ import pytest
 from aiokafka.client import ConnectionGroup
 from aiokafka.structs import TopicPartition
 
-from app.engine import offsets
+from weir.app.engine import offsets
 
 
 class Client:

@@ -14,7 +14,7 @@ from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import fetcher, restore
+from weir.app.engine import fetcher, restore
 
 restore.end_restores_at_markers()
 

@@ -11,8 +11,8 @@ import faust
 import pytest
 from faust.types import TP
 
-from app import core, engine, shell
-from app.engine import delivery
+from weir.app import core, engine, shell
+from weir.app.engine import delivery
 
 
 class _Event:

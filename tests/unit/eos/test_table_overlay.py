@@ -19,7 +19,7 @@ from faust.tables.base import Collection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import engine
+from weir.app import engine
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(
@@ -54,7 +54,7 @@ def _unpatch() -> Iterator[None]:
 
 
 def make_table(initial: dict[str, int]) -> tuple[Any, list[tuple[str, Any]]]:
-    app = faust.App(f"overlay-{id(initial)}", store="memory://", Table="app.engine:WeirTable", autodiscover=False)
+    app = faust.App(f"overlay-{id(initial)}", store="memory://", Table="weir.app.engine:WeirTable", autodiscover=False)
     table = app.Table("t", default=None, partitions=1)
     changelog: list[tuple[str, Any]] = []
 

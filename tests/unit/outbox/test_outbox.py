@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from app.outbox import (
+from weir.app.outbox import (
     OUTBOX_ID_FIELD,
     OUTBOX_ID_HEADER,
     OUTBOX_SOURCE_HEADER,

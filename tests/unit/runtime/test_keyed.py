@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import shell
-from app.errors import dead_letter_record, fitted_dead_letter
-from app.runtime import environment, keyed
-from app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore, Undeliverable, prepare_outputs
-from app.testing import VirtualClock
+from weir.app import shell
+from weir.app.errors import dead_letter_record, fitted_dead_letter
+from weir.app.runtime import environment, keyed
+from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore, Undeliverable, prepare_outputs
+from weir.app.testing import VirtualClock
 
 
 class Topic:
@@ -149,7 +149,7 @@ def test_a_refusal_about_a_key_names_the_key_and_holds_the_dropped_state(monkeyp
 
 
 def test_a_send_that_keeps_failing_raises_output_failed_after_the_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.errors import OutputFailed
+    from weir.app.errors import OutputFailed
 
     class Broken(Topic):
         async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
@@ -199,8 +199,8 @@ def test_a_dead_letter_always_fits_and_keeps_where_and_why(value: Any, key: Any,
 
 def test_an_output_the_producer_refuses_fails_the_batch_instead_of_skipping_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
     """OutputFailed is not the input's fault: no dead letter, no owed outcome; it goes up and the batch fails."""
-    from app import core
-    from app.errors import OutputFailed
+    from weir.app import core
+    from weir.app.errors import OutputFailed
 
     letters: list[str] = []
 
@@ -222,7 +222,7 @@ def test_an_output_the_producer_refuses_fails_the_batch_instead_of_skipping_the_
 def test_a_send_refused_because_the_transaction_is_gone_fails_at_once() -> None:
     from aiokafka.errors import IllegalOperation
 
-    from app.errors import OutputFailed
+    from weir.app.errors import OutputFailed
 
     class Fenced(Topic):
         async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> None:
@@ -287,7 +287,7 @@ def test_a_table_store_remembering_states_loads_what_a_plain_decode_would(steps:
 
 def test_a_table_store_forgets_what_it_remembered_when_the_scope_changes() -> None:
     """It holds no more than one scope's keys: a part's states are not kept alive past the part."""
-    from app import engine
+    from weir.app import engine
 
     class Event:
         def __init__(self, partition: int) -> None:

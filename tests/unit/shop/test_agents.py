@@ -6,16 +6,16 @@ import importlib
 
 import pytest
 
-from app.core import app
-from app.settings import agent_module, load_settings, register_agent_sets
 from shop.agents import AGENT_SETS
+from weir.app.core import app
+from weir.app.settings import agent_module, load_settings, register_agent_sets
 
 
 def test_the_shops_agent_sets_are_its_own_modules_and_weirs_are_weirs() -> None:
     register_agent_sets(AGENT_SETS)  # what shop.main does before weir's entry module
     assert {name: agent_module(name) for name in AGENT_SETS} == AGENT_SETS
     assert all(module.startswith("shop.agents.") for module in AGENT_SETS.values())
-    assert agent_module("splitter") == "agents.splitter"
+    assert agent_module("splitter") == "weir.agents.splitter"
 
 
 def test_every_shop_agent_runs_one_actor() -> None:

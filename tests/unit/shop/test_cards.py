@@ -13,8 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import core, shell
-from app.errors import redacted_dead_letter
 from shop.agents import orders as shop_orders
 from shop.cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
 from shop.state import (
@@ -34,6 +32,8 @@ from shop.state import (
     reservations,
     settle,
 )
+from weir.app import core, shell
+from weir.app.errors import redacted_dead_letter
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 KEY = b"run secret"

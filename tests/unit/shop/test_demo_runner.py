@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import default_bootstrap
 from shop.demo import read_screens
 from shop.settings import demo_web_port
 from tests.conftest import ROOT
+from weir.app.settings import default_bootstrap
 
 
 def test_the_bootstrap_follows_kafka_bootstrap_else_the_local_port(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ from shop.state import (
     outcome_sends,
     parse_shop_order,
 )
-from tables.eof import on_batch, on_finish
+from weir.tables.eof import on_batch, on_finish
 
 SCREEN = "day/screen-1"
 PROPERTY = settings(max_examples=200, deadline=None, database=None)

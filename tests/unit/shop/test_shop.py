@@ -11,7 +11,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.flows import Exchange, Flow, validate_flows
 from shop.cards import CardRef, card_ref
 from shop.day import DAY
 from shop.flows import FLOWS
@@ -30,8 +29,21 @@ from shop.state import (
     order_sends,
     parse_shop_order,
 )
-from tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
-from tables.eof import ClientJoin, ClientTotals, ControllerState, Emit, Totals, on_batch, on_finish, on_report, on_sent, on_side, on_totals
+from weir.app.flows import Exchange, Flow, validate_flows
+from weir.tables.barrier import BarrierState, Release, Waiting, on_arrival, on_completion, on_tick, reported
+from weir.tables.eof import (
+    ClientJoin,
+    ClientTotals,
+    ControllerState,
+    Emit,
+    Totals,
+    on_batch,
+    on_finish,
+    on_report,
+    on_sent,
+    on_side,
+    on_totals,
+)
 
 KEY = b"test key"
 CARD = card_ref("4111 1111 1111 1111", KEY)

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from app.flows import Exchange, validate_flows
-from app.settings import load_settings
 from shop.demo import STAGES, WORKER_ENV
 from shop.flows import AWAIT_KITCHEN, AWAIT_PAYMENT, DISPATCH, FLOWS, KITCHEN_ANSWERS, PAYMENT_ANSWERS, reserve, settle_order
 from shop.state import CARD_DECLINED
+from weir.app.flows import Exchange, validate_flows
+from weir.app.settings import load_settings
 
 OPEN = {
     "kind": "open",

@@ -15,7 +15,7 @@ from shop.day import DAY
 from shop.demo import read_lines
 from shop.screens import Screens
 from shop.state import outcome_sends
-from tables.eof import ClientTotals, on_batch, on_report
+from weir.tables.eof import ClientTotals, on_batch, on_report
 
 #: The lines that once ended the demo with no report for any screen.
 NASTY_LINES = {

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tables.triggers import (
+from weir.tables.triggers import (
     NEVER_FIRED,
     OK,
     ORPHAN_COMPLETIONS,

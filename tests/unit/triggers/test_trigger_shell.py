@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 import pytest
 
-from app.outbox import SQLiteOutbox, write
-from app.trigger_status import SQLiteStatusSource, child_done
-from tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, outcome_summary, registration_message
 from tests.integration.test_triggers import make_parents, registration
 from weir import Settings, TestDriver
+from weir.app.outbox import SQLiteOutbox, write
+from weir.app.trigger_status import SQLiteStatusSource, child_done
+from weir.tables.triggers import DEFAULT_WAKE_TOPIC, completion_message, outcome_summary, registration_message
 
 SETTINGS = Settings(partitions=1, sweep_grace_ms=1_000, sweep_interval_ms=250, done_retention_ms=5_000, trigger_orphan_retention_ms=8_000)
 CONFIG = SimpleNamespace(

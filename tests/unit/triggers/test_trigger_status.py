@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.outbox import SQLiteOutbox, write
-from app.trigger_status import SQLiteStatusSource, child_done, open_status_source
+from weir.app.outbox import SQLiteOutbox, write
+from weir.app.trigger_status import SQLiteStatusSource, child_done, open_status_source
 
 
 def test_a_status_commits_with_the_work_and_its_completion_or_not_at_all(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tables.triggers import (
+from weir.tables.triggers import (
     OK,
     ChildCompletion,
     FiredState,
@@ -288,7 +288,7 @@ def test_messages_name_the_parent_and_refuse_a_bad_count() -> None:
 
 
 def test_sweep_queue_reads_one_page_per_step_resumes_from_its_cursor_and_stops_at_entries_not_due() -> None:
-    from tables.trigger_tables import SweepQueue
+    from weir.tables.trigger_tables import SweepQueue
 
     table: dict[str, Any] = {}
     queue = SweepQueue(table)  # type: ignore[arg-type]

@@ -12,9 +12,9 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import dead_letter_pages, web
-from app.dead_letter_pages import DeadLetterReader, Window, format_before, merge_newest, parse_before
-from app.web import decode_dead_letter
+from weir.app import dead_letter_pages, web
+from weir.app.dead_letter_pages import DeadLetterReader, Window, format_before, merge_newest, parse_before
+from weir.app.web import decode_dead_letter
 
 TOPIC = "weir.dead-letters"
 

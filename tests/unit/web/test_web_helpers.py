@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from app import web
-from app.codec import dumps
-from app.errors import dead_letter_record
-from app.runtime import views
-from tables.aggregates import GroupState, ItemOutcome
-from tables.barrier import BarrierState, FlowCompletion, Waiting
-from tables.eof import ClientTotals, ControllerState
-from tables.triggers import TriggerState
+from weir.app import web
+from weir.app.codec import dumps
+from weir.app.errors import dead_letter_record
+from weir.app.runtime import views
+from weir.tables.aggregates import GroupState, ItemOutcome
+from weir.tables.barrier import BarrierState, FlowCompletion, Waiting
+from weir.tables.eof import ClientTotals, ControllerState
+from weir.tables.triggers import TriggerState
 
 XSS = "<script>alert(1)</script>"
 NOW = 1_764_450_000_000
