@@ -28,6 +28,7 @@ __all__ = [
     "produce_everywhere",
     "produce_json",
     "read_topic",
+    "read_to_end",
     "ensure_topics",
     "client_options_or_env",
     "ReplyDesk",
@@ -248,6 +249,48 @@ async def read_topic(
             for messages in batch.values():
                 for message in messages:
                     records.append(decode(message.value) if decode and message.value is not None else message)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def read_to_end(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = 30.0,
+    decode: Callable[[bytes], Any] | None = None,
+    read_committed: bool = True,
+    client_options: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """Every record of ``topic`` up to its end as of the call (read_committed: its last stable offset): a read of
+    what is there that ends when it has read it, not after a quiet period. Raises TimeoutError past ``timeout_s``."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        group_id=None,
+        **client_options_or_env(client_options),
+    )
+    await consumer.start()
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not consumer.assignment():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: no partition assigned in {timeout_s} s")
+            await asyncio.sleep(0.05)
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        left = {partition for partition, end in ends.items() if end > 0}
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: not read to its end in {timeout_s} s ({len(records)} records)")
+            batch = await consumer.getmany(*left, timeout_ms=200)
+            for messages in batch.values():
+                records.extend(decode(message.value) if decode and message.value is not None else message for message in messages)
+            left = {partition for partition in left if await consumer.position(partition) < ends[partition]}
     finally:
         await consumer.stop()
     return records

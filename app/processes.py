@@ -8,14 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from weir.app.kafka_io import BrokerUnavailable
 
-__all__ = ["WorkerProcess", "run_main", "terminate", "Terminated"]
+__all__ = ["WorkerProcess", "stop_all", "run_main", "terminate", "Terminated"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,9 +65,14 @@ class WorkerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM: the worker begins its shutdown (:meth:`stop` waits for it)."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
@@ -75,6 +80,15 @@ class WorkerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def stop_all(workers: Iterable[WorkerProcess]) -> None:
+    """Stop workers at once: each gets its SIGTERM first, then each is waited for (one by one, a shutdown each)."""
+    workers = list(workers)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.stop()
 
 
 class Terminated(KeyboardInterrupt):

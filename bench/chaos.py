@@ -35,7 +35,7 @@ from shop.demo import ENTRY, run_shop
 from shop.state import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
-from weir.app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_topic
+from weir.app.kafka_io import client_options_or_env, delete_topics, ensure_topics, read_to_end
 from weir.app.processes import Terminated, terminate
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_COUNTER, TOPIC_JOIN
@@ -121,8 +121,8 @@ def invariant_violations(result: dict[str, Any], screens: dict[str, list[str]]) 
 
 def audit(bootstrap: str, topic: Any) -> tuple[Counter[str], Counter[tuple[str, str]]]:
     """Outcomes per ticket and payment transactions per (ticket, phase), as a read_committed consumer sees them."""
-    outcomes = asyncio.run(read_topic(bootstrap, topic("shop.outcomes"), until=lambda _: False, timeout_s=5.0))
-    transactions = asyncio.run(read_topic(bootstrap, topic("shop.transactions"), until=lambda _: False, timeout_s=5.0))
+    outcomes = asyncio.run(read_to_end(bootstrap, topic("shop.outcomes")))
+    transactions = asyncio.run(read_to_end(bootstrap, topic("shop.transactions")))
     per_ticket = Counter(record.key.decode() for record in outcomes)
     per_phase = Counter((value["order_id"], value["phase"]) for value in (orjson.loads(record.value) for record in transactions))
     return per_ticket, per_phase
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         killer.join()
         time.sleep(3.0)  # the garbage's dead letters commit
         per_ticket, per_phase = audit(pipeline.bootstrap, pipeline.topic)
-        letters = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("dead-letters"), until=lambda _: False, timeout_s=5.0))
+        letters = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("dead-letters")))
     finally:
         done.set()
         pipeline.stop_all()

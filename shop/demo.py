@@ -28,8 +28,8 @@ from shop.flows import describe as dispatch_flows
 from shop.screens import ScreenProgress, Screens, payments_by_state, stock_left
 from shop.settings import demo_web_port
 from weir.app.jsonlines import read_lines
-from weir.app.kafka_io import check_broker, delete_topics, read_topic
-from weir.app.processes import WorkerProcess, run_main
+from weir.app.kafka_io import check_broker, delete_topics, read_to_end
+from weir.app.processes import WorkerProcess, run_main, stop_all
 from weir.app.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,7 +162,7 @@ async def run_shop(
         "elapsed_s": elapsed,
         "stock": stock,
         "payments": payments,
-        "dead_letters": await read_topic(bootstrap, topic("dead-letters"), until=lambda _: False, timeout_s=2.0, decode=orjson.loads),
+        "dead_letters": await read_to_end(bootstrap, topic("dead-letters"), decode=orjson.loads),
     }
 
 
@@ -217,8 +217,7 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
         ok = print_summary(result)
         return 0 if ok else 1
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
         if keep or not ok:
             print(f"\ntopics {prefix}* kept; worker logs in {log_dir}")
         else:  # a run leaves nothing behind: its topics (and the app's own, named by its id) and its folder

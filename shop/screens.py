@@ -29,7 +29,7 @@ from shop.cards import protect_line
 from shop.settings import ShopSettings
 from shop.state import SHOP_TOPICS
 from weir.app.codec import dumps
-from weir.app.kafka_io import ReplyDesk, read_topic
+from weir.app.kafka_io import ReplyDesk, read_to_end
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
@@ -143,9 +143,7 @@ async def stock_left(
     bootstrap: str, topic: Callable[[str], str], *, client_options: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
     """The stock table as its committed changelog says: flavour -> container."""
-    records = await read_topic(
-        bootstrap, topic("shop_stock-changelog"), until=lambda _: False, timeout_s=2.0, client_options=client_options
-    )
+    records = await read_to_end(bootstrap, topic("shop_stock-changelog"), client_options=client_options)
     return {flavour: value for flavour, value in _last_values(records).items() if value is not None}
 
 
@@ -153,7 +151,5 @@ async def payments_by_state(
     bootstrap: str, topic: Callable[[str], str], *, client_options: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
     """The payments table as its committed changelog says: ticket -> payment."""
-    records = await read_topic(
-        bootstrap, topic("shop_payments-changelog"), until=lambda _: False, timeout_s=2.0, client_options=client_options
-    )
+    records = await read_to_end(bootstrap, topic("shop_payments-changelog"), client_options=client_options)
     return {ticket: value for ticket, value in _last_values(records).items() if value is not None}

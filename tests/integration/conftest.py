@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from weir.app.kafka_io import delete_topics
-from weir.app.processes import WorkerProcess
+from weir.app.processes import WorkerProcess, stop_all
 
 #: Ports handed out by :func:`free_port` in this process (a worker may not have bound its port yet).
 _HANDED_OUT: set[int] = set()
@@ -92,8 +92,7 @@ class Pipeline:
         return worker
 
     def stop_all(self) -> None:
-        for worker in self.workers:
-            worker.stop()
+        stop_all(self.workers)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from shop.demo import run_shop
 from shop.state import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from weir.app.eof_gateway import Gateway
-from weir.app.kafka_io import ensure_topics, produce_json, read_topic
+from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
 
 pytestmark = pytest.mark.integration
@@ -332,9 +332,7 @@ def test_garbage_on_every_input_topic_is_dead_lettered_and_the_worker_survives(p
         )
 
     wait_until_committed(trace, list(sent), timeout_s=180)
-    letters = asyncio.run(
-        read_topic(pipeline.bootstrap, pipeline.topic("dead-letters"), until=lambda _: False, timeout_s=5, decode=orjson.loads)
-    )
+    letters = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("dead-letters"), decode=orjson.loads))
     by_origin = {(letter["origin"]["topic"], letter["origin"]["partition"], letter["origin"]["offset"]): letter for letter in letters}
     ours = [by_origin[position] for position in sent if position in by_origin]
     reasons = Counter(letter["reason"] for letter in ours)

@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
-from weir.app.kafka_io import ensure_topics, produce_json, read_topic
+from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_o
         assert [order_id for order_id, count in per_order.items() if count > 1] == [], "an order has more than one result"
         assert Counter(row["status"] for row in results) == Counter({"complete": ORDERS})
         assert all(len(row["items"]) == ITEMS_PER_ORDER for row in results)
-        letters = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("dead-letters"), until=lambda _: False, timeout_s=2.0))
+        letters = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("dead-letters")))
         assert letters == [], "nothing dead-lettered"
         assert all(worker.process is not None and worker.process.poll() is None for worker in workers)
     finally:

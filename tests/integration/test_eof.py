@@ -20,7 +20,7 @@ from examples.eof_orders import JOB_SETTING, ORDERS
 from shop.catalogue import CATALOGUE_CENTS
 from tests.integration.conftest import Pipeline
 from weir.app.eof_gateway import Gateway, batched
-from weir.app.kafka_io import read_topic
+from weir.app.kafka_io import read_to_end, read_topic
 from weir.tables.eof import TOPIC_COUNTER, TOPIC_REPORTS, EofJob, filter_batch, reference_report
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,7 @@ def assert_reports_exact(
 
 def last_values(pipeline: Pipeline, table: str) -> dict[str, Any]:
     """Each key's latest value in a table's changelog (None: deleted)."""
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda _: False, timeout_s=2.0))
+    records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(f"{table}-changelog")))
     return {orjson.loads(record.key): (orjson.loads(record.value) if record.value is not None else None) for record in records}
 
 
@@ -172,7 +172,7 @@ def test_sigkill_of_controller_joiner_and_a_filter_mid_run_keeps_every_report_ex
     reports = asyncio.run(scenario())
     assert_reports_exact(reports, clients)
     # The gateway keeps the first report per client; the topic, read_committed, shows every one.
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(TOPIC_REPORTS), until=lambda _: False, timeout_s=3.0))
+    records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(TOPIC_REPORTS)))
     per_client = Counter(orjson.loads(record.value)["client"] for record in records)
     assert per_client == dict.fromkeys(clients, 1), f"reports per client on the topic: {per_client}"
     [killed] = killed_at_ms

@@ -23,7 +23,7 @@ from shop.demo import ENTRY, STAGES, WORKER_ENV, run_shop
 from shop.state import decision_key, gateway_decision, parse_shop_order
 from tests.integration.conftest import Pipeline
 from tests.integration.test_eof import last_values
-from weir.app.kafka_io import produce, read_topic
+from weir.app.kafka_io import produce, read_to_end, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +136,7 @@ def assert_outcomes_once_on_the_topic(pipeline: Pipeline, screens: dict[str, lis
     The screens keep the first outcome per ticket, so a duplicate would not show in what they report; the topic
     shows it. A kill after the last outcome would test nothing: each must land while orders were in flight.
     """
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("shop.outcomes"), until=lambda _: False, timeout_s=3.0))
+    records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("shop.outcomes")))
     per_line = Counter((orjson.loads(record.value)["screen"].rsplit("/", 1)[-1], orjson.loads(record.value)["line"]) for record in records)
     expected = {(name, number) for name, lines in screens.items() for number in range(1, len(lines) + 1)}
     assert set(per_line) == expected, f"{len(expected - set(per_line))} lines without an outcome on the topic"
@@ -300,7 +300,8 @@ async def _every_record(bootstrap: str, prefix: str) -> dict[str, list[Any]]:
         names = sorted(name for name in await admin.list_topics() if name.startswith(prefix))
     finally:
         await admin.close()
-    return {name: await read_topic(bootstrap, name, until=lambda _: False, timeout_s=2.0, read_committed=False) for name in names}
+    read = await asyncio.gather(*(read_to_end(bootstrap, name, read_committed=False) for name in names))
+    return dict(zip(names, read, strict=True))
 
 
 def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pipeline: Pipeline) -> None:

@@ -16,7 +16,7 @@ from shop.demo import ENTRY, run_shop
 from shop.screens import payments_by_state
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV
-from weir.app.kafka_io import read_topic
+from weir.app.kafka_io import read_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +49,6 @@ def test_orders_time_out_at_the_payment_barrier_and_late_captures_are_voided(pip
             break
         time.sleep(1)
     assert Counter(payment["state"] for payment in payments.values()) == {"voided": 3}, payments
-    kitchen = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("shop.kitchen"), until=lambda _: False, timeout_s=2.0))
+    kitchen = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("shop.kitchen")))
     asked = [message for message in (orjson.loads(record.value) for record in kitchen) if message.get("kind") != "tick"]
     assert asked == [], "an order without a capture never reaches the kitchen"

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import Pipeline
-from weir.app.kafka_io import ensure_topics, read_topic
+from weir.app.kafka_io import ensure_topics, read_to_end, read_topic
 from weir.app.outbox import OutboxRelay, open_outbox, write
 from weir.app.trigger_status import child_done
 from weir.tables.triggers import (
@@ -231,7 +231,7 @@ def children_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def fired_marker(pipeline: Pipeline, parent_id: str) -> dict[str, Any] | None:
     """The parent's fired marker as the committed changelog of ``triggers_fired`` holds it last."""
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("triggers_fired-changelog"), until=lambda _: False, timeout_s=2.0))
+    records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("triggers_fired-changelog")))
     latest = {orjson.loads(record.key): record.value for record in records}
     value = latest.get(parent_id)
     return None if value is None else dict(orjson.loads(value))

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import Pipeline
-from weir.app.kafka_io import ensure_topics, produce_json, read_topic
+from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -84,9 +84,7 @@ def test_a_result_over_the_broker_limit_is_dead_lettered_for_its_group_alone(pip
         assert letter["value"]["size_bytes"] == by_order[order_id][0]["size_bytes"]
         assert letter["value"]["sha256"] == by_order[order_id][0]["sha256"]
 
-    done = asyncio.run(
-        read_topic(pipeline.bootstrap, pipeline.topic("aggregates_done-changelog"), until=lambda _: False, timeout_s=3, decode=orjson.loads)
-    )
+    done = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("aggregates_done-changelog"), decode=orjson.loads))
     statuses = {row["correlation_id"]: row["status"] for row in done if row is not None}
     assert statuses["big-by-count"] == statuses["big-by-timeout"] == "dead-lettered"
     assert worker.process is not None
