@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ORDERS ?=
+#: pytest processes of `make test` (pytest-xdist; a test module runs whole in one of them): the integration tests
+#: wait on workers and the broker most of the time (about a third of the 2 cores busy when run one by one)
+TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help install broker broker-stop broker-wipe demo demo-split chaos test test-unit test-integration lint format bench clean compose-check
@@ -65,8 +68,11 @@ test: $(STAMP) ## lint, then every test (starts the local broker itself, and sto
 	$(MAKE) --no-print-directory lint
 	scripts/chromium.sh >/dev/null   # the web tests drive a real headless Chromium (installs Debian's package as root)
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
+	if scripts/postgres.sh status >/dev/null 2>&1 || [ -n "$$DATABASE_URL" ]; then pg_started=no; else pg_started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
-	$(BIN)/pytest --durations=15 tests; rc=$$?; \
+	scripts/postgres.sh start >/dev/null; pg=$$?; if [ $$pg = 1 ]; then exit 1; fi; \
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadscope --durations=15 tests; rc=$$?; \
+	if [ $$pg_started = yes ] && [ $$pg = 0 ]; then scripts/postgres.sh stop >/dev/null; fi; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 BENCH_STAMP := $(VENV)/.installed-bench
