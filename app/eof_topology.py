@@ -9,16 +9,15 @@ runtime (:class:`ClientStates`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from faust.types import EventT
 
-from weir.app.deadlines import DeadlineIndex
-from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from weir.app.keyed_stage import KeyedLogic, Transition, keyed_stage
+from weir.app.runtime.keyed import Change, Output, send_checked
 from weir.app.settings import load_named
-from weir.app.shell import InvalidMessage, now_ms
+from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
 from weir.tables.eof import (
     TOPIC_AGGREGATE,
@@ -50,7 +49,7 @@ from weir.tables.eof import (
     topic_base,
 )
 
-__all__ = ["EofTopology", "ClientStates", "load_job", "parse_jobs", "topic_base"]
+__all__ = ["EofTopology", "load_job", "parse_jobs", "topic_base"]
 
 
 def load_job(spec: str, setting: str = "WEIR_EOF_JOB") -> EofJob:
@@ -100,60 +99,6 @@ class _Transition(Protocol[S_co]):
 
     @property
     def rejected(self) -> str | None: ...
-
-
-class ClientStates(Generic[S]):
-    """One client per key of ``table``, through the keyed-state runtime (:class:`app.runtime.keyed.KeyedState`).
-
-    One deadline entry per client at a time (filed when the client appears or closes); a tick re-files
-    it when activity moved the deadline. ``outputs`` turns the core's messages into the runtime's outputs.
-    """
-
-    def __init__(
-        self,
-        table: Any,
-        deadlines: Any,
-        decode: Callable[[Mapping[str, Any]], S],
-        *,
-        agent: str,
-        step: str,
-        config: EofConfig,
-        outputs: Callable[[str, list[Emit]], tuple[Output, ...]],
-    ) -> None:
-        self.keyed: KeyedState[S] = KeyedState(
-            agent=agent,
-            store=TableStore(table, _encode, decode),
-            deadlines=DeadlineIndex(deadlines),
-            step=step,
-            deadline_kind="client",
-        )
-        self.agent = agent
-        self.step = step
-        self.config = config
-        self.outputs = outputs
-
-    def load(self, client: str) -> S | None:
-        return self.keyed.load(client)
-
-    def change(self, client: str, previous: S | None, transition: _Transition[S]) -> Change[S]:
-        """The core's transition as the runtime's change: the client's deadline is filed when it appears or closes."""
-        state = transition.state
-        deadlines: tuple[int, ...] = ()
-        if state is not None and state != previous and (previous is None or previous.closed_ms != state.closed_ms):
-            deadlines = (state.deadline_ms(self.config),)
-        rejected = () if transition.rejected is None else (transition.rejected,)
-        return Change(state=state, outputs=self.outputs(client, transition.emits), rejected=rejected, deadlines=deadlines)
-
-    async def apply(self, event: EventT[bytes], client: str, previous: S | None, transition: _Transition[S]) -> None:
-        await self.keyed.apply(event, client, previous, self.change(client, previous, transition))
-
-    async def tick(self, event: EventT[bytes], now_ms: int, on_tick: Callable[[S, EofConfig, int], _Transition[S]]) -> None:
-        await self.keyed.walk_deadlines(
-            event,
-            now_ms,
-            lambda _kind, state: state.deadline_ms(self.config),
-            lambda client, state, now: self.change(client, state, on_tick(state, self.config, now)),
-        )
 
 
 def _encode(state: _ClientState) -> Any:
@@ -225,68 +170,6 @@ class EofTopology:
         }
         self._wiring = wiring
 
-    @functools.cached_property
-    def counters(self) -> ClientStates[Any]:
-        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return self._client_states(
-            ("eof_counters", "eof_counter_deadlines"),
-            "EOF controller, per client: batches the gateway sent, filter reports by batch id (batches forwarded), whether "
-            "the aggregator was told to finish, and the tombstone of a cleaned-up client (value: tables.eof.ControllerState).",
-            "Deadline index of the EOF controller (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
-            ControllerState.from_dict,
-            stage="eof_controller",
-            step="count",
-        )
-
-    @functools.cached_property
-    def totals(self) -> ClientStates[Any]:
-        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return self._client_states(
-            ("eof_totals", "eof_totals_deadlines"),
-            f"EOF aggregator, per client: the totals of job {self.job.name!r} over the batches merged so far (by batch id), "
-            "whether the count is final, and the tombstone of a cleaned-up client (value: tables.eof.ClientTotals).",
-            "Deadline index of the EOF aggregator (app.deadlines.DeadlineIndex): idle clients and tombstones to drop.",
-            ClientTotals.from_dict,
-            stage="eof_aggregator",
-            step="merge",
-        )
-
-    @functools.cached_property
-    def joins(self) -> ClientStates[Any]:
-        """Declared when a stage needs it: a worker running other stages declares no table of this job."""
-        return self._client_states(
-            ("eof_joins", "eof_joins_deadlines"),
-            f"EOF joiner, per client: the side data the gateway sent, the totals the aggregator flushed, whether the report "
-            f"of job {self.job.name!r} went out, and the tombstone of a cleaned-up client (value: tables.eof.ClientJoin).",
-            "Deadline index of the EOF joiner (app.deadlines.DeadlineIndex): stray clients and tombstones to drop.",
-            ClientJoin.from_dict,
-            stage="eof_joiner",
-            step="join",
-        )
-
-    def _client_states(
-        self,
-        tables: tuple[str, str],
-        help_text: str,
-        deadlines_help: str,
-        decode: Callable[[Mapping[str, Any]], Any],
-        *,
-        stage: str,
-        step: str,
-    ) -> ClientStates[Any]:
-        """A stage's clients: its table and that table's deadline index, named after the job for a named job."""
-        prefix = f"{self.name}-" if self.name else ""
-        table, deadlines = tables
-        return ClientStates(
-            self._wiring.table(prefix + table, help_text),
-            self._wiring.table(prefix + deadlines, deadlines_help),
-            decode,
-            agent=self._agent(stage),
-            step=step,
-            config=self.config,
-            outputs=self.outputs,
-        )
-
     def _agent(self, stage: str) -> str:
         return f"{stage}:{self.name}" if self.name else stage
 
@@ -354,11 +237,19 @@ class EofTopology:
             return on_delivered(previous, client, now, job)
 
         return self._client_stage(
-            self.counters,
-            self.counter,
             "controller",
+            "count",
+            self.counter,
+            ControllerState.from_dict,
             lambda state, config, at: on_controller_tick(state, config, at, job),
             {"sent": sent, "filtered": filtered, "delivered": delivered},
+            tables=(
+                "eof_counters",
+                "EOF controller, per client: batches the gateway sent, filter reports by batch id (batches forwarded), "
+                "whether the aggregator was told to finish, and the tombstone of a cleaned-up client (value: "
+                "tables.eof.ControllerState).",
+            ),
+            deadlines=("eof_counter_deadlines", "idle clients and tombstones to drop"),
         )
 
     # -- aggregator: the job's totals per client, merged once per batch id; flushed to the joiner when the count is final
@@ -386,7 +277,18 @@ class EofTopology:
             return on_cleanup(previous, client, now)
 
         return self._client_stage(
-            self.totals, self.aggregate, "aggregator", on_aggregator_tick, {"batch": batch, "finish": finish, "cleanup": cleanup}
+            "aggregator",
+            "merge",
+            self.aggregate,
+            ClientTotals.from_dict,
+            on_aggregator_tick,
+            {"batch": batch, "finish": finish, "cleanup": cleanup},
+            tables=(
+                "eof_totals",
+                f"EOF aggregator, per client: the totals of job {job.name!r} over the batches merged so far (by batch id), "
+                "whether the count is final, and the tombstone of a cleaned-up client (value: tables.eof.ClientTotals).",
+            ),
+            deadlines=("eof_totals_deadlines", "idle clients and tombstones to drop"),
         )
 
     # -- joiner: joins a client's totals with its side data into its report (the job's join)
@@ -408,32 +310,65 @@ class EofTopology:
         def cleanup(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
             return on_join_cleanup(previous, client, now)
 
-        return self._client_stage(self.joins, self.join, "joiner", on_joiner_tick, {"side": side, "totals": totals, "cleanup": cleanup})
+        return self._client_stage(
+            "joiner",
+            "join",
+            self.join,
+            ClientJoin.from_dict,
+            on_joiner_tick,
+            {"side": side, "totals": totals, "cleanup": cleanup},
+            tables=(
+                "eof_joins",
+                f"EOF joiner, per client: the side data the gateway sent, the totals the aggregator flushed, whether the "
+                f"report of job {job.name!r} went out, and the tombstone of a cleaned-up client (value: tables.eof.ClientJoin).",
+            ),
+            deadlines=("eof_joins_deadlines", "stray clients and tombstones to drop"),
+        )
 
     def _client_stage(
         self,
-        clients: ClientStates[Any],
-        topic: Any,
         stage: str,
+        step: str,
+        topic: Any,
+        decode: Callable[[Mapping[str, Any]], Any],
         on_tick: Callable[[Any, EofConfig, int], Any],
         kinds: Mapping[str, Callable[[Any, str, dict[str, Any], int], Any]],
+        *,
+        tables: tuple[str, str],
+        deadlines: tuple[str, str],
     ) -> Stage:
-        """A stage that keeps per-client state on ``topic``: each message's ``kind`` picks the core's transition for its
-        client (``kinds``), applied through the keyed-state runtime; a tick walks the clients' deadlines (``on_tick``)."""
-        expected = ", ".join(repr(kind) for kind in kinds) + " or 'tick'"
+        """A stage that keeps per-client state on ``topic`` (:func:`app.keyed_stage.keyed_stage`): each message's
+        ``kind`` picks the core's transition for its client (``kinds``); a tick walks the clients' deadlines
+        (``on_tick``). One deadline entry per client at a time, filed when the client appears or closes; a tick files
+        it again when activity moved it. The tables are named after the job for a named job."""
+        config = self.config
 
-        async def handle(event: EventT[bytes], message: Any) -> None:
-            now = now_ms()
-            if isinstance(message, dict) and message.get("kind") == "tick":
-                await clients.tick(event, now, on_tick)
-                return
-            client = _client_of(message, stage)
-            kind = message.get("kind")
-            transition = kinds.get(kind) if isinstance(kind, str) else None
-            if transition is None:
-                raise InvalidMessage(f"eof {stage}: 'kind' must be {expected}, got {kind!r:.60}")
-            previous = clients.load(client)
-            await clients.apply(event, client, previous, transition(previous, client, message, now))
+        def change(client: str, previous: Any, transition: _Transition[Any]) -> Change[Any]:
+            state = transition.state
+            filed: tuple[int, ...] = ()
+            if state is not None and state != previous and (previous is None or previous.closed_ms != state.closed_ms):
+                filed = (state.deadline_ms(config),)
+            rejected = () if transition.rejected is None else (transition.rejected,)
+            return Change(state=state, outputs=self.outputs(client, transition.emits), rejected=rejected, deadlines=filed)
 
-        handler = per_event(agent=clients.agent, what=f"eof {stage}: message", handler=handle)
-        return Stage(clients.agent.replace(":", "-"), (topic,), handler, ticked=(topic,))
+        def on_message(core: Callable[[Any, str, dict[str, Any], int], Any]) -> Transition[Any]:
+            return lambda previous, client, message, now: change(client, previous, core(previous, client, message, now))
+
+        logic: KeyedLogic[Any] = KeyedLogic(
+            name=self._agent(f"eof_{stage}"),
+            key_of=lambda message: _client_of(message, stage),
+            on_message={kind: on_message(core) for kind, core in kinds.items()},
+            encode=_encode,
+            decode=decode,
+            due_ms=lambda _kind, state: state.deadline_ms(config),
+            on_deadline=lambda client, state, now: change(client, state, on_tick(state, config, now)),
+            step=step,
+            deadline_kind="client",
+            label=f"eof {stage}",
+        )
+        prefix = f"{self.name}-" if self.name else ""
+        index_help = f"Deadline index of the EOF {stage} (app.deadlines.DeadlineIndex): {deadlines[1]}."
+        built, _ = keyed_stage(
+            logic, self._wiring, source=topic, table=(prefix + tables[0], tables[1]), deadlines=(prefix + deadlines[0], index_help)
+        )
+        return built

@@ -169,7 +169,9 @@ class TestDriver:
     by name (``""``: the unnamed job, whose topics carry no job name), as a deployment's ``WEIR_EOF_JOB``.
     ``item_step``: runs the split/aggregate pipeline with this item step (``WEIR_ITEM_PROCESSOR``; orders on
     ``orders``, results on ``aggregates``). ``triggers``: runs the counter triggers (registrations and completions on
-    ``triggers``, wakes on ``trigger-fired``), the safety sweep reading ``status_source``. Topic
+    ``triggers``, wakes on ``trigger-fired``), the safety sweep reading ``status_source``. ``topologies``: a package's
+    own stages (built with :func:`app.keyed_stage.keyed_stage`, say), each a function of the driver's wiring that
+    returns something with ``stages()``. Topic
     names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
     :meth:`close`.
     """
@@ -185,6 +187,7 @@ class TestDriver:
         item_step: Callable[[Any], Any] | None = None,
         triggers: bool = False,
         status_source: StatusSource | None = None,
+        topologies: Sequence[Callable[[Wiring], Any]] = (),
         start_ms: int = START_MS,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
@@ -206,6 +209,10 @@ class TestDriver:
         self.triggers = TriggerTopology(self.wiring, status_source=lambda: status_source) if triggers else None
         if self.triggers is not None:
             self.stages += self.triggers.stages()
+        #: a package's own topologies, each built on the driver's wiring (anything with ``stages()``)
+        self.topologies = [build(self.wiring) for build in topologies]
+        for topology in self.topologies:
+            self.stages += topology.stages()
         #: when each ticked stage's next tick and each timer's next run are due
         self._next_tick = {stage.name: start_ms + self._tick_every(stage) for stage in self.stages if stage.ticked}
         self._next_timer = {

@@ -1,17 +1,10 @@
-"""The shop's payments table."""
+"""The shop's payments table's view (the table itself is the payment stage's: shop.stages.PAYMENTS_TABLE)."""
 
 from __future__ import annotations
 
-from weir.app.core import json_table
 from weir.app.runtime.views import register_view
 
-__all__ = ["payments"]
-
-payments = json_table(
-    "shop_payments",
-    "Payments by order ticket: the gateway's decision, captured then committed or voided, or rejected and why; the card "
-    "as its token and last four digits (value: shop.state.Payment).",
-)
+__all__: list[str] = []
 
 register_view(
     "shop_payments",

@@ -1,0 +1,95 @@
+"""The shop's payment gateway stage on weir's test driver: the worker's own stage code (shop.stages), no broker.
+
+Two phases per order ticket (capture, then commit or void), each phase logged once on ``shop.transactions`` and
+answered on ``shop.payment-answers``; a phase seen again changes nothing; a message that cannot be taken is
+dead-lettered alone; a crash between a capture and its commit replays it to the same decision.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from shop.cards import CardRef
+from shop.settings import ShopSettings
+from shop.stages import ShopStages
+from shop.state import Capture
+from weir import Settings, TestDriver
+
+CARD = CardRef("tok_abc", "1111", True)
+BAD_CARD = CardRef("tok_bad", "1112", False)  # failed the screen's Luhn check: the gateway rejects it
+
+
+def capture(order_id: str, card: CardRef = CARD, amount: int = 500) -> dict[str, Any]:
+    return Capture(order_id, amount, f"screen/1/{order_id}", card).to_message()
+
+
+def driver(reject_rate: float = 0.0) -> TestDriver:
+    shop = ShopSettings(card_reject_rate=reject_rate, seed=7)
+    return TestDriver(settings=Settings(partitions=2), topologies=[lambda wiring: ShopStages(wiring, shop)])
+
+
+def phases(test: TestDriver) -> Counter[tuple[str, str]]:
+    return Counter((record["order_id"], record["phase"]) for record in test.values("shop.transactions"))
+
+
+def test_a_capture_then_a_commit_logs_each_phase_once_and_answers_the_dispatch() -> None:
+    with driver() as test:
+        test.pipe("shop.payments", capture("o-1"), key="o-1")
+        test.pipe("shop.payments", {"kind": "commit", "order_id": "o-1"}, key="o-1")
+        assert phases(test) == Counter({("o-1", "captured"): 1, ("o-1", "committed"): 1})
+        assert test.values("shop.payment-answers") == [{"kind": "payment", "order_id": "o-1", "ok": True, "reason": None}]
+        assert test.table("shop_payments")["o-1"]["state"] == "committed"
+        assert test.dead_letters() == []
+
+
+def test_a_phase_seen_again_changes_nothing_and_a_capture_seen_again_answers_the_same() -> None:
+    with driver() as test:
+        for message in (capture("o-1"), capture("o-1"), {"kind": "void", "order_id": "o-1"}, {"kind": "void", "order_id": "o-1"}):
+            test.pipe("shop.payments", message, key="o-1")
+        assert phases(test) == Counter({("o-1", "captured"): 1, ("o-1", "voided"): 1})
+        assert [answer["ok"] for answer in test.values("shop.payment-answers")] == [True, True]
+        assert test.table("shop_payments")["o-1"]["state"] == "voided"
+
+
+def test_a_rejected_card_is_answered_no_and_its_void_settles_nothing() -> None:
+    with driver() as test:
+        test.pipe("shop.payments", capture("o-2", BAD_CARD), key="o-2")
+        test.pipe("shop.payments", {"kind": "void", "order_id": "o-2"}, key="o-2")
+        (answer,) = test.values("shop.payment-answers")
+        assert (answer["ok"], "Luhn" in answer["reason"]) == (False, True)
+        assert phases(test) == Counter({("o-2", "rejected"): 1})
+        assert test.dead_letters() == []
+
+
+def test_a_commit_without_a_capture_is_refused_alone_and_the_other_tickets_go_on() -> None:
+    with driver() as test:
+        test.pipe("shop.payments", {"kind": "commit", "order_id": "nobody"}, key="nobody", run=False)
+        test.pipe("shop.payments", b"not json", key="o-3", run=False)
+        test.pipe("shop.payments", {"kind": "refund", "order_id": "o-3"}, key="o-3", run=False)
+        test.pipe("shop.payments", capture("o-4"), key="o-4")
+        letters = {(letter["reason"], letter["agent"]): letter["error"] for letter in test.dead_letters()}
+        assert set(letters) == {("rejected", "shop_payments"), ("undecodable", "shop_payments"), ("invalid", "shop_payments")}
+        assert "has no capture to commit" in letters[("rejected", "shop_payments")]
+        assert "'kind' must be 'capture', 'commit', 'void'" in letters[("invalid", "shop_payments")]
+        assert phases(test) == Counter({("o-4", "captured"): 1}), "the ticket after them was captured"
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_a_crash_mid_batch_replays_the_captures_to_the_same_decisions(after: int) -> None:
+    tickets = [f"o-{n}" for n in range(6)]
+    with driver(reject_rate=0.5) as reference:
+        for ticket in tickets:
+            reference.pipe("shop.payments", capture(ticket), key=ticket)
+        expected = reference.table("shop_payments")
+    with driver(reject_rate=0.5) as test:
+        for ticket in tickets:
+            test.pipe("shop.payments", capture(ticket), key=ticket, run=False)
+        test.crash_after(events=after)
+        test.run()
+        assert test.crashes == 1
+        assert test.table("shop_payments") == expected
+        assert sum(phases(test).values()) == len(tickets), f"one phase per ticket, read committed: {phases(test)}"
+        assert 0 < sum(1 for payment in expected.values() if payment["state"] == "rejected") < len(tickets), "the draw rejects some"
