@@ -356,7 +356,7 @@ class EofTopology:
 
         logic: KeyedLogic[Any] = KeyedLogic(
             name=self._agent(f"eof_{stage}"),
-            key_of=lambda message: _client_of(message, stage),
+            key_of=lambda message, _record_key: _client_of(message, stage),
             on_message={kind: on_message(core) for kind, core in kinds.items()},
             encode=_encode,
             decode=decode,

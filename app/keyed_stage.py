@@ -25,7 +25,7 @@ from faust.types import EventT
 
 from weir.app.deadlines import DeadlineIndex
 from weir.app.runtime.keyed import Change, KeyedState, TableStore
-from weir.app.shell import InvalidMessage, now_ms
+from weir.app.shell import InvalidMessage, OwedOutcome, now_ms
 from weir.app.stages import Stage, Wiring, per_event
 
 __all__ = ["KeyedLogic", "Transition", "keyed_stage"]
@@ -41,15 +41,16 @@ Transition = Callable[[S | None, str, dict[str, Any], int], Change[S]]
 class KeyedLogic(Generic[S]):
     """A stateful stage's logic for one key at a time.
 
-    ``name``: the agent (its dead letters, its metrics) and the stage. ``key_of``: the key a decoded message is for
-    (raises :class:`InvalidMessage`). ``on_message``: a transition per value of the message's ``kind``. ``encode`` and
+    ``name``: the agent (its dead letters, its metrics) and the stage. ``key_of(message, record_key)``: the key a
+    decoded message is for, given its record's key as text (raises :class:`InvalidMessage`; it runs before the
+    ``kind`` is checked). ``on_message``: a transition per value of the message's ``kind``. ``encode`` and
     ``decode``: the state as the table's JSON value. ``due_ms(kind, state)`` and ``on_deadline(key, state, now_ms)``,
     both or neither: when a key's filed deadline of a kind is due for its state now (None: nothing is due any more),
     and what it does then; a logic with them gets a deadline index and ticks.
     """
 
     name: str
-    key_of: Callable[[Any], str]
+    key_of: Callable[[Any, str], str]
     on_message: Mapping[str, Transition[S]]
     encode: Callable[[S], Any]
     decode: Callable[[Any], S]
@@ -60,6 +61,8 @@ class KeyedLogic(Generic[S]):
     deadline_kind: str = "key"
     #: how its errors name it ("eof controller": "eof controller: 'kind' must be ..."); default ``name``
     label: str = ""
+    #: the outcome an input is owed when it could not be handled at all (:data:`app.shell.OwedOutcome`)
+    owed: OwedOutcome | None = None
 
     def __post_init__(self) -> None:
         if (self.due_ms is None) != (self.on_deadline is None):
@@ -97,7 +100,7 @@ def keyed_stage(
             if logic.due_ms is not None and logic.on_deadline is not None:
                 await keyed.walk_deadlines(event, now, logic.due_ms, logic.on_deadline)
             return
-        key = logic.key_of(message)
+        key = logic.key_of(message, event.message.key.decode("utf-8", "replace") if event.message.key else "")
         kind = message.get("kind") if isinstance(message, dict) else None
         transition = logic.on_message.get(kind) if isinstance(kind, str) else None
         if transition is None:
@@ -105,6 +108,6 @@ def keyed_stage(
         previous = keyed.load(key)
         await keyed.apply(event, key, previous, transition(previous, key, message, now))
 
-    handler = per_event(agent=logic.name, what=f"{label}: message", handler=handle)
+    handler = per_event(agent=logic.name, what=f"{label}: message", handler=handle, owed=logic.owed)
     ticked = (source,) if logic.due_ms is not None else ()
     return Stage(logic.name.replace(":", "-"), (source,), handler, ticked=ticked), keyed

@@ -1,8 +1,8 @@
-"""Shop payment gateway: its stage (:meth:`shop.stages.ShopStages.payments_stage`) served by this worker."""
+"""The shop's payments stage (:mod:`shop.stages.payments`) served by this worker."""
 
 from __future__ import annotations
 
-import shop.tables.payments  # noqa: F401  (its web view)
+import shop.tables.views  # noqa: F401  (the shop tables' web views)
 from shop.agents.common import shop_stages
 from weir.app.serve import serve
 

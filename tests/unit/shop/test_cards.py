@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shop.agents import orders as shop_orders
 from shop.cards import CardRef, card_ref, luhn_valid, mask_card_numbers, protect_line
+from shop.settings import ShopSettings
+from shop.stages import ShopStages
 from shop.state import (
     CARD_DECLINED,
     CARD_INVALID,
@@ -32,7 +30,7 @@ from shop.state import (
     reservations,
     settle,
 )
-from weir.app import core, shell
+from weir import TestDriver
 from weir.app.errors import redacted_dead_letter
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
@@ -176,26 +174,22 @@ def test_a_timeout_waiting_for_the_kitchen_voids_and_releases_what_was_asked() -
 
 
 # ---------------------------------------------------------------------------------------------------
-# The orders stage's dead letters go through its redaction (app.core.redact_dead_letters): any record, however broken.
+# The orders stage's dead letters go through its redaction (weir.app.shell.redact_dead_letters): any record, however broken.
 
 
-def test_every_dead_letter_of_the_orders_stage_is_masked_whatever_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[tuple[bytes | None, bytes]] = []
-
-    async def send(*, key: bytes | None, value: bytes) -> None:
-        sent.append((key, value))
-
-    monkeypatch.setattr(core.topics.dead_letters, "send", send)
+def test_every_dead_letter_of_the_orders_stage_is_masked_whatever_the_record() -> None:
     card, other = "4539578763621486", "5555 5555 5555 4444"
     records = [
-        (b"day/s/1", f"pay with {card}".encode()),  # not JSON
-        (f"raw-{card}".encode(), b"\xff\xfe not utf-8 " + card.encode()),  # not UTF-8: stored as base64
-        (b"day/s/2", orjson.dumps({"ticket": "day/s/2", "card": other})),  # JSON, not a screen's message
+        ("day/s/1", f"pay with {card}".encode()),  # not JSON
+        (f"raw-{card}", b"\xff\xfe not utf-8 " + card.encode()),  # not UTF-8: stored as base64
+        ("day/s/2", orjson.dumps({"ticket": "day/s/2", "card": other})),  # JSON, not a screen's message
     ]
-    for offset, (key, value) in enumerate(records):
-        message = SimpleNamespace(topic="shop.orders", partition=0, offset=offset, key=key, value=value, headers=[("h", card.encode())])
-        event = SimpleNamespace(message=message)
-        asyncio.run(shell.send_dead_letter(event, reason="undecodable", error=f"bad record {card}", agent=shop_orders.AGENT, step="decode"))
+    with TestDriver(topologies=[lambda wiring: ShopStages(wiring, ShopSettings())]) as driver:
+        for key, value in records:
+            driver.pipe("shop.orders", value, key=key, headers={"h": card}, run=False)
+        driver.run()
+        letters = driver.dead_letters()
+    sent = [(letter["key"]["text"].encode() if letter["key"]["text"] else b"", orjson.dumps(letter)) for letter in letters]
     assert len(sent) == len(records)
     for key, value in sent:
         letter = orjson.loads(value)

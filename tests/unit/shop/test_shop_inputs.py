@@ -10,14 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shop.agents.orders import parse_envelope, read_order, ticket_parts
 from shop.day import DAY
 from shop.demo import read_lines
 from shop.screens import Screens
+from shop.stages.orders import parse_envelope, read_order, ticket_parts
 from shop.state import outcome_sends
 from weir.tables.eof import ClientTotals, on_batch, on_report
 
 #: The lines that once ended the demo with no report for any screen.
+#: the key of the tokens of cards that come in clear (a worker's WEIR_SHOP_CARD_KEY)
+CARD_KEY = b"unit-test-card-key"
+
 NASTY_LINES = {
     "deeply nested": "[" * 1000 + "]" * 1000,
     "300 KB of escaped quotes": '"' + '\\"' * 150_000 + '"',
@@ -29,7 +32,7 @@ NASTY_LINES = {
 
 @pytest.mark.parametrize("name", list(NASTY_LINES))
 def test_a_bad_line_is_read_as_invalid_with_a_reason(name: str) -> None:
-    order, problem = read_order(NASTY_LINES[name], None)
+    order, problem = read_order(NASTY_LINES[name], None, CARD_KEY)
     assert order is None
     assert problem
 
@@ -46,7 +49,7 @@ def test_a_bad_line_is_read_as_invalid_with_a_reason(name: str) -> None:
     )
 )
 def test_read_order_never_raises(line: str) -> None:
-    order, problem = read_order(line, None)
+    order, problem = read_order(line, None, CARD_KEY)
     assert (order is None) != (problem is None)
 
 
@@ -60,7 +63,7 @@ def test_a_line_too_large_to_send_is_answered_from_its_size_and_hash() -> None:
     assert (ticket, screen, line, text) == ("d/s/2", "d/s", 2, None)
     assert too_large is not None
     assert too_large["size_bytes"] == 10_000
-    order, problem = read_order(text, too_large)
+    order, problem = read_order(text, too_large, CARD_KEY)
     assert order is None
     assert "line too large: 10000 bytes" in str(problem)
 
@@ -84,7 +87,7 @@ def test_order_files_split_on_newlines_only_without_a_bom(tmp_path: Path) -> Non
 @pytest.mark.parametrize("extra", [{"count": -5}, {"quantity": 3}])
 def test_an_unknown_item_field_is_refused_by_name(extra: dict[str, int]) -> None:
     line = orjson.dumps({"order_id": "o-1", "card": "4111", "items": [{"flavour": "vanilla", "size": "small", **extra}]}).decode()
-    order, problem = read_order(line, None)
+    order, problem = read_order(line, None, CARD_KEY)
     assert order is None
     assert f"unknown field(s) {sorted(extra)!r}" in str(problem)
 
