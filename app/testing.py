@@ -39,6 +39,7 @@ from weir.app.settings import Settings
 from weir.app.stages import Stage, Wiring
 from weir.app.trigger_status import StatusSource
 from weir.app.trigger_topology import TriggerTopology
+from weir.app.windows import Window, WindowTopology
 from weir.tables.eof import TOPIC_REPORTS, EofJob
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
@@ -93,6 +94,8 @@ class _Record:
     headers: list[tuple[str, bytes]]
     committed: bool = False
     aborted: bool = False
+    #: the record's timestamp (ms): the clock's when it was written, or the one the test gave
+    timestamp_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class _Message:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
+    #: seconds, as Faust's ``Message.timestamp``
+    timestamp: float = 0.0
 
     @property
     def tp(self) -> _TopicPartition:
@@ -171,7 +176,8 @@ class TestDriver:
     ``orders``, results on ``aggregates``). ``triggers``: runs the counter triggers (registrations and completions on
     ``triggers``, wakes on ``trigger-fired``), the safety sweep reading ``status_source``. ``topologies``: a package's
     own stages (built with :func:`app.keyed_stage.keyed_stage`, say), each a function of the driver's wiring that
-    returns something with ``stages()``. Topic
+    returns something with ``stages()``. ``windows``: windowed aggregations on event time (:class:`app.windows.Window`;
+    a record's timestamp is the clock's when it is piped, or ``pipe(..., timestamp_ms=)``). Topic
     names given to and returned by the driver are without the settings' prefix. Use it as a context manager, or call
     :meth:`close`.
     """
@@ -188,6 +194,7 @@ class TestDriver:
         triggers: bool = False,
         status_source: StatusSource | None = None,
         topologies: Sequence[Callable[[Wiring], Any]] = (),
+        windows: Sequence[Window] = (),
         start_ms: int = START_MS,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
@@ -209,6 +216,9 @@ class TestDriver:
         self.triggers = TriggerTopology(self.wiring, status_source=lambda: status_source) if triggers else None
         if self.triggers is not None:
             self.stages += self.triggers.stages()
+        self.windows = WindowTopology(windows, self.wiring) if windows else None
+        if self.windows is not None:
+            self.stages += self.windows.stages()
         #: a package's own topologies, each built on the driver's wiring (anything with ``stages()``)
         self.topologies = [build(self.wiring) for build in topologies]
         for topology in self.topologies:
@@ -244,16 +254,19 @@ class TestDriver:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
         partition: int | None = None,
+        timestamp_ms: int | None = None,
         run: bool = True,
     ) -> None:
         """Write one record to ``topic`` (a flow's source, say) and run every stage until nothing is left to do.
 
-        ``value``: JSON-able, or bytes as they are (an undecodable record, say). ``run=False``: only write it (several
+        ``value``: JSON-able, or bytes as they are (an undecodable record, say). ``timestamp_ms``: the record's
+        timestamp (default: the clock's now, as a producer's CreateTime). ``run=False``: only write it (several
         records piped so are read in one batch by the next :meth:`run`).
         """
         raw = value if isinstance(value, bytes) else dumps(value)
         encoded_headers = [(name, text.encode()) for name, text in (headers or {}).items()]
-        self._append(self.settings.topic(topic), key.encode() if key is not None else None, raw, encoded_headers, partition, committed=True)
+        encoded_key = key.encode() if key is not None else None
+        self._append(self.settings.topic(topic), encoded_key, raw, encoded_headers, partition, committed=True, timestamp_ms=timestamp_ms)
         if run:
             self.run()
 
@@ -361,11 +374,20 @@ class TestDriver:
         return table
 
     def _append(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], partition: int | None, *, committed: bool
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        partition: int | None,
+        *,
+        committed: bool,
+        timestamp_ms: int | None = None,
     ) -> None:
         if partition is None:
             partition = key_partition(key, self.settings.partitions) if key is not None else 0
-        self._logs.setdefault((topic, partition), []).append(_Record(key, value, headers, committed=committed))
+        stamp = self.clock.now if timestamp_ms is None else timestamp_ms
+        self._logs.setdefault((topic, partition), []).append(_Record(key, value, headers, committed=committed, timestamp_ms=stamp))
 
     def _read(self, topic: str) -> list[TestRecord]:
         found = []
@@ -387,7 +409,8 @@ class TestDriver:
                 continue
             if not record.committed:
                 break
-            events.append(_Event(_Message(topic, partition, offset, record.key, record.value, record.headers)))
+            message = _Message(topic, partition, offset, record.key, record.value, record.headers, record.timestamp_ms / 1000)
+            events.append(_Event(message))
         return events
 
     async def _run_until_idle(self) -> None:

@@ -16,8 +16,10 @@ from weir.app.outbox import open_outbox, write
 from weir.app.settings import Settings
 from weir.app.testing import Crashed, TestDriver, TestRecord, VirtualClock
 from weir.app.trigger_status import child_done
+from weir.app.windows import Window, count, total
 from weir.tables.eof import Dropped, EofJob
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
+from weir.tables.windows import WindowSpec
 
 __all__ = [
     "Await",
@@ -34,12 +36,16 @@ __all__ = [
     "TestDriver",
     "TestRecord",
     "VirtualClock",
+    "Window",
+    "WindowSpec",
     "child_done",
     "completion_message",
+    "count",
     "header",
     "open_outbox",
     "payload",
     "publish_trigger_messages",
     "registration_message",
+    "total",
     "write",
 ]

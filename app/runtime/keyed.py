@@ -361,8 +361,11 @@ class KeyedState(Generic[S]):
     def load(self, key: str) -> S | None:
         return self.store.load(key)
 
-    async def apply(self, event: EventT[bytes], key: str, previous: S | None, change: Change[S]) -> None:
-        """Check the outputs, then dead-letter rejects, store the state, file deadlines, send (the module's steps 1-4)."""
+    async def apply(self, event: EventT[bytes], key: str, previous: S | None, change: Change[S], *, clock_ms: int | None = None) -> None:
+        """Check the outputs, then dead-letter rejects, store the state, file deadlines, send (the module's steps 1-4).
+
+        ``clock_ms``: the time the deadlines are measured in, now (default the clock's; a window's: its stream time).
+        """
         limit = record_limit()
         change = self._fit_state(key, previous, change, limit)
         prepared = prepare_outputs(change.outputs, limit)
@@ -385,7 +388,7 @@ class KeyedState(Generic[S]):
             metrics.INPUTS_REJECTED.labels(self.agent, reason).inc()
         self.store.save(key, previous, change.state)
         if self.deadlines is not None:
-            now = wall_clock_ms()
+            now = wall_clock_ms() if clock_ms is None else clock_ms
             for deadline in change.deadlines:
                 kind, due_ms = deadline if isinstance(deadline, tuple) else (self.deadline_kind, deadline)
                 self.deadlines.add(event.message.partition, kind, key, due_ms, now_ms=now)
@@ -434,7 +437,7 @@ class KeyedState(Generic[S]):
         async def expire(kind: str, key: str) -> None:
             state = self.load(key)
             if state is not None:
-                await self.apply(event, key, state, on_deadline(key, state, now_ms))
+                await self.apply(event, key, state, on_deadline(key, state, now_ms), clock_ms=now_ms)
 
         async def give_up(kind: str, key: str, error: Exception) -> None:
             record = dead_letter_record(

@@ -23,6 +23,7 @@ LIBRARY = [
     "app/eof_topology.py",
     "app/pipeline.py",
     "app/testing.py",
+    "app/windows.py",
     "app/runtime/keyed.py",
     "app/runtime/environment.py",
     "weir/__init__.py",

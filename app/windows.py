@@ -1,0 +1,142 @@
+"""Windowed aggregations on event time: a declaration (:class:`Window`) and its stage on the keyed runtime.
+
+A window reads ``source``, keyed like the topic (the record's key), and folds each record's value into every
+window of its key that holds the record's timestamp (:mod:`tables.windows`). Each partition's stream time is the
+largest timestamp it has read (table ``window-<name>-time``); a window closes once stream time reaches its end plus
+the grace, and its result goes to ``to`` then, once, in the transaction that closes it (``emit="final"``), or on
+every record and at close (``emit="update"``). A record too late for all its windows changes nothing and is
+dead-lettered with reason ``late``. Closing is driven by the records themselves, as in Kafka Streams: a partition
+that reads nothing more closes nothing more.
+
+Each window's close is filed when it opens in a deadline index measured in stream time (``window-<name>-closes``),
+walked after each record up to the partition's stream time: closing a window touches only the keys it closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from faust.types import EventT
+
+from weir.app.deadlines import DeadlineIndex
+from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore
+from weir.app.shell import InvalidMessage
+from weir.app.stages import Stage, Wiring, per_event
+from weir.tables.windows import Fold, KeyWindows, WindowSpec, on_close, on_record, window_result
+
+__all__ = ["Window", "WindowTopology", "count", "total"]
+
+
+def count(aggregate: Any, _value: Any) -> Any:
+    """Fold: how many records (``initial=0``)."""
+    return aggregate + 1
+
+
+def total(field: str) -> Fold:
+    """Fold: the sum of a numeric field of each record's value (``initial=0``)."""
+
+    def add(aggregate: Any, value: Any) -> Any:
+        number = value.get(field) if isinstance(value, dict) else None
+        if not isinstance(number, int | float) or isinstance(number, bool):
+            raise InvalidMessage(f"window: a record needs a number {field!r}, got {number!r:.60}")
+        return aggregate + number
+
+    return add
+
+
+@dataclass(frozen=True)
+class Window:
+    """A windowed aggregation: ``source`` -> per key and window, ``fold`` from ``initial`` -> ``to``.
+
+    ``spec``: :meth:`WindowSpec.tumbling` or :meth:`WindowSpec.hopping` (size, advance, grace, in ms).
+    ``timestamp``: the event time of a record's value (ms); None: the record's own timestamp.
+    ``emit``: ``"final"``, one result per window when it closes; ``"update"``, a result on every record it takes and
+    the final one at close. Results: ``{"key", "start_ms", "end_ms", "value", "count", "final"}``, keyed by the key.
+    """
+
+    name: str
+    source: str
+    to: str
+    spec: WindowSpec
+    initial: Any = 0
+    fold: Fold = count
+    timestamp: Callable[[Any], int] | None = None
+    emit: Literal["final", "update"] = "final"
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(char.isalnum() or char in "_-" for char in self.name):
+            raise ValueError(f"window {self.name!r}: a name holds letters, digits, '_' and '-'")
+        if self.emit not in ("final", "update"):
+            raise ValueError(f"window {self.name!r}: emit is 'final' or 'update', got {self.emit!r}")
+
+
+class WindowTopology:
+    """The stages of some windows: one per window, each with its three tables."""
+
+    def __init__(self, windows: Sequence[Window], wiring: Wiring) -> None:
+        names = [window.name for window in windows]
+        if len(set(names)) != len(names):
+            raise ValueError(f"windows: names must differ, got {names}")
+        self.windows = list(windows)
+        self._wiring = wiring
+
+    def stages(self) -> list[Stage]:
+        return [self.window_stage(window) for window in self.windows]
+
+    def window_stage(self, window: Window) -> Stage:
+        wiring = self._wiring
+        spec = window.spec
+        agent = f"window-{window.name}"
+        source, to = wiring.topic_named(window.source), wiring.topic_named(window.to)
+        times = wiring.table(f"{agent}-time", f"Window {window.name!r}: each partition's stream time (ms), the largest timestamp read.")
+        keyed: KeyedState[KeyWindows] = KeyedState(
+            agent=agent,
+            store=TableStore(
+                wiring.table(agent, f"Window {window.name!r}: each key's open windows, start -> [aggregate, records] (tables.windows)."),
+                KeyWindows.to_dict,
+                KeyWindows.from_dict,
+            ),
+            deadlines=DeadlineIndex(wiring.table(f"{agent}-closes", f"Window {window.name!r}: when each window closes, in stream time.")),
+            step="window",
+        )
+
+        def result(key: str, start: int, aggregate: Any, records: int, *, final: bool) -> Output:
+            return Output(to, key, window_result(key, spec, start, aggregate, records, final=final), what=f"window {window.name} result")
+
+        def due(kind: str, state: KeyWindows) -> int | None:
+            """A window's close, filed as kind ``w<start>``: due while it is open (closed by an earlier walk: nothing)."""
+            start = int(kind[1:])
+            return spec.closes_at(start) if start in state.open else None
+
+        def close(key: str, state: KeyWindows, stream_time: int) -> Change[KeyWindows]:
+            left, closed = on_close(state, spec, stream_time)
+            return Change(state=left, outputs=tuple(result(key, start, value, records, final=True) for start, value, records in closed))
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            key = event.message.key.decode("utf-8", "replace") if event.message.key is not None else ""
+            stamp = window.timestamp(message) if window.timestamp is not None else round(event.message.timestamp * 1000)
+            if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+                raise InvalidMessage(f"window {window.name}: a record's timestamp must be a non-negative integer (ms), got {stamp!r:.60}")
+            partition = event.message.partition
+            slot = str(partition)
+            stream_time = max(times.get(slot, -1), stamp)
+            if stream_time != times.get(slot):
+                times[slot] = stream_time
+            previous = keyed.load(key)
+            accepted = on_record(previous, spec, stamp, message, stream_time, window.initial, window.fold)
+            outputs: tuple[Output, ...] = ()
+            if window.emit == "update" and accepted.state is not None:
+                outputs = tuple(result(key, start, *accepted.state.open[start], final=False) for start in accepted.into)
+            rejected: tuple[Refusal, ...] = ()
+            if accepted.late and not accepted.into:
+                late = f"window {window.name}: record at {stamp} ms is late for {list(accepted.late)} (stream time {stream_time} ms)"
+                rejected = (Refusal("late", late),)
+            filed = tuple((f"w{start}", spec.closes_at(start)) for start in accepted.opened)
+            change = Change(state=accepted.state, outputs=outputs, rejected=rejected, deadlines=filed)
+            await keyed.apply(event, key, previous, change, clock_ms=stream_time)
+            await keyed.walk_deadlines(event, stream_time, due, close)
+
+        handler = per_event(agent=agent, what=f"window {window.name}: record", handler=handle)
+        return Stage(agent, (source,), handler)

@@ -1,0 +1,125 @@
+"""Event-time windows: the pure core of a windowed aggregation per key (Kafka Streams' ``windowedBy`` + ``aggregate``).
+
+Time is the records' own. A partition's **stream time** is the largest timestamp it has seen; it only moves forward.
+A window ``[start, start + size)`` accepts records until stream time reaches ``end + grace``: it then **closes**,
+its result goes out once (``emit="final"``, Kafka Streams' ``suppress(untilWindowCloses)``), and its state goes.
+A record whose window has closed when it arrives is **late**: it changes nothing and is counted. Hopping windows
+(``advance < size``) put a record in every window that holds its timestamp; tumbling windows are hopping windows
+whose advance is their size. Session windows are not built yet.
+
+The stage (:mod:`app.windows`) keeps one :class:`KeyWindows` per key, files each window's close in a deadline index
+measured in stream time, and walks it as stream time moves: this module decides, the stage stores and sends.
+Every function here is pure; ``now`` is always an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["WindowSpec", "KeyWindows", "Accepted", "on_record", "on_close", "window_result"]
+
+#: ``(aggregate so far, record's value) -> aggregate``: how a window folds a record in (JSON-able aggregates).
+Fold = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Windows of ``size_ms`` starting every ``advance_ms`` (tumbling when equal), open for ``grace_ms`` after their end."""
+
+    size_ms: int
+    advance_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.advance_ms <= 0 or self.grace_ms < 0:
+            raise ValueError(f"windows: size and advance must be positive and grace not negative, got {self}")
+        if self.advance_ms > self.size_ms:
+            raise ValueError(f"windows: an advance ({self.advance_ms} ms) over the size ({self.size_ms} ms) leaves gaps")
+
+    @classmethod
+    def tumbling(cls, size_ms: int, grace_ms: int = 0) -> WindowSpec:
+        return cls(size_ms, size_ms, grace_ms)
+
+    @classmethod
+    def hopping(cls, size_ms: int, advance_ms: int, grace_ms: int = 0) -> WindowSpec:
+        return cls(size_ms, advance_ms, grace_ms)
+
+    def starts(self, timestamp_ms: int) -> list[int]:
+        """The starts of the windows that hold ``timestamp_ms``, earliest first: windows start at multiples of the advance,
+        none before 0 (as in Kafka Streams)."""
+        last = timestamp_ms - timestamp_ms % self.advance_ms
+        first = last - ((self.size_ms - 1) // self.advance_ms) * self.advance_ms
+        return [start for start in range(max(first, 0), last + 1, self.advance_ms) if start <= timestamp_ms < start + self.size_ms]
+
+    def closes_at(self, start: int) -> int:
+        """The stream time at which window ``start`` closes (its end plus the grace)."""
+        return start + self.size_ms + self.grace_ms
+
+
+@dataclass(frozen=True)
+class KeyWindows:
+    """One key's open windows: start -> (aggregate, records folded in)."""
+
+    open: Mapping[int, tuple[Any, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"open": [[start, aggregate, count] for start, (aggregate, count) in sorted(self.open.items())]}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> KeyWindows:
+        return cls({int(start): (aggregate, int(count)) for start, aggregate, count in raw.get("open", [])})
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What one record did: the new state, the windows it went into, those it came too late for, those it opened."""
+
+    state: KeyWindows | None
+    into: tuple[int, ...]
+    late: tuple[int, ...]
+    opened: tuple[int, ...]
+
+
+def on_record(
+    previous: KeyWindows | None, spec: WindowSpec, timestamp_ms: int, value: Any, stream_time: int, initial: Any, fold: Fold
+) -> Accepted:
+    """Fold a record into each of its windows still open at ``stream_time`` (the partition's, this record included).
+
+    A window is open while ``stream_time < end + grace``; a record for a closed one is late for it. A window this
+    record is the first of is opened with ``initial``.
+    """
+    windows = dict(previous.open) if previous is not None else {}
+    into: list[int] = []
+    late: list[int] = []
+    opened: list[int] = []
+    for start in spec.starts(timestamp_ms):
+        if stream_time >= spec.closes_at(start):
+            late.append(start)
+            continue
+        aggregate, count = windows.get(start, (initial, 0))
+        if start not in windows:
+            opened.append(start)
+        windows[start] = (fold(aggregate, value), count + 1)
+        into.append(start)
+    if not into:
+        return Accepted(previous, (), tuple(late), ())
+    return Accepted(KeyWindows(windows), tuple(into), tuple(late), tuple(opened))
+
+
+def on_close(previous: KeyWindows, spec: WindowSpec, stream_time: int) -> tuple[KeyWindows | None, list[tuple[int, Any, int]]]:
+    """Close every window whose ``end + grace`` stream time has reached: their (start, aggregate, count), earliest
+    first, and the state without them (None once none is open)."""
+    closed = [
+        (start, aggregate, count) for start, (aggregate, count) in sorted(previous.open.items()) if stream_time >= spec.closes_at(start)
+    ]
+    if not closed:
+        return previous, []
+    left = {start: entry for start, entry in previous.open.items() if stream_time < spec.closes_at(start)}
+    return (KeyWindows(left) if left else None), closed
+
+
+def window_result(key: str, spec: WindowSpec, start: int, aggregate: Any, count: int, *, final: bool) -> dict[str, Any]:
+    """A window's result record: its key, bounds, aggregate, how many records it folded, and whether it is final."""
+    return {"key": key, "start_ms": start, "end_ms": start + spec.size_ms, "value": aggregate, "count": count, "final": final}

@@ -1,0 +1,116 @@
+"""Windowed aggregations on the test driver: event time, stream time per partition, grace, late records, emit modes,
+crashes. Only weir's public names."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from weir import Settings, TestDriver, Window, WindowSpec, total
+
+
+def clicks(emit: str = "final", spec: WindowSpec | None = None) -> Window:
+    return Window("clicks", source="clicks", to="click-counts", spec=spec or WindowSpec.tumbling(1_000, grace_ms=200), emit=emit)  # type: ignore[arg-type]
+
+
+def driver(*windows: Window, partitions: int = 1) -> TestDriver:
+    return TestDriver(settings=Settings(partitions=partitions), windows=windows)
+
+
+def finals(test: TestDriver, topic: str = "click-counts") -> dict[tuple[str, int], Any]:
+    results = [value for value in test.values(topic) if value["final"]]
+    found = Counter((value["key"], value["start_ms"]) for value in results)
+    assert set(found.values()) <= {1}, f"a window's final result went out more than once: {found}"
+    return {(value["key"], value["start_ms"]): value["value"] for value in results}
+
+
+def test_a_tumbling_count_goes_out_once_per_window_when_stream_time_passes_its_end_and_grace() -> None:
+    with driver(clicks()) as test:
+        for stamp in (0, 100, 999, 1_000, 1_150):
+            test.pipe("clicks", {"page": "/"}, key="u1", timestamp_ms=stamp)
+        assert finals(test) == {}, "window [0, 1000) is open until stream time 1200"
+        test.pipe("clicks", {"page": "/"}, key="u1", timestamp_ms=1_200)
+        assert finals(test) == {("u1", 0): 3}
+        assert test.values("click-counts")[0] == {"key": "u1", "start_ms": 0, "end_ms": 1_000, "value": 3, "count": 3, "final": True}
+        test.pipe("clicks", {"page": "/"}, key="u2", timestamp_ms=2_500)  # another key moves the partition's stream time
+        assert finals(test) == {("u1", 0): 3, ("u1", 1_000): 3}
+        assert test.table("window-clicks") == {"u2": {"open": [[2_000, 1, 1]]}}, "closed windows leave no state"
+
+
+def test_a_record_within_the_grace_counts_and_one_after_it_is_dead_lettered_as_late() -> None:
+    with driver(clicks()) as test:
+        test.pipe("clicks", {}, key="u1", timestamp_ms=500)
+        test.pipe("clicks", {}, key="u1", timestamp_ms=1_100)  # stream time 1100: [0, 1000) still takes records
+        test.pipe("clicks", {}, key="u1", timestamp_ms=900)  # out of order, within the grace
+        test.pipe("clicks", {}, key="u1", timestamp_ms=1_300)  # stream time 1300: [0, 1000) closes with 2
+        test.pipe("clicks", {}, key="u1", timestamp_ms=950)  # too late: dropped
+        assert finals(test) == {("u1", 0): 2}
+        (letter,) = test.dead_letters()
+        assert (letter["reason"], letter["agent"]) == ("late", "window-clicks")
+        assert "late for [0]" in letter["error"]
+
+
+def test_hopping_windows_take_a_record_in_each_window_that_holds_it() -> None:
+    hopping = WindowSpec.hopping(1_000, 500)
+    with driver(Window("sums", source="sales", to="sales-sums", spec=hopping, fold=total("cents"))) as test:
+        for stamp, cents in ((100, 1), (600, 10), (1_200, 100)):
+            test.pipe("sales", {"cents": cents}, key="shop", timestamp_ms=stamp)
+        test.pipe("sales", {"cents": 1_000}, key="shop", timestamp_ms=3_000)
+        # stream time 3000 closed [0,1000) [500,1500) [1000,2000); [1500,2500) had no record, [2500,3500) is open
+        assert finals(test, "sales-sums") == {("shop", 0): 11, ("shop", 500): 110, ("shop", 1_000): 100}
+
+
+def test_emit_update_sends_each_window_on_every_record_then_its_final_result() -> None:
+    with driver(clicks(emit="update")) as test:
+        for stamp in (10, 20, 1_300):
+            test.pipe("clicks", {}, key="u1", timestamp_ms=stamp)
+        updates = [(value["start_ms"], value["value"], value["final"]) for value in test.values("click-counts")]
+        assert updates == [(0, 1, False), (0, 2, False), (1_000, 1, False), (0, 2, True)]
+
+
+def test_the_event_time_may_come_from_the_value() -> None:
+    window = Window("orders", source="orders", to="per-minute", spec=WindowSpec.tumbling(60_000), timestamp=lambda value: value["at"])
+    with driver(window) as test:
+        for at in (1_000, 59_000, 61_000, 125_000):
+            test.pipe("orders", {"at": at}, key="k")  # piped "now": the record's own timestamp is not read
+        test.pipe("orders", {"at": "soon"}, key="k")
+        assert finals(test, "per-minute") == {("k", 0): 2, ("k", 60_000): 1}
+        assert [letter["reason"] for letter in test.dead_letters()] == ["invalid"]
+
+
+def test_stream_time_is_each_partitions_own() -> None:
+    with driver(clicks(), partitions=2) as test:
+        test.pipe("clicks", {}, key="a", partition=0, timestamp_ms=100)
+        test.pipe("clicks", {}, key="b", partition=1, timestamp_ms=100)
+        test.pipe("clicks", {}, key="b", partition=1, timestamp_ms=5_000)
+        assert finals(test) == {("b", 0): 1}, "partition 0 read nothing past 100: its window stays open"
+        assert test.table("window-clicks-time") == {"0": 100, "1": 5_000}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_crash_anywhere_changes_no_result_and_sends_none_twice(seed: int) -> None:
+    rng = random.Random(seed)
+    records = [(rng.choice("abcd"), max(0, stamp * 37 + rng.randint(-1_500, 1_500))) for stamp in range(200)]
+    spec = WindowSpec.hopping(1_000, 250, grace_ms=250)
+
+    def run(crash_every: int | None) -> tuple[dict[tuple[str, int], Any], list[str], int]:
+        with driver(Window("w", source="in", to="out", spec=spec), partitions=2) as test:
+            for key, stamp in records:
+                if crash_every:
+                    test.crash_after(events=crash_every)
+                test.pipe("in", {}, key=key, timestamp_ms=stamp, run=False)
+                if rng.random() < 0.2:
+                    test.run()
+            test.run()
+            return finals(test, "out"), sorted(letter["error"] for letter in test.dead_letters()), test.crashes
+
+    expected, late, _ = run(None)
+    results, late_after_crashes, crashes = run(rng.randint(2, 9))
+    assert crashes > 3
+    assert results == expected
+    assert late_after_crashes == late
+    assert len(expected) > 20, "the scenario closes many windows"
+    assert late, "and has records too late for every window of theirs"
