@@ -31,7 +31,8 @@ from weir.app.eof_gateway import Gateway
 from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
 
-pytestmark = pytest.mark.integration
+#: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
 
 #: Hypothesis-generated messages per input topic (hand-written cases come on top).
 GENERATED_PER_TOPIC = 40

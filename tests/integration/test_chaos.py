@@ -20,7 +20,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
+#: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
 
 #: How long the run may take: its figures are what it lost, duplicated or broke, not its speed (435 s measured in a
 #: full test run on 2 cores; kills every 4 s keep some stage restoring most of the time).

@@ -30,7 +30,8 @@ from weir.app.kafka_io import produce, produce_json, read_topic
 from weir.app.processes import WorkerProcess
 from weir.app.settings import Settings
 
-pytestmark = pytest.mark.integration
+#: one pytest process runs the module, so that its brokers (module fixtures) start once
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("security")]
 
 #: Recognisable strings: neither may show up in a worker's log.
 SECRET = "s3cr3t-PW-9c1e5b"

@@ -25,7 +25,8 @@ from tests.integration.conftest import Pipeline
 from tests.integration.test_eof import last_values
 from weir.app.kafka_io import produce, read_to_end, read_topic
 
-pytestmark = pytest.mark.integration
+#: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
 
 SEED = 99
 REJECT_RATE = 0.2

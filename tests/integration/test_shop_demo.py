@@ -33,7 +33,8 @@ from scripts.make_shop_orders import order_lines
 from tests.conftest import ROOT
 from weir.app.kafka_io import delete_topics, read_to_end
 
-pytestmark = pytest.mark.integration
+#: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
 
 BAD_LINES = {
     "nested": "[" * 1000 + "]" * 1000,

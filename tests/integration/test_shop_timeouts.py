@@ -18,7 +18,8 @@ from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV
 from weir.app.kafka_io import read_to_end
 
-pytestmark = pytest.mark.integration
+#: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
 
 TIMEOUT_MS = 3_000
 

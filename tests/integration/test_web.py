@@ -24,7 +24,8 @@ from tests.integration.conftest import Pipeline
 from weir.app.kafka_io import ensure_topics, produce, produce_json
 from weir.app.web import weir_partition
 
-pytestmark = pytest.mark.integration
+#: one pytest process runs the module, so that its worker and browser (module fixtures) start once
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("web")]
 
 TOPICS = ("orders", "items", "item-results", "aggregates", "dead-letters")
 XSS = "<script>alert(1)</script>"
