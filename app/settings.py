@@ -31,9 +31,11 @@ __all__ = [
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
 #: Agent sets that run only when named: "flows" runs the flows (and their barriers) of ``WEIR_FLOWS``;
 #: "eof_filter", "eof_controller", "eof_aggregator", "eof_joiner" are the end-of-stream pipeline (agents/eof_*.py);
-#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py).
+#: "triggers" is the counter trigger and its safety sweep (agents/triggers.py); "windows" the windowed aggregations of
+#: ``WEIR_WINDOWS`` (agents/windows.py).
 OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "flows",
+    "windows",
     "eof_filter",
     "eof_controller",
     "eof_aggregator",
@@ -253,6 +255,8 @@ class Settings:
     item_processor: str = "weir.app.pipeline:as_is"
     #: WEIR_FLOWS: the module whose FLOWS list the 'flows' agent set runs (see app/flows.py).
     flows_module: str = ""
+    #: WEIR_WINDOWS: the modules (comma separated) whose WINDOWS lists the 'windows' agent set runs (see app/windows.py).
+    windows_module: str = ""
     #: WEIR_FLOWS_RUN: which of those flows this process runs, by name ("a,b"; default: all of them). A
     #: flow runs with its barriers and its split/aggregate stages; each selection is its own consumer group.
     flows_run: tuple[str, ...] = ()
@@ -442,6 +446,7 @@ def load_settings() -> Settings:
         trace_file=_env_str("WEIR_TRACE_FILE", defaults.trace_file),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
+        windows_module=_env_str("WEIR_WINDOWS", defaults.windows_module),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
         eof_job=_env_str("WEIR_EOF_JOB", defaults.eof_job),
         eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),

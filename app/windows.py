@@ -14,6 +14,7 @@ walked after each record up to the partition's stream time: closing a window tou
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +27,10 @@ from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
 from weir.tables.windows import Fold, KeyWindows, WindowSpec, on_close, on_record, window_result
 
-__all__ = ["Window", "WindowTopology", "count", "total"]
+__all__ = ["Window", "WindowTopology", "count", "load_windows", "total"]
+
+#: How far (seconds of stream time) one record's walk of the closes goes at most.
+MAX_JUMP_S = 7 * 24 * 3600
 
 
 def count(aggregate: Any, _value: Any) -> Any:
@@ -72,6 +76,22 @@ class Window:
             raise ValueError(f"window {self.name!r}: emit is 'final' or 'update', got {self.emit!r}")
 
 
+def load_windows(module_names: str) -> list[Window]:
+    """The ``WINDOWS`` lists of the modules ``module_names`` names (``WEIR_WINDOWS``: one module, or several comma separated)."""
+    names = [name.strip() for name in module_names.split(",") if name.strip()]
+    if not names:
+        raise ValueError("WEIR_AGENTS includes 'windows' but WEIR_WINDOWS names no module (expected e.g. 'myapp.windows' defining WINDOWS)")
+    found: list[Window] = []
+    for module_name in names:
+        windows = getattr(importlib.import_module(module_name), "WINDOWS", None)
+        if not isinstance(windows, list | tuple) or not all(isinstance(window, Window) for window in windows):
+            raise ValueError(
+                f"WEIR_WINDOWS={module_names!r}: the module {module_name!r} must define WINDOWS, a list of weir Window objects"
+            )
+        found.extend(windows)
+    return found
+
+
 class WindowTopology:
     """The stages of some windows: one per window, each with its three tables."""
 
@@ -91,6 +111,10 @@ class WindowTopology:
         agent = f"window-{window.name}"
         source, to = wiring.topic_named(window.source), wiring.topic_named(window.to)
         times = wiring.table(f"{agent}-time", f"Window {window.name!r}: each partition's stream time (ms), the largest timestamp read.")
+        closes = DeadlineIndex(wiring.table(f"{agent}-closes", f"Window {window.name!r}: when each window closes, in stream time."))
+        # Stream time may jump (a producer's clock, a gap in the data) and only a record moves it: one walk goes as far as
+        # a week (a walk steps through each second it passes), a larger jump closes the rest on the next records.
+        closes.max_seconds_per_walk = MAX_JUMP_S
         keyed: KeyedState[KeyWindows] = KeyedState(
             agent=agent,
             store=TableStore(
@@ -98,7 +122,7 @@ class WindowTopology:
                 KeyWindows.to_dict,
                 KeyWindows.from_dict,
             ),
-            deadlines=DeadlineIndex(wiring.table(f"{agent}-closes", f"Window {window.name!r}: when each window closes, in stream time.")),
+            deadlines=closes,
             step="window",
         )
 

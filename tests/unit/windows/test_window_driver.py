@@ -1,5 +1,5 @@
 """Windowed aggregations on the test driver: event time, stream time per partition, grace, late records, emit modes,
-crashes. Only weir's public names."""
+crashes; weir's public names, and the loader of WEIR_WINDOWS."""
 
 from __future__ import annotations
 
@@ -114,3 +114,25 @@ def test_a_crash_anywhere_changes_no_result_and_sends_none_twice(seed: int) -> N
     assert late_after_crashes == late
     assert len(expected) > 20, "the scenario closes many windows"
     assert late, "and has records too late for every window of theirs"
+
+
+def test_declarations_are_checked_where_they_are_made() -> None:
+    with pytest.raises(ValueError, match="leaves gaps"):
+        WindowSpec.hopping(1_000, 2_000)
+    with pytest.raises(ValueError, match="positive"):
+        WindowSpec.tumbling(0)
+    with pytest.raises(ValueError, match="a name holds"):
+        Window("no spaces", source="a", to="b", spec=WindowSpec.tumbling(10))
+    with pytest.raises(ValueError, match="names must differ"):
+        driver(clicks(), clicks())
+
+
+def test_weir_windows_names_modules_that_define_windows() -> None:
+    from weir.app.windows import load_windows
+
+    (window,) = load_windows("tests.integration.window_defs")
+    assert (window.name, window.spec) == ("clicks", WindowSpec.tumbling(1_000, grace_ms=500))
+    with pytest.raises(ValueError, match="WEIR_WINDOWS names no module"):
+        load_windows(" ")
+    with pytest.raises(ValueError, match="must define WINDOWS"):
+        load_windows("tests.integration.split_flows")
