@@ -25,6 +25,7 @@ from weir.app.runtime.views import best_match
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ControllerState
 from weir.tables.triggers import TriggerState
+from weir.tables.windows import KeyWindows
 
 __all__ = [
     "REGISTRY",
@@ -314,6 +315,14 @@ def _pending_parent(value: Any) -> int:
     return 1 if TriggerState.from_dict(value).registered else 0
 
 
+def _open_windows(value: Any) -> int:
+    return len(KeyWindows.from_dict(value).open)
+
+
+def _stream_time_s(value: Any) -> int:
+    return int(value) // 1000
+
+
 def _client_in_flight(value: Any) -> int:
     return 1 if ControllerState.from_dict(value).closed_ms is None else 0
 
@@ -328,6 +337,22 @@ register_table_gauge(
     ),
 )
 register_table_gauge("barrier-*-deadlines", None)
+register_table_gauge(
+    "window-*",
+    TableGauge(
+        "weir_window_open", "Event-time windows open (not closed yet), in the partitions this worker owns.", _open_windows, label="window"
+    ),
+)
+register_table_gauge(
+    "window-*-time",
+    TableGauge(
+        "weir_window_stream_time_seconds",
+        "A window's stream time per partition: the largest record timestamp it read (whole seconds since the epoch).",
+        _stream_time_s,
+        label="window",
+    ),
+)
+register_table_gauge("window-*-closes", None)
 register_table_gauge(
     "triggers",
     TableGauge(

@@ -26,6 +26,7 @@ from weir.tables.aggregates import DoneState, GroupState
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from weir.tables.triggers import OK, FiredState, TriggerState
+from weir.tables.windows import KeyWindows
 
 __all__ = [
     "register_view",
@@ -256,10 +257,23 @@ def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
     }
 
 
+def summarize_window(value: Any, now_ms: int) -> dict[str, Any]:
+    """Table ``window-<name>``: one key's open windows (tables.windows.KeyWindows)."""
+    state = KeyWindows.from_dict(value)
+    return {
+        "open_windows": len(state.open),
+        "earliest_start_ms": min(state.open) if state.open else None,
+        "records": sum(count for _, count in state.open.values()),
+    }
+
+
 register_view("aggregates", summarize=summarize_open_group, title="open aggregations")
 register_view("aggregates_done", summarize=summarize_done_group, title="completed aggregations", group_by=lambda value: value["status"])
 register_view("barrier-*", summarize=summarize_barrier, title="waiting barriers")
 register_view("barrier-*-deadlines", summarize=generic_summary, title="deadline index")
+register_view("window-*", summarize=summarize_window, title="open windows")
+register_view("window-*-time", summarize=lambda value, now_ms: {"stream_time_ms": value}, title="stream time per partition")
+register_view("window-*-closes", summarize=generic_summary, title="window closes (in stream time)")
 register_view(
     "triggers",
     summarize=summarize_trigger,

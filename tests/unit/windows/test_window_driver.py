@@ -136,3 +136,26 @@ def test_weir_windows_names_modules_that_define_windows() -> None:
         load_windows(" ")
     with pytest.raises(ValueError, match="must define WINDOWS"):
         load_windows("tests.integration.split_flows")
+
+
+def test_the_web_views_and_metrics_show_open_windows_and_stream_time() -> None:
+    from weir.app.metrics import table_gauge_for
+    from weir.app.web import view_for
+
+    with driver(clicks()) as test:
+        for stamp in (100, 900, 1_100):
+            test.pipe("clicks", {}, key="u1", timestamp_ms=stamp)
+        state, times = test.table("window-clicks")["u1"], test.table("window-clicks-time")
+    view = view_for("window-clicks")
+    assert view is not None
+    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3}
+    time_view = view_for("window-clicks-time")
+    assert time_view is not None
+    assert time_view.summarize(times["0"], 0) == {"stream_time_ms": 1_100}
+    open_gauge = table_gauge_for("window-clicks")
+    time_gauge = table_gauge_for("window-clicks-time")
+    assert open_gauge is not None
+    assert time_gauge is not None
+    assert (open_gauge[0].name, open_gauge[1], open_gauge[0].count(state)) == ("weir_window_open", ("clicks",), 2)
+    assert (time_gauge[0].name, time_gauge[1], time_gauge[0].count(times["0"])) == ("weir_window_stream_time_seconds", ("clicks",), 1)
+    assert table_gauge_for("window-clicks-closes") is None
