@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -479,12 +480,26 @@ class GroupStore:
             table[key] = state.to_dict()
 
 
+#: How many of a result's missing (or failed) item indexes its outline lists: the rest are counted and digested.
+OUTLINE_SAMPLE = 100
+
+
+def _bounded(values: Any) -> tuple[list[Any], int, str | None]:
+    """A list as an outline carries it, whatever its length: the first :data:`OUTLINE_SAMPLE`, the count, a sha256."""
+    if not isinstance(values, list):
+        return [], 0, None
+    return values[:OUTLINE_SAMPLE], len(values), hashlib.sha256(dumps(values)).hexdigest()
+
+
 def dead_lettered_result(result: dict[str, Any], failure: Undeliverable) -> dict[str, Any]:
     """What is sent in place of a result that cannot be written: its outline, status ``dead-lettered``, and where the full one is.
 
     The full result is in the dead letters (cut to fit, with its size and sha256, ``failure``): a reader of
-    the results still learns that the group completed, how, and what to look for.
+    the results still learns that the group completed, how, and what to look for. The outline always fits a
+    record: the missing and failed indexes are a sample of :data:`OUTLINE_SAMPLE`, their count and their sha256.
     """
+    missing, missing_count, missing_sha256 = _bounded(result.get("missing"))
+    failed, failed_count, failed_sha256 = _bounded(result.get("failed"))
     return {
         "correlation_id": result.get("correlation_id"),
         "aggregator": result.get("aggregator"),
@@ -492,8 +507,12 @@ def dead_lettered_result(result: dict[str, Any], failure: Undeliverable) -> dict
         "reason": result.get("reason"),
         "completed_status": result.get("status"),
         "expected_count": result.get("expected_count"),
-        "missing": result.get("missing"),
-        "failed": result.get("failed"),
+        "missing": missing,
+        "missing_count": missing_count,
+        "missing_sha256": missing_sha256,
+        "failed": failed,
+        "failed_count": failed_count,
+        "failed_sha256": failed_sha256,
         "opened_ms": result.get("opened_ms"),
         "deadline_ms": result.get("deadline_ms"),
         "completed_ms": result.get("completed_ms"),
