@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "RetryPolicy",
     "StepOutcome",
     "run_with_retry",
+    "attempt",
     "dead_letter_record",
     "fitted_dead_letter",
     "Redaction",
@@ -63,6 +65,16 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+#: The attempt the running step is (1 the first time; 2 and on when the retry policy runs it again).
+_attempt: contextvars.ContextVar[int] = contextvars.ContextVar("weir_step_attempt", default=1)
+
+
+def attempt() -> int:
+    """Which attempt of the step running now this is: 1 the first time, then 2, 3... when the retry policy runs it
+    again after a failure (Camel's ``CamelRedeliveryCounter`` + 1). A step may read it to know it is a redelivery."""
+    return _attempt.get()
+
+
 async def run_with_retry(
     policy: RetryPolicy,
     step: Callable[[], Awaitable[T] | T],
@@ -86,6 +98,7 @@ async def run_with_retry(
         await sleep(policy.delay_ms(attempt) / 1000)
     while True:
         attempt += 1
+        token = _attempt.set(attempt)
         try:
             value = step()
             if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
@@ -97,6 +110,8 @@ async def run_with_retry(
             if attempt >= policy.attempts:
                 return StepOutcome(ok=False, value=None, error=describe_error(error), attempts=attempt)
             await sleep(policy.delay_ms(attempt) / 1000)
+        finally:
+            _attempt.reset(token)
 
 
 def _bytes_field(raw: bytes | None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from weir.app.errors import attempt
 from weir.tables.aggregates import ONE_SHOT, AggregatorConfig
 from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, REJECT, GiveUp, OnDuplicate
 
@@ -69,6 +70,16 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
     key: str | None = None
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt of the running step this is: 1, then 2, 3... when the retry policy runs it again."""
+        return attempt()
+
+    @property
+    def redelivered(self) -> bool:
+        """Whether the running step ran before on this exchange and failed (Camel's ``CamelRedelivered``)."""
+        return attempt() > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"payload": self.payload, "headers": dict(self.headers), "properties": dict(self.properties), "key": self.key}

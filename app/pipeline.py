@@ -10,6 +10,7 @@ one hop instead of three, for a cheap step.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +88,8 @@ def make_step(process: Callable[[Any], Any], *, threads: int, policy: RetryPolic
 
     async def in_thread(payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
         loop = asyncio.get_running_loop()
-        return await run_with_retry(retries, lambda: loop.run_in_executor(pool, process, payload))
+        # the step's thread sees the attempt (weir.attempt()): each attempt runs in a copy of this context
+        return await run_with_retry(retries, lambda: loop.run_in_executor(pool, contextvars.copy_context().run, process, payload))
 
     return in_thread, True
 

@@ -11,6 +11,7 @@ Everything else in the repository's ``app``, ``agents`` and ``tables`` packages 
 from __future__ import annotations
 
 from weir.app.eof_gateway import Gateway
+from weir.app.errors import attempt
 from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
 from weir.app.outbox import open_outbox, write
 from weir.app.settings import Settings
@@ -22,6 +23,7 @@ from weir.tables.triggers import completion_message, publish_trigger_messages, r
 from weir.tables.windows import WindowSpec
 
 __all__ = [
+    "attempt",
     "Await",
     "Crashed",
     "Dropped",
