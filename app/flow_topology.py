@@ -770,7 +770,9 @@ class FlowTopology:
                     expected={str(flow): int(count) for flow, count in (message.get("expected") or {}).items()},
                 )
                 rules = compiled.barrier
-                transition = on_arrival(previous, key, waiting, name, now, on_duplicate=rules.on_duplicate, on_failure=rules.on_failure)
+                transition = on_arrival(
+                    previous, key, waiting, name, now, on_duplicate=rules.on_duplicate, on_failure=rules.on_failure, memory=rules.memory
+                )
             elif kind == "completion":
                 flow = str(message["flow"])
                 remember = compiled.remember_ms.get(flow)
@@ -789,6 +791,7 @@ class FlowTopology:
                     result=message.get("result"),
                     part=None if part is None else str(part),
                     on_failure=compiled.barrier.on_failure,
+                    memory=compiled.barrier.memory,
                 )
             elif kind == "relay":
                 relay = Relay(str(message["exchange_id"]), str(message["flow"]), str(message["to"]), int(message["deadline_ms"]))

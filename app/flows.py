@@ -34,7 +34,7 @@ from typing import Any
 
 from weir.app.errors import attempt
 from weir.tables.aggregates import ONE_SHOT, AggregatorConfig
-from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, REJECT, GiveUp, OnDuplicate
+from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, MEMORY_RULES, REJECT, REMEMBER, GiveUp, Memory, OnDuplicate
 
 __all__ = [
     "Exchange",
@@ -176,6 +176,8 @@ class Barrier:
     on_timeout: GiveUp = FAIL
     #: when an awaited execution failed: fail the exchange ("fail") or let it go on at once, marked "failed"
     on_failure: GiveUp = FAIL
+    #: a completion that let a waiter go on: kept for the timeout ("remember") or gone with that release ("consume")
+    memory: Memory = REMEMBER
 
     def key_for(self, awaited: Await) -> KeyExpr:
         key = awaited.key or self.correlate_by
@@ -434,6 +436,7 @@ class Flow:
         on_duplicate: OnDuplicate = REJECT,
         on_timeout: GiveUp = FAIL,
         on_failure: GiveUp = FAIL,
+        memory: Memory = REMEMBER,
     ) -> Flow:
         """Wait until every awaited flow completed for the exchange's key, then go on unchanged.
 
@@ -447,10 +450,18 @@ class Flow:
         lets it go on at once. Then, and whenever an await counts executions or asks for results, the exchange
         goes on with ``properties["barriers"][name] = {"status": "completed" | "timeout" | "failed", "error",
         "missing": [flows], "results": {flow: [payloads]}}``.
+
+        A completion is remembered for the barrier's timeout (``memory="remember"``, seed 004's rule: a completion
+        that came first releases whoever arrives on its key before the timeout, a second waiter a few seconds later
+        included); ``memory="consume"`` lets the release it causes consume it (Spring Integration's barrier): a later
+        waiter on the key waits for a completion of its own. A completion that finds no waiter is kept either way.
         """
         where = f"flow {self.name!r}, barrier {name!r}"
         if on_duplicate not in DUPLICATE_RULES:
             message = f"{where}: on_duplicate must be one of {list(DUPLICATE_RULES)}, got {on_duplicate!r}"
+            raise FlowDeclarationError(message)
+        if memory not in MEMORY_RULES:
+            message = f"{where}: memory must be one of {list(MEMORY_RULES)}, got {memory!r}"
             raise FlowDeclarationError(message)
         for knob, value in (("on_timeout", on_timeout), ("on_failure", on_failure)):
             if value not in GIVE_UP_RULES:
@@ -487,7 +498,7 @@ class Flow:
                     "under: no key of its own, or be the first await of a barrier without correlate_by"
                 )
                 raise FlowDeclarationError(message)
-        barrier = Barrier(name, normalized, timeout_ms, correlate_by, on_duplicate, on_timeout, on_failure)
+        barrier = Barrier(name, normalized, timeout_ms, correlate_by, on_duplicate, on_timeout, on_failure, memory)
         return self._add(Step("barrier", name, barrier=barrier))
 
     def barriers(self) -> list[Barrier]:

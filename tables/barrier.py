@@ -32,6 +32,10 @@ __all__ = [
     "GIVE_UP_RULES",
     "TIMED_OUT",
     "release_report",
+    "Memory",
+    "REMEMBER",
+    "CONSUME",
+    "MEMORY_RULES",
     "reported",
 ]
 
@@ -47,6 +51,15 @@ RELEASE_ALL: OnDuplicate = "release-all"
 #: The newcomer waits in place of the one waiting, which is dead-lettered 'superseded'.
 REPLACE: OnDuplicate = "replace"
 DUPLICATE_RULES: tuple[OnDuplicate, ...] = (REJECT, RELEASE_ALL, REPLACE)
+
+#: What a barrier does with a completion once it let a waiter go on (or failed it): keep it for the barrier's timeout, so
+#: that a later waiter on the key is released by it too (seed 004's "remember completions that came first"), or let
+#: it be consumed by the release it caused (Spring Integration's barrier: a trigger releases one waiter and is gone).
+#: Either way a completion that finds no waiter is kept until one comes or the timeout passes.
+Memory = Literal["remember", "consume"]
+REMEMBER: Memory = "remember"
+CONSUME: Memory = "consume"
+MEMORY_RULES: tuple[Memory, ...] = (REMEMBER, CONSUME)
 
 #: What a barrier does with a waiting exchange at its timeout (``on_timeout``) or when an awaited execution failed
 #: (``on_failure``): fail it through its flow's error handling (dead letter, failed outcome), or let it go on with
@@ -244,6 +257,16 @@ class BarrierState:
             found.append(latest)
         return [completion for completion in found if completion.expires_ms > now_ms]
 
+    def forget(self, completion: FlowCompletion) -> BarrierState:
+        """Without ``completion`` (consumed by the release it caused: a barrier with ``memory="consume"``)."""
+        if completion.part is None:
+            if self.completions.get(completion.flow) != completion:
+                return self
+            return replace(self, completions={flow: item for flow, item in self.completions.items() if flow != completion.flow})
+        parts = {part: item for part, item in self.parts.get(completion.flow, {}).items() if part != completion.part}
+        others = {flow: items for flow, items in self.parts.items() if flow != completion.flow}
+        return replace(self, parts={**others, **({completion.flow: parts} if parts else {})})
+
     def remember(self, completion: FlowCompletion) -> BarrierState:
         if completion.part is None:
             return replace(self, completions={**self.completions, completion.flow: completion})
@@ -379,6 +402,7 @@ def on_arrival(
     *,
     on_duplicate: OnDuplicate,
     on_failure: GiveUp = FAIL,
+    memory: Memory = REMEMBER,
 ) -> BarrierTransition:
     """An exchange reached the barrier: it goes on at once if every awaited flow already completed.
 
@@ -407,12 +431,15 @@ def on_arrival(
             )
             superseded.append(Failure(older, "superseded", error, older.missing))
             current = _settle(current, older)
-    transition = _admit(current, key, waiting, barrier_name, now_ms, on_failure)
+    transition = _admit(current, key, waiting, barrier_name, now_ms, on_failure, memory)
     return replace(transition, failures=(*superseded, *transition.failures))
 
 
-def _admit(current: BarrierState, key: str, waiting: Waiting, barrier_name: str, now_ms: int, on_failure: GiveUp) -> BarrierTransition:
-    """The arrival once the duplicate rule let it in: failed, released, or waiting for what has not completed yet."""
+def _admit(
+    current: BarrierState, key: str, waiting: Waiting, barrier_name: str, now_ms: int, on_failure: GiveUp, memory: Memory = REMEMBER
+) -> BarrierTransition:
+    """The arrival once the duplicate rule let it in: failed, released, or waiting for what has not completed yet.
+    Under ``memory="consume"`` the remembered completions it takes are gone once it goes on or fails."""
     # A flow awaited zero times (a counted await with nothing to count) is satisfied on arrival.
     arrived = replace(waiting, satisfied=tuple(flow for flow in waiting.awaited if waiting.expected.get(flow, 1) <= 0))
     for flow in waiting.awaited:
@@ -421,6 +448,8 @@ def _admit(current: BarrierState, key: str, waiting: Waiting, barrier_name: str,
         for completion in current.remembered(flow, now_ms):
             if not arrived.counts(completion):
                 continue
+            if memory == CONSUME:  # it is this waiter's now (a waiter that still waits keeps it as satisfied)
+                current = current.forget(completion)
             if completion.outcome == FAILED:
                 error = f"barrier {barrier_name!r}: awaited flow {flow!r} failed for key {key!r}: {completion.error}"
                 settled, ended = _given_up(current, arrived, Failure(arrived, "awaited-failed", error, (flow,)), on_failure)
@@ -450,16 +479,20 @@ def on_completion(
     result: Any = None,
     part: str | None = None,
     on_failure: GiveUp = FAIL,
+    memory: Memory = REMEMBER,
 ) -> BarrierTransition:
     """An awaited flow's execution ended for ``key``: remember it, and release or fail who waits for it.
 
     ``part`` names the execution for a counted await (each part counts once, however often it comes); ``result``
-    is its payload, for an await that asks for results.
+    is its payload, for an await that asks for results. Under ``memory="consume"`` a completion that a waiter
+    takes is not remembered: a later waiter on the key waits for a completion of its own.
     """
     _check_rule("on_failure", on_failure, GIVE_UP_RULES, barrier_name)
+    _check_rule("memory", memory, MEMORY_RULES, barrier_name)
     current = state or BarrierState(key=key)
     completion = FlowCompletion(flow, outcome, now_ms, now_ms + remember_ms, error, result, part)
-    updated = current.remember(completion)
+    consumed = memory == CONSUME and any(waiting.counts(completion) for waiting in current.waiting)
+    updated = current if consumed else current.remember(completion)
     releases: list[Release] = []
     failures: list[Failure] = []
     for waiting in current.waiting:
