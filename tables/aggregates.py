@@ -548,7 +548,8 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
         "aggregator": config.name,
         "status": status,
         "reason": reason,
-        "expected_count": state.expected_count,
+        # a correlation group (parts, no split) expects its complete_size when it has one: a timed-out group names it
+        "expected_count": state.expected_count if state.position is None else config.complete_size,
         "items": items,
         "missing": missing,
         "failed": [index for index, outcome in sorted(state.received.items()) if not outcome.ok],

@@ -309,3 +309,16 @@ def test_a_correlation_group_keeps_the_first_parts_context_and_times_out_on_inac
     expired = on_expire(second, config, 1_500)
     assert expired.emits[0]["reason"] == INACTIVITY
     assert expired.context == "first"
+
+
+def test_a_timed_out_correlation_group_names_the_size_it_expected() -> None:
+    sized = AggregatorConfig(name="sized", timeout_ms=1_000, complete_size=3)
+    state = on_part(None, sized, "k", Part(payload=1, position=(0, 1, 0)), 0).state
+    state = on_part(state, sized, "k", Part(payload=2, position=(0, 2, 0)), 10).state
+    assert state is not None
+    [result] = on_expire(state, sized, 1_000).emits
+    assert (result["status"], result["reason"], result["expected_count"], len(result["items"])) == ("partial", "timeout", 3, 2)
+    unsized = AggregatorConfig(name="unsized", timeout_ms=1_000)
+    state = on_part(None, unsized, "k", Part(payload=1, position=(0, 1, 0)), 0).state
+    assert state is not None
+    assert on_expire(state, unsized, 1_000).emits[0]["expected_count"] is None, "nothing said how many: none named"
