@@ -125,6 +125,11 @@ def audit(bootstrap: str, topic: Any) -> tuple[Counter[str], Counter[tuple[str, 
     transactions = asyncio.run(read_to_end(bootstrap, topic("shop.transactions")))
     per_ticket = Counter(record.key.decode() for record in outcomes)
     per_phase = Counter((value["order_id"], value["phase"]) for value in (orjson.loads(record.value) for record in transactions))
+    twice = [record for record in outcomes if per_ticket[record.key.decode()] > 1]
+    if twice:  # where and when each copy was written: the evidence a failing run leaves in its output
+        print(f"outcomes written more than once ({len(twice)} records), first ones: (ticket, partition, offset, timestamp ms)")
+        for record in twice[:20]:
+            print(f"  {record.key.decode()} p{record.partition} o{record.offset} t{record.timestamp}")
     return per_ticket, per_phase
 
 

@@ -57,8 +57,8 @@ def test_a_short_chaos_run_kills_every_stage_and_loses_nothing(kafka_bootstrap: 
     figures = json.loads(summary.read_text())
     print(f"\nchaos: {figures}")
     assert set(figures["kills"]) == STAGES, f"a stage was never killed: {figures['kills']}"
-    assert figures["lost"] == 0
-    assert figures["duplicated"] == 0
+    assert figures["lost"] == 0, done.stdout[-4000:]
+    assert figures["duplicated"] == 0, done.stdout[-4000:]
     assert figures["violations"] == []
     assert figures["dead_lettered"] == figures["bad_inputs"] == 60
     assert done.returncode == 0, done.stdout[-3000:]
