@@ -6,8 +6,8 @@ Checks what would otherwise only fail at ``docker compose up``: every service ha
 context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
 for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, ``WEIR_AGENTS``
 naming agents the service's entry module knows (weir's, or those a package's entry registers, e.g. ``shop.main``),
-``flows`` only with its ``WEIR_FLOWS``, a ``kafka`` service, published ports bound to the loopback address only,
-named volumes declared, relative bind mounts (``./prometheus.yml``) naming files or folders that exist. Prints
+``flows`` only with its ``WEIR_FLOWS`` (``windows`` with its ``WEIR_WINDOWS``), a ``kafka`` service, published
+ports bound to the loopback address only, named volumes declared, relative bind mounts (``./prometheus.yml``) naming files or folders that exist. Prints
 ``compose ok: N services`` or one line per problem, and exits 1 on problems.
 """
 
@@ -48,8 +48,9 @@ def _agent_names() -> tuple[str, ...]:
     _on_path()
     from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
 
-    # "flows" runs the user's WEIR_FLOWS module: a service for it belongs to the user's own deployment.
-    return AGENT_NAMES + tuple(name for name in OPTIONAL_AGENT_NAMES if name != "flows")
+    # "flows" and "windows" run the user's WEIR_FLOWS / WEIR_WINDOWS modules: a service for them belongs to the user's
+    # own deployment.
+    return AGENT_NAMES + tuple(name for name in OPTIONAL_AGENT_NAMES if name not in ("flows", "windows"))
 
 
 def _entry(service: Mapping[str, Any]) -> str:
@@ -299,7 +300,7 @@ def _check_weir_env(service: Mapping[str, Any], agents: tuple[str, ...]) -> list
     if registered is None:
         errors.append(f"runs entry module {entry!r}, which registers agent sets this checker does not know (ENTRY_AGENT_SETS)")
         registered = ()
-    known = agents + registered + (("flows",) if env.get("WEIR_FLOWS") else ())
+    known = agents + registered + (("flows",) if env.get("WEIR_FLOWS") else ()) + (("windows",) if env.get("WEIR_WINDOWS") else ())
     raw = env["WEIR_AGENTS"] or ""
     chosen = [name.strip() for name in raw.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in known]
