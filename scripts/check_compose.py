@@ -7,8 +7,9 @@ context and Dockerfile exist, ``depends_on`` names services that exist (with a h
 for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, ``WEIR_AGENTS``
 naming agents the service's entry module knows (weir's, or those a package's entry registers, e.g. ``shop.main``),
 ``flows`` only with its ``WEIR_FLOWS`` (``windows`` with its ``WEIR_WINDOWS``), a ``kafka`` service, published
-ports bound to the loopback address only, named volumes declared, relative bind mounts (``./prometheus.yml``) naming files or folders that exist. Prints
-``compose ok: N services`` or one line per problem, and exits 1 on problems.
+ports bound to the loopback address only, named volumes declared, relative bind mounts (``./prometheus.yml``)
+naming files or folders that exist. Prints ``compose ok: N services`` or one line per problem, and exits 1 on
+problems.
 """
 
 from __future__ import annotations
