@@ -32,10 +32,11 @@ from weir.app.aggregation import Aggregation, ItemWorker, send_split, split_mess
 from weir.app.codec import dumps
 from weir.app.deadlines import DeadlineIndex
 from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
-from weir.app.flows import Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
+from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from weir.app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
+from weir.tables.aggregates import FAILED_STATUS, ITEM_FAILED
 from weir.tables.barrier import (
     COMPLETED,
     FAILED,
@@ -343,10 +344,10 @@ class FlowTopology:
             deadlines=self.declare_table(
                 f"flow-{flow_name}-{name}-deadlines", f"Deadline index of aggregate {name!r} (app.deadlines.DeadlineIndex)."
             ),
-            outputs=self._resume_after_aggregate(compiled, agent),
+            outputs=self._resume_after_aggregate(compiled, agent, fail_parent=step.aggregate.on_item_failure == FAIL_PARENT),
         )
 
-    def _resume_after_aggregate(self, compiled: CompiledFlow, agent: str) -> Any:
+    def _resume_after_aggregate(self, compiled: CompiledFlow, agent: str, *, fail_parent: bool = False) -> Any:
         def outputs(event: EventT[bytes], correlation_id: str, result: dict[str, Any], context: Any) -> list[Output]:
             if not isinstance(context, dict) or not isinstance(context.get("exchange"), dict):
                 error = f"{agent}: group {correlation_id!r} completed without the exchange of its split (its open was lost)"
@@ -364,8 +365,27 @@ class FlowTopology:
                 )
                 return [Output(self.dead_letters, correlation_id, record, what="a dead letter")]
             exchange = Exchange.from_dict(context["exchange"])
-            exchange.payload = result
             meta = dict(context.get("meta") or {})
+            if fail_parent and result.get("status") == FAILED_STATUS:
+                # the parent fails as one (Camel's shareUnitOfWork): a dead letter holding the whole exchange, and a
+                # failed outcome, as when one of its own steps fails
+                error = str(result.get("error") or "an item failed")
+                record = dead_letter_record(
+                    reason=ITEM_FAILED,
+                    error=error,
+                    agent=f"flow:{compiled.flow.name}",
+                    step=str(result.get("aggregator")),
+                    attempts=1,
+                    topic=event.message.topic,
+                    partition=event.message.partition,
+                    offset=event.message.offset,
+                    key=exchange.key.encode() if exchange.key is not None else None,
+                    value=dumps(exchange.to_dict()),
+                )
+                record["result"] = {name: result.get(name) for name in ("correlation_id", "failed_item", "failed", "missing")}
+                letter = Output(self.dead_letters, correlation_id, fitted_dead_letter(record, record_limit()), what="a dead letter")
+                return [letter, *self.outcome_outputs(compiled, meta, FAILED, error)]
+            exchange.payload = result
             if "sequence" in result:  # a correlation group's result starts an execution of its own, keyed by the group's key
                 exchange.key = correlation_id
                 meta["exchange_id"] = f"{compiled.flow.name}:{result.get('aggregator')}:{correlation_id}#{result['sequence']}"

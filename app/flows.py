@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weir.app.errors import attempt
-from weir.tables.aggregates import ONE_SHOT, AggregatorConfig
+from weir.tables.aggregates import CONTINUE_ON_FAILURE, ONE_SHOT, STOP_ON_FAILURE, AggregatorConfig
 from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, MEMORY_RULES, REJECT, REMEMBER, GiveUp, Memory, OnDuplicate
 
 __all__ = [
@@ -202,6 +202,11 @@ class Split:
     chunk: int | None
 
 
+#: What an aggregate after a split does with a failed item (:meth:`Flow.aggregate`).
+FAIL_PARENT = "fail-parent"
+ITEM_FAILURE_RULES = (CONTINUE_ON_FAILURE, STOP_ON_FAILURE, FAIL_PARENT)
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """An aggregate step: the items' outcomes merged by correlation id, complete by count, last-flag, a timeout or force."""
@@ -217,6 +222,9 @@ class Aggregate:
     complete_when: Callable[[list[Any]], bool] | None = None
     #: a correlation aggregate: an exchange for which this is true completes its group now, with it
     complete_on: Callable[[Exchange], Any] | None = None
+    #: after a split: an item that failed is merged ("continue"), ends the group failed ("stop"), or fails the
+    #: parent exchange as one ("fail-parent")
+    on_item_failure: str = "continue"
 
     @property
     def correlates(self) -> bool:
@@ -234,6 +242,7 @@ class Aggregate:
             groups=self.groups,
             complete_size=self.complete_size,
             complete_when=self.complete_when,
+            on_item_failure=CONTINUE_ON_FAILURE if self.on_item_failure == CONTINUE_ON_FAILURE else STOP_ON_FAILURE,
         )
 
 
@@ -358,6 +367,7 @@ class Flow:
         complete_size: int | None = None,
         complete_when: Callable[[list[Any]], bool] | None = None,
         complete_on: KeyExpr | Callable[[Exchange], Any] | None = None,
+        on_item_failure: str = "continue",
     ) -> Flow:
         """Merge the outcomes of the split's items, or (no split before it) group exchanges by ``correlate_by``;
         the exchange goes on with the merged result as its payload.
@@ -374,6 +384,14 @@ class Flow:
         Either kind also completes partial at ``timeout_ms`` after its start or after ``inactivity_ms`` without
         a new part, whichever comes first; or when an operator forces it (:func:`tables.aggregates.force_message`).
         ``timeout_ms`` must be said: None for no absolute deadline.
+
+        After a split, an item whose step failed (its retries spent) is merged as ``failed`` and the others are
+        waited for (``on_item_failure="continue"``). ``"stop"`` (Camel's ``stopOnException``) ends the group at the
+        first failed item: the exchange goes on with a result of status ``failed``, reason ``item-failed``, naming
+        the item (``failed_item``) and its cause (``error``); later items' outcomes are counted late, never merged.
+        ``"fail-parent"`` (Camel's ``shareUnitOfWork``) ends it so too and fails the parent exchange as one: it is
+        dead-lettered (reason ``item-failed``, the whole exchange) and its execution ends ``failed``. Items already
+        handed to other workers still run: only their outcomes are ignored.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         correlates = correlate_by is not None
@@ -394,8 +412,16 @@ class Flow:
         if unknown or not complete_by:
             message = f"{where}: complete_by must be a non-empty subset of ['count', 'flag'], got {list(complete_by)}"
             raise FlowDeclarationError(message)
+        if on_item_failure not in ITEM_FAILURE_RULES:
+            message = f"{where}: on_item_failure must be one of {list(ITEM_FAILURE_RULES)}, got {on_item_failure!r}"
+            raise FlowDeclarationError(message)
+        if on_item_failure != CONTINUE_ON_FAILURE and not after_split:
+            message = f"{where}: on_item_failure belongs to an aggregate after a split (a group by key has no failed items)"
+            raise FlowDeclarationError(message)
         flag = _flag_of(complete_on) if isinstance(complete_on, KeyExpr) else complete_on
-        aggregate = Aggregate(name, timeout_ms, tuple(complete_by), inactivity_ms, correlate_by, groups, complete_size, complete_when, flag)
+        aggregate = Aggregate(
+            name, timeout_ms, tuple(complete_by), inactivity_ms, correlate_by, groups, complete_size, complete_when, flag, on_item_failure
+        )
         try:
             aggregate.config(done_retention_ms=1)
         except ValueError as error:

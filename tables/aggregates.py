@@ -25,6 +25,11 @@ __all__ = [
     "Part",
     "ONE_SHOT",
     "REOPENING",
+    "CONTINUE_ON_FAILURE",
+    "STOP_ON_FAILURE",
+    "ITEM_FAILURE_RULES",
+    "ITEM_FAILED",
+    "FAILED_STATUS",
     "force_message",
     "complete_at_once",
     "merged_result",
@@ -52,6 +57,14 @@ COMPLETE_BY_PREDICATE = "predicate"
 #: opens the key's next group at once (reopening: "batch every 3 messages per customer").
 ONE_SHOT = "one-shot"
 REOPENING = "reopening"
+#: What a split's group does when an item's outcome is a failure (its step's retries spent): merge it and wait for the
+#: others (``continue``), or end now with status ``failed`` naming that item and its cause (``stop``: Camel's
+#: ``stopOnException``). The reason of such a completion, and its status.
+CONTINUE_ON_FAILURE = "continue"
+STOP_ON_FAILURE = "stop"
+ITEM_FAILURE_RULES = (CONTINUE_ON_FAILURE, STOP_ON_FAILURE)
+ITEM_FAILED = "item-failed"
+FAILED_STATUS = "failed"
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class AggregatorConfig:
     complete_size: int | None = None
     #: correlation groups: complete once ``complete_when(payloads so far)`` is true (Camel's ``completionPredicate``)
     complete_when: Callable[[list[Any]], bool] | None = None
+    #: split groups: an item that failed ends the group ("stop") or is merged with the others ("continue")
+    on_item_failure: str = CONTINUE_ON_FAILURE
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -83,6 +98,9 @@ class AggregatorConfig:
             message = (
                 f"aggregator {self.name!r}: complete_by must be a non-empty subset of {{'count', 'flag'}}, got {sorted(self.complete_by)}"
             )
+            raise ValueError(message)
+        if self.on_item_failure not in ITEM_FAILURE_RULES:
+            message = f"aggregator {self.name!r}: on_item_failure must be one of {list(ITEM_FAILURE_RULES)}, got {self.on_item_failure!r}"
             raise ValueError(message)
         if self.groups not in (ONE_SHOT, REOPENING):
             message = f"aggregator {self.name!r}: groups must be {ONE_SHOT!r} or {REOPENING!r}, got {self.groups!r}"
@@ -301,6 +319,8 @@ def on_item(
     received = dict(state.received)
     received[outcome.index] = outcome
     updated = replace(state, expected_count=expected, last_index=last_index, received=received, updated_ms=now_ms)
+    if not outcome.ok and config.on_item_failure == STOP_ON_FAILURE:
+        return _stopped(updated, config, outcome, now_ms)
     if expected is not None and len(received) >= expected and all(index in received for index in range(expected)):
         reason = COMPLETE_BY_FLAG if last_index is not None and COMPLETE_BY_FLAG in config.complete_by else COMPLETE_BY_COUNT
         return _complete(updated, config, "complete", reason, now_ms)
@@ -356,6 +376,11 @@ def on_items(
             received = dict(current)
         received[index] = outcome
         merged = True
+        if not outcome.ok and config.on_item_failure == STOP_ON_FAILURE:
+            updated = replace(
+                group, expected_count=expected, last_index=last_index, received=received, updated_ms=now_ms, duplicates=duplicates
+            )
+            return _stopped(updated, config, outcome, now_ms), tuple(rejected), position + 1
         if expected is not None and len(received) >= expected and all(number in received for number in range(expected)):
             updated = replace(
                 group, expected_count=expected, last_index=last_index, received=received, updated_ms=now_ms, duplicates=duplicates
@@ -564,6 +589,14 @@ def merged_result(state: GroupState, config: AggregatorConfig, status: str, reas
 def complete_now(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> GroupTransition:
     """Complete a group at once with what it has (a group too large to store: ``TOO_LARGE``)."""
     return _complete(state, config, status, reason, now_ms)
+
+
+def _stopped(state: GroupState, config: AggregatorConfig, failed: ItemOutcome, now_ms: int) -> GroupTransition:
+    """A split's group ended by its first failed item (``on_item_failure="stop"``): status ``failed``, reason
+    ``item-failed``, naming the item (``failed_item``) and its cause (``error``); later outcomes are late."""
+    transition = _complete(state, config, FAILED_STATUS, ITEM_FAILED, now_ms)
+    result = {**transition.emits[0], "failed_item": failed.index, "error": f"item {failed.index} failed: {failed.error}"}
+    return replace(transition, emits=(result,))
 
 
 def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: str, now_ms: int) -> GroupTransition:

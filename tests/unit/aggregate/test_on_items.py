@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from weir.tables.aggregates import (
     COMPLETE_BY_COUNT,
     COMPLETE_BY_FLAG,
+    STOP_ON_FAILURE,
     AggregatorConfig,
     GroupState,
     GroupTransition,
@@ -24,6 +25,7 @@ CONFIGS = [
     AggregatorConfig(name="both", timeout_ms=5_000),
     AggregatorConfig(name="flag-only", timeout_ms=None, complete_by=frozenset({COMPLETE_BY_FLAG})),
     AggregatorConfig(name="count-only", timeout_ms=None, complete_by=frozenset({COMPLETE_BY_COUNT})),
+    AggregatorConfig(name="stop", timeout_ms=5_000, on_item_failure=STOP_ON_FAILURE),
 ]
 
 Outcomes = list[tuple[ItemOutcome, bool]]

@@ -1,0 +1,70 @@
+"""A split's failed item (Camel's stopOnException and shareUnitOfWork) on the driver: merged and waited past
+(``continue``), the group ended failed at it (``stop``), or the parent failed as one (``fail-parent``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from weir import Exchange, Flow, FlowDeclarationError, Settings, TestDriver, payload
+
+SETTINGS = Settings(partitions=2, retry_attempts=2, retry_backoff_ms=10, retry_max_backoff_ms=10, split_chunk=1)
+
+
+def flow(on_item_failure: str, ran: list[int]) -> Flow:
+    def step(exchange: Exchange) -> Any:
+        ran.append(exchange.payload)
+        if exchange.payload == 2:
+            raise ValueError("item 2 is bad")
+        return exchange.payload * 10
+
+    return (
+        Flow("orders", source="orders")
+        .split("items", payload("items"))
+        .process("price", step)
+        .aggregate("all", timeout_ms=None, on_item_failure=on_item_failure)
+        .to("out")
+    )
+
+
+def test_continue_merges_the_failed_item_and_waits_for_the_others() -> None:
+    with TestDriver([flow("continue", [])], SETTINGS) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3]}, key="o-1")
+        [result] = driver.values("out")
+    assert (result["status"], result["failed"]) == ("complete", [1])
+    assert [item["status"] for item in result["items"]] == ["ok", "failed", "ok"]
+
+
+def test_stop_ends_the_group_failed_at_the_first_failed_item_and_counts_later_ones_late() -> None:
+    with TestDriver([flow("stop", [])], SETTINGS) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3]}, key="o-1")
+        [result] = driver.values("out")
+        done = driver.table("flow-orders-all-done")
+    assert (result["status"], result["reason"], result["failed_item"]) == ("failed", "item-failed", 1)
+    assert result["error"] == "item 1 failed: step 'price': ValueError: item 2 is bad"
+    assert [item["status"] for item in result["items"]] == ["ok", "failed", "missing"], "the item after it was not merged"
+    [state] = done.values()
+    assert state["status"] == "failed"
+    assert state["late_indexes"] == [2], "its outcome came after the end: counted late"
+
+
+def test_fail_parent_dead_letters_the_whole_exchange_and_ends_its_execution_failed() -> None:
+    with TestDriver([flow("fail-parent", [])], SETTINGS) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3]}, key="o-1", headers={"trace": "t-1"})
+        assert driver.values("out") == [], "the parent does not go on"
+        letters = [letter for letter in driver.dead_letters() if letter["reason"] == "item-failed"]
+        outcomes = driver.values("flow.orders.outcomes")
+    [letter] = letters
+    assert letter["agent"] == "flow:orders"
+    assert "item 1 failed" in letter["error"]
+    assert letter["result"]["failed_item"] == 1
+    assert '"items":[1,2,3]' in (letter["value"]["text"] or "").replace(" ", "")
+    assert [(outcome["outcome"], "item 1 failed" in outcome["error"]) for outcome in outcomes] == [("failed", True)]
+
+
+def test_the_rule_is_checked_where_it_is_declared() -> None:
+    with pytest.raises(FlowDeclarationError, match="on_item_failure must be one of"):
+        flow("ignore", [])
+    with pytest.raises(FlowDeclarationError, match="belongs to an aggregate after a split"):
+        Flow("g", source="in").aggregate("by-key", timeout_ms=1_000, correlate_by=payload("k"), on_item_failure="stop")
