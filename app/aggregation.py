@@ -805,7 +805,10 @@ class Aggregation:
         if isinstance(previous, GroupState | DoneState) and previous.position is None:
             raise InvalidMessage(f"{self.agent}: {correlation_id!r} is a split's group (indexed items), not a correlation group of parts")
         position = (event.message.partition, event.message.offset, in_record)
-        part = Part(payload=message.get("payload"), position=position, flag=flag, context=message.get("context"))
+        timeout_ms = message.get("timeout_ms")
+        if timeout_ms is not None and (not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0):
+            raise InvalidMessage(f"{self.agent}: a part's 'timeout_ms' must be a positive integer or null, got {timeout_ms!r:.100}")
+        part = Part(payload=message.get("payload"), position=position, flag=flag, context=message.get("context"), timeout_ms=timeout_ms)
         transition = on_part(previous, self.config, correlation_id, part, now)
         if isinstance(previous, DoneState) and transition.done is not None and transition.done.late_parts > previous.late_parts:
             self.late_items += 1

@@ -662,10 +662,28 @@ class FlowTopology:
             problem = f"flow {compiled.flow.name!r}, aggregate {step.name!r}: complete_on failed: {describe_error(raised)}"
             await self._fail(compiled, exchange, meta, step, "invalid", problem, 1, event)
             return
+        timeout_ms = None
+        if aggregate.timeout_from is not None:
+            try:
+                read = aggregate.timeout_from(exchange)
+                timeout_ms = None if read is None else int(read)
+                if timeout_ms is not None and timeout_ms <= 0:
+                    raise ValueError(f"a timeout must be positive, got {timeout_ms}")
+            except Exception as raised:
+                problem = f"flow {compiled.flow.name!r}, aggregate {step.name!r}: timeout_from failed: {describe_error(raised)}"
+                await self._fail(compiled, exchange, meta, step, "invalid", problem, 1, event)
+                return
         target = self.correlating[(compiled.flow.name, index)]
         # The group's result replaces the payload on resume: the context keeps the rest of the exchange only.
         context = {"exchange": {**exchange.to_dict(), "payload": None}, "meta": {}, "resume_step": index + 1}
-        part = {"kind": "part", "correlation_id": key, "payload": exchange.payload, "flag": flag, "context": context}
+        part = {
+            "kind": "part",
+            "correlation_id": key,
+            "payload": exchange.payload,
+            "flag": flag,
+            "context": context,
+            "timeout_ms": timeout_ms,
+        }
         outputs = [Output(target.results, key, part, what=f"a part for aggregate {step.name!r}")]
         failed = await send_checked(event, outputs, agent=f"flow:{compiled.flow.name}", step=step.name)
         if failed:

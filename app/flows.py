@@ -225,6 +225,10 @@ class Aggregate:
     #: after a split: an item that failed is merged ("continue"), ends the group failed ("stop"), or fails the
     #: parent exchange as one ("fail-parent")
     on_item_failure: str = "continue"
+    #: every open group completes at each multiple of this period (Camel's completionInterval)
+    complete_interval_ms: int | None = None
+    #: a correlation aggregate: the absolute timeout (ms) of a group, read from the exchange that opens it
+    timeout_from: Callable[[Exchange], Any] | None = None
 
     @property
     def correlates(self) -> bool:
@@ -243,6 +247,7 @@ class Aggregate:
             complete_size=self.complete_size,
             complete_when=self.complete_when,
             on_item_failure=CONTINUE_ON_FAILURE if self.on_item_failure == CONTINUE_ON_FAILURE else STOP_ON_FAILURE,
+            complete_interval_ms=self.complete_interval_ms,
         )
 
 
@@ -368,6 +373,8 @@ class Flow:
         complete_when: Callable[[list[Any]], bool] | None = None,
         complete_on: KeyExpr | Callable[[Exchange], Any] | None = None,
         on_item_failure: str = "continue",
+        complete_interval_ms: int | None = None,
+        timeout_from: KeyExpr | Callable[[Exchange], Any] | None = None,
     ) -> Flow:
         """Merge the outcomes of the split's items, or (no split before it) group exchanges by ``correlate_by``;
         the exchange goes on with the merged result as its payload.
@@ -392,6 +399,11 @@ class Flow:
         ``"fail-parent"`` (Camel's ``shareUnitOfWork``) ends it so too and fails the parent exchange as one: it is
         dead-lettered (reason ``item-failed``, the whole exchange) and its execution ends ``failed``. Items already
         handed to other workers still run: only their outcomes are ignored.
+
+        ``complete_interval_ms`` (Camel's ``completionInterval``): every open group completes at each multiple of the
+        period on the clock (reason ``interval``), all at once, not each after its own start. ``timeout_from`` (a
+        group by key): the absolute timeout in ms of a group, read from the exchange that opens it (None: the
+        aggregate's ``timeout_ms``), so that a key's successive groups may each have their own.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         correlates = correlate_by is not None
@@ -405,7 +417,9 @@ class Flow:
                 "without a split before it (a split's items complete by count and flag)"
             )
             raise FlowDeclarationError(message)
-        if correlates and not (complete_size or complete_when or complete_on or timeout_ms or inactivity_ms):
+        if correlates and not (
+            complete_size or complete_when or complete_on or timeout_ms or inactivity_ms or complete_interval_ms or timeout_from
+        ):
             message = f"{where}: a group by key needs a way to complete: complete_size, complete_when, complete_on or a timeout"
             raise FlowDeclarationError(message)
         unknown = sorted(set(complete_by) - {"count", "flag"})
@@ -415,12 +429,27 @@ class Flow:
         if on_item_failure not in ITEM_FAILURE_RULES:
             message = f"{where}: on_item_failure must be one of {list(ITEM_FAILURE_RULES)}, got {on_item_failure!r}"
             raise FlowDeclarationError(message)
+        if timeout_from is not None and not correlates:
+            message = f"{where}: timeout_from belongs to a group by key (correlate_by=): a split's group has one open"
+            raise FlowDeclarationError(message)
         if on_item_failure != CONTINUE_ON_FAILURE and not after_split:
             message = f"{where}: on_item_failure belongs to an aggregate after a split (a group by key has no failed items)"
             raise FlowDeclarationError(message)
         flag = _flag_of(complete_on) if isinstance(complete_on, KeyExpr) else complete_on
+        read_timeout = timeout_from  # a KeyExpr reads None where the field is absent: the aggregate's own timeout then
         aggregate = Aggregate(
-            name, timeout_ms, tuple(complete_by), inactivity_ms, correlate_by, groups, complete_size, complete_when, flag, on_item_failure
+            name,
+            timeout_ms,
+            tuple(complete_by),
+            inactivity_ms,
+            correlate_by,
+            groups,
+            complete_size,
+            complete_when,
+            flag,
+            on_item_failure,
+            complete_interval_ms,
+            read_timeout,
         )
         try:
             aggregate.config(done_retention_ms=1)

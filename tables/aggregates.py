@@ -25,6 +25,7 @@ __all__ = [
     "Part",
     "ONE_SHOT",
     "REOPENING",
+    "INTERVAL",
     "CONTINUE_ON_FAILURE",
     "STOP_ON_FAILURE",
     "ITEM_FAILURE_RULES",
@@ -46,6 +47,8 @@ COMPLETE_BY_FLAG = "flag"
 TIMEOUT = "timeout"
 INACTIVITY = "inactivity"
 FORCED = "forced"
+#: Completed by the aggregator's period (``complete_interval_ms``: Camel's ``completionInterval``).
+INTERVAL = "interval"
 #: The status of a group an operator discarded: its result is sent with this status, never as complete.
 DISCARDED = "discarded"
 #: What an operator may do to open groups (:func:`on_force`).
@@ -91,6 +94,9 @@ class AggregatorConfig:
     complete_when: Callable[[list[Any]], bool] | None = None
     #: split groups: an item that failed ends the group ("stop") or is merged with the others ("continue")
     on_item_failure: str = CONTINUE_ON_FAILURE
+    #: every open group completes at each multiple of this period on the clock (Camel's ``completionInterval``:
+    #: all open groups at once, not per group); None: no period
+    complete_interval_ms: int | None = None
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -105,7 +111,7 @@ class AggregatorConfig:
         if self.groups not in (ONE_SHOT, REOPENING):
             message = f"aggregator {self.name!r}: groups must be {ONE_SHOT!r} or {REOPENING!r}, got {self.groups!r}"
             raise ValueError(message)
-        for knob in ("timeout_ms", "inactivity_ms", "complete_size"):
+        for knob in ("timeout_ms", "inactivity_ms", "complete_size", "complete_interval_ms"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 message = f"aggregator {self.name!r}: {knob} must be a positive integer or None, got {value!r}"
@@ -193,9 +199,15 @@ class GroupState:
             return None
         return (self.opened_ms if self.updated_ms is None else self.updated_ms) + config.inactivity_ms
 
+    def interval_ms(self, config: AggregatorConfig) -> int | None:
+        """The end of the aggregator's period the group opened in (None: no ``complete_interval_ms``)."""
+        period = config.complete_interval_ms
+        return None if period is None else (self.opened_ms // period + 1) * period
+
     def due_ms(self, config: AggregatorConfig) -> int | None:
-        """When the group times out: the earlier of its absolute and its inactivity deadline (None: never)."""
-        dues = [due for due in (self.deadline_ms, self.inactive_ms(config)) if due is not None]
+        """When the group completes by time: the earliest of its absolute deadline, its inactivity deadline and the end
+        of its period (None: never)."""
+        dues = [due for due in (self.deadline_ms, self.inactive_ms(config), self.interval_ms(config)) if due is not None]
         return min(dues, default=None)
 
     def missing_indexes(self) -> list[int]:
@@ -464,6 +476,10 @@ def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -
     due = None if state is None else state.due_ms(config)
     if state is None or due is None or due > now_ms:
         return GroupTransition(state=state)
+    if state.deadline_ms != due and state.inactive_ms(config) != due:
+        # the period's end: every group open in it completes, complete when nothing it expected is missing
+        complete = state.position is not None or (state.expected_count is not None and not state.missing_indexes())
+        return _complete(state, config, "complete" if complete else "partial", INTERVAL, now_ms)
     reason = TIMEOUT if state.deadline_ms == due else INACTIVITY
     return _complete(state, config, "partial", reason, now_ms)
 
@@ -501,6 +517,13 @@ class Part:
     position: tuple[int, ...]
     flag: bool = False
     context: Any = None
+    #: the absolute timeout of a group this part opens, read from the part itself (None: the aggregator's ``timeout_ms``)
+    timeout_ms: int | None = None
+
+
+def _part_deadline(config: AggregatorConfig, part: Part, now_ms: int) -> int | None:
+    """The absolute deadline of the group ``part`` opens: its own timeout when it carries one, else the aggregator's."""
+    return now_ms + part.timeout_ms if part.timeout_ms is not None else config.deadline_from(now_ms)
 
 
 def on_part(state: GroupState | DoneState | None, config: AggregatorConfig, key: str, part: Part, now_ms: int) -> GroupTransition:
@@ -517,9 +540,11 @@ def on_part(state: GroupState | DoneState | None, config: AggregatorConfig, key:
             return GroupTransition(state=None, done=state)  # a redelivery of a part of the completed group
         if config.groups == ONE_SHOT:
             return GroupTransition(state=None, done=replace(state, late_parts=state.late_parts + 1, position=part.position))
-        state = GroupState(correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=state.sequence + 1)
+        state = GroupState(
+            correlation_id=key, deadline_ms=_part_deadline(config, part, now_ms), opened_ms=now_ms, sequence=state.sequence + 1
+        )
     elif state is None:
-        state = GroupState(correlation_id=key, deadline_ms=config.deadline_from(now_ms), opened_ms=now_ms, sequence=0)
+        state = GroupState(correlation_id=key, deadline_ms=_part_deadline(config, part, now_ms), opened_ms=now_ms, sequence=0)
     elif state.position is not None and part.position <= state.position:
         return GroupTransition(state=replace(state, duplicates=state.duplicates + 1))
     received = dict(state.received)

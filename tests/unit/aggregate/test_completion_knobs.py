@@ -322,3 +322,22 @@ def test_a_timed_out_correlation_group_names_the_size_it_expected() -> None:
     state = on_part(None, unsized, "k", Part(payload=1, position=(0, 1, 0)), 0).state
     assert state is not None
     assert on_expire(state, unsized, 1_000).emits[0]["expected_count"] is None, "nothing said how many: none named"
+
+
+def test_a_period_ends_every_group_opened_in_it_complete_or_partial_by_what_it_expected() -> None:
+    config = AggregatorConfig(name="period", timeout_ms=None, complete_interval_ms=1_000)
+    whole = on_item(None, config, "whole", outcome(0), 2, False, 1_200).state
+    whole = on_item(whole, config, "whole", outcome(1), 2, False, 1_300)
+    assert whole.done is not None, "complete by count before the period ended"
+    half = on_item(None, config, "half", outcome(0), 2, False, 1_400).state
+    assert half is not None
+    assert half.due_ms(config) == 2_000, "the end of the period it opened in"
+    assert on_expire(half, config, 1_999).state is half
+    [result] = on_expire(half, config, 2_000).emits
+    assert (result["status"], result["reason"], result["missing"]) == ("partial", "interval", [1])
+    parts = on_part(None, config, "k", Part(payload=1, position=(0, 1, 0)), 2_500).state
+    assert parts is not None
+    assert (on_expire(parts, config, 3_000).emits[0]["status"], on_expire(parts, config, 3_000).emits[0]["reason"]) == (
+        "complete",
+        "interval",
+    )
