@@ -15,6 +15,7 @@ walked after each record up to the partition's stream time: closing a window tou
 from __future__ import annotations
 
 import importlib
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,7 +26,19 @@ from weir.app.deadlines import DeadlineIndex
 from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore
 from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
-from weir.tables.windows import Fold, KeyWindows, WindowSpec, on_close, on_record, window_result
+from weir.tables.windows import (
+    Fold,
+    KeySessions,
+    KeyWindows,
+    Merge,
+    SessionSpec,
+    WindowSpec,
+    on_close,
+    on_record,
+    on_session_close,
+    on_session_record,
+    window_result,
+)
 
 __all__ = ["Window", "WindowTopology", "count", "load_windows", "total"]
 
@@ -54,7 +67,9 @@ def total(field: str) -> Fold:
 class Window:
     """A windowed aggregation: ``source`` -> per key and window, ``fold`` from ``initial`` -> ``to``.
 
-    ``spec``: :meth:`WindowSpec.tumbling` or :meth:`WindowSpec.hopping` (size, advance, grace, in ms).
+    ``spec``: :meth:`WindowSpec.tumbling` or :meth:`WindowSpec.hopping` (size, advance, grace, in ms), or a
+    :class:`SessionSpec` (gap, grace): a key's sessions, two of which a record bridges merging with ``merge``
+    (default: ``+``, right for ``count`` and ``total``).
     ``timestamp``: the event time of a record's value (ms); None: the record's own timestamp.
     ``emit``: ``"final"``, one result per window when it closes; ``"update"``, a result on every record it takes and
     the final one at close. Results: ``{"key", "start_ms", "end_ms", "value", "count", "final"}``, keyed by the key.
@@ -63,11 +78,12 @@ class Window:
     name: str
     source: str
     to: str
-    spec: WindowSpec
+    spec: WindowSpec | SessionSpec
     initial: Any = 0
     fold: Fold = count
     timestamp: Callable[[Any], int] | None = None
     emit: Literal["final", "update"] = "final"
+    merge: Merge = operator.add
 
     def __post_init__(self) -> None:
         if not self.name or not all(char.isalnum() or char in "_-" for char in self.name):
@@ -106,6 +122,8 @@ class WindowTopology:
         return [self.window_stage(window) for window in self.windows]
 
     def window_stage(self, window: Window) -> Stage:
+        if isinstance(window.spec, SessionSpec):
+            return self._session_stage(window, window.spec)
         wiring = self._wiring
         spec = window.spec
         agent = f"window-{window.name}"
@@ -127,7 +145,8 @@ class WindowTopology:
         )
 
         def result(key: str, start: int, aggregate: Any, records: int, *, final: bool) -> Output:
-            return Output(to, key, window_result(key, spec, start, aggregate, records, final=final), what=f"window {window.name} result")
+            value = window_result(key, start, start + spec.size_ms, aggregate, records, final=final)
+            return Output(to, key, value, what=f"window {window.name} result")
 
         def due(kind: str, state: KeyWindows) -> int | None:
             """A window's close, filed as kind ``w<start>``: due while it is open (closed by an earlier walk: nothing)."""
@@ -139,15 +158,7 @@ class WindowTopology:
             return Change(state=left, outputs=tuple(result(key, start, value, records, final=True) for start, value, records in closed))
 
         async def handle(event: EventT[bytes], message: Any) -> None:
-            key = event.message.key.decode("utf-8", "replace") if event.message.key is not None else ""
-            stamp = window.timestamp(message) if window.timestamp is not None else round(event.message.timestamp * 1000)
-            if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
-                raise InvalidMessage(f"window {window.name}: a record's timestamp must be a non-negative integer (ms), got {stamp!r:.60}")
-            partition = event.message.partition
-            slot = str(partition)
-            stream_time = max(times.get(slot, -1), stamp)
-            if stream_time != times.get(slot):
-                times[slot] = stream_time
+            key, stamp, stream_time = _event_time(window, times, event, message)
             previous = keyed.load(key)
             accepted = on_record(previous, spec, stamp, message, stream_time, window.initial, window.fold)
             outputs: tuple[Output, ...] = ()
@@ -164,3 +175,68 @@ class WindowTopology:
 
         handler = per_event(agent=agent, what=f"window {window.name}: record", handler=handle)
         return Stage(agent, (source,), handler)
+
+    def _session_stage(self, window: Window, spec: SessionSpec) -> Stage:
+        """Sessions: the same tables and walk as windows, each session's close filed under its start (``w<start>``)
+        and moved later as records extend it; a session merged into another leaves its entry to be dropped."""
+        wiring = self._wiring
+        agent = f"window-{window.name}"
+        source, to = wiring.topic_named(window.source), wiring.topic_named(window.to)
+        times = wiring.table(f"{agent}-time", f"Sessions {window.name!r}: each partition's stream time (ms), the largest timestamp read.")
+        closes = DeadlineIndex(wiring.table(f"{agent}-closes", f"Sessions {window.name!r}: when each session closes, in stream time."))
+        closes.max_seconds_per_walk = MAX_JUMP_S
+        keyed: KeyedState[KeySessions] = KeyedState(
+            agent=agent,
+            store=TableStore(
+                wiring.table(agent, f"Sessions {window.name!r}: each key's open sessions, start -> [end, aggregate, records]."),
+                KeySessions.to_dict,
+                KeySessions.from_dict,
+            ),
+            deadlines=closes,
+            step="window",
+        )
+
+        def result(key: str, start: int, end: int, aggregate: Any, records: int, *, final: bool) -> Output:
+            return Output(to, key, window_result(key, start, end, aggregate, records, final=final), what=f"window {window.name} result")
+
+        def due(kind: str, state: KeySessions) -> int | None:
+            session = state.open.get(int(kind[1:]))
+            return None if session is None else spec.closes_at(session[0])
+
+        def close(key: str, state: KeySessions, stream_time: int) -> Change[KeySessions]:
+            left, closed = on_session_close(state, spec, stream_time)
+            outputs = tuple(result(key, start, end, value, records, final=True) for start, end, value, records in closed)
+            return Change(state=left, outputs=outputs)
+
+        async def handle(event: EventT[bytes], message: Any) -> None:
+            key, stamp, stream_time = _event_time(window, times, event, message)
+            previous = keyed.load(key)
+            accepted = on_session_record(previous, spec, stamp, message, stream_time, window.initial, window.fold, window.merge)
+            outputs: tuple[Output, ...] = ()
+            if window.emit == "update" and accepted.state is not None:
+                outputs = tuple(result(key, start, *accepted.state.open[start], final=False) for start in accepted.into)
+            rejected: tuple[Refusal, ...] = ()
+            if accepted.late:
+                late = f"window {window.name}: record at {stamp} ms is late for its session (stream time {stream_time} ms)"
+                rejected = (Refusal("late", late),)
+            sessions = accepted.state.open if accepted.state is not None else {}
+            filed = tuple((f"w{start}", spec.closes_at(sessions[start][0])) for start in accepted.opened)
+            change = Change(state=accepted.state, outputs=outputs, rejected=rejected, deadlines=filed)
+            await keyed.apply(event, key, previous, change, clock_ms=stream_time)
+            await keyed.walk_deadlines(event, stream_time, due, close)
+
+        handler = per_event(agent=agent, what=f"window {window.name}: record", handler=handle)
+        return Stage(agent, (source,), handler)
+
+
+def _event_time(window: Window, times: Any, event: EventT[bytes], message: Any) -> tuple[str, int, int]:
+    """A record's key, its event time, and its partition's stream time with it (stored when it moved)."""
+    key = event.message.key.decode("utf-8", "replace") if event.message.key is not None else ""
+    stamp = window.timestamp(message) if window.timestamp is not None else round(event.message.timestamp * 1000)
+    if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+        raise InvalidMessage(f"window {window.name}: a record's timestamp must be a non-negative integer (ms), got {stamp!r:.60}")
+    slot = str(event.message.partition)
+    stream_time = max(times.get(slot, -1), stamp)
+    if stream_time != times.get(slot):
+        times[slot] = stream_time
+    return key, stamp, stream_time

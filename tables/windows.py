@@ -5,7 +5,9 @@ A window ``[start, start + size)`` accepts records until stream time reaches ``e
 its result goes out once (``emit="final"``, Kafka Streams' ``suppress(untilWindowCloses)``), and its state goes.
 A record whose window has closed when it arrives is **late**: it changes nothing and is counted. Hopping windows
 (``advance < size``) put a record in every window that holds its timestamp; tumbling windows are hopping windows
-whose advance is their size. Session windows are not built yet.
+whose advance is their size. **Session windows** (:class:`SessionSpec`) are a key's periods of activity: a record
+within ``gap`` of a session joins it (several sessions it bridges merge into one); a session closes once stream
+time reaches its last record plus the gap plus the grace.
 
 The stage (:mod:`app.windows`) keeps one :class:`KeyWindows` per key, files each window's close in a deadline index
 measured in stream time, and walks it as stream time moves: this module decides, the stage stores and sends.
@@ -16,9 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-__all__ = ["WindowSpec", "KeyWindows", "Accepted", "on_record", "on_close", "window_result"]
+__all__ = [
+    "WindowSpec",
+    "SessionSpec",
+    "KeyWindows",
+    "KeySessions",
+    "Accepted",
+    "on_record",
+    "on_close",
+    "on_session_record",
+    "on_session_close",
+    "window_result",
+]
 
 #: ``(aggregate so far, record's value) -> aggregate``: how a window folds a record in (JSON-able aggregates).
 Fold = Callable[[Any, Any], Any]
@@ -72,11 +85,14 @@ class KeyWindows:
         return cls({int(start): (aggregate, int(count)) for start, aggregate, count in raw.get("open", [])})
 
 
+W = TypeVar("W")
+
+
 @dataclass(frozen=True)
-class Accepted:
+class Accepted(Generic[W]):
     """What one record did: the new state, the windows it went into, those it came too late for, those it opened."""
 
-    state: KeyWindows | None
+    state: W | None
     into: tuple[int, ...]
     late: tuple[int, ...]
     opened: tuple[int, ...]
@@ -84,7 +100,7 @@ class Accepted:
 
 def on_record(
     previous: KeyWindows | None, spec: WindowSpec, timestamp_ms: int, value: Any, stream_time: int, initial: Any, fold: Fold
-) -> Accepted:
+) -> Accepted[KeyWindows]:
     """Fold a record into each of its windows still open at ``stream_time`` (the partition's, this record included).
 
     A window is open while ``stream_time < end + grace``; a record for a closed one is late for it. A window this
@@ -120,6 +136,84 @@ def on_close(previous: KeyWindows, spec: WindowSpec, stream_time: int) -> tuple[
     return (KeyWindows(left) if left else None), closed
 
 
-def window_result(key: str, spec: WindowSpec, start: int, aggregate: Any, count: int, *, final: bool) -> dict[str, Any]:
-    """A window's result record: its key, bounds, aggregate, how many records it folded, and whether it is final."""
-    return {"key": key, "start_ms": start, "end_ms": start + spec.size_ms, "value": aggregate, "count": count, "final": final}
+def window_result(key: str, start: int, end: int, aggregate: Any, count: int, *, final: bool) -> dict[str, Any]:
+    """A window's result record: its key, bounds (a session's end: its last record's time), aggregate, how many records
+    it folded, and whether it is final."""
+    return {"key": key, "start_ms": start, "end_ms": end, "value": aggregate, "count": count, "final": final}
+
+
+#: ``(aggregate, aggregate) -> aggregate``: how two sessions a record bridges become one.
+Merge = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Sessions per key: records less than ``gap_ms`` apart are one session, open for ``grace_ms`` after it ends."""
+
+    gap_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gap_ms <= 0 or self.grace_ms < 0:
+            raise ValueError(f"sessions: the gap must be positive and the grace not negative, got {self}")
+
+    def closes_at(self, end: int) -> int:
+        """The stream time at which a session whose last record is at ``end`` closes."""
+        return end + self.gap_ms + self.grace_ms
+
+
+@dataclass(frozen=True)
+class KeySessions:
+    """One key's open sessions: start -> (last record's time, aggregate, records folded in)."""
+
+    open: Mapping[int, tuple[int, Any, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sessions": [[start, end, aggregate, count] for start, (end, aggregate, count) in sorted(self.open.items())]}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> KeySessions:
+        return cls({int(start): (int(end), aggregate, int(count)) for start, end, aggregate, count in raw.get("sessions", [])})
+
+
+def on_session_record(
+    previous: KeySessions | None,
+    spec: SessionSpec,
+    timestamp_ms: int,
+    value: Any,
+    stream_time: int,
+    initial: Any,
+    fold: Fold,
+    merge: Merge,
+) -> Accepted[KeySessions]:
+    """Fold a record into its key's session: the open sessions within the gap of it merge with it into one (its start
+    the earliest, its end the latest). A record whose own session would already be closed is late; ``into`` and
+    ``opened`` name the session's start (``opened``: a start no open session had)."""
+    if stream_time >= spec.closes_at(timestamp_ms):
+        return Accepted(previous, (), (timestamp_ms,), ())
+    sessions = dict(previous.open) if previous is not None else {}
+    touching = sorted(start for start, (end, _, _) in sessions.items() if start - spec.gap_ms < timestamp_ms < end + spec.gap_ms)
+    start, end, aggregate, count = timestamp_ms, timestamp_ms, initial, 0
+    for other in touching:
+        other_end, other_aggregate, other_count = sessions.pop(other)
+        aggregate = other_aggregate if count == 0 else merge(aggregate, other_aggregate)
+        start, end, count = min(start, other), max(end, other_end), count + other_count
+    sessions[start] = (end, fold(aggregate, value), count + 1)
+    opened = () if start in touching else (start,)
+    return Accepted(KeySessions(sessions), (start,), (), opened)
+
+
+def on_session_close(
+    previous: KeySessions, spec: SessionSpec, stream_time: int
+) -> tuple[KeySessions | None, list[tuple[int, int, Any, int]]]:
+    """Close every session whose last record plus gap plus grace stream time has reached: their (start, end, aggregate,
+    count), earliest first, and the state without them (None once none is open)."""
+    closed = [
+        (start, end, aggregate, count)
+        for start, (end, aggregate, count) in sorted(previous.open.items())
+        if stream_time >= spec.closes_at(end)
+    ]
+    if not closed:
+        return previous, []
+    left = {start: entry for start, entry in previous.open.items() if stream_time < spec.closes_at(entry[0])}
+    return (KeySessions(left) if left else None), closed

@@ -20,7 +20,7 @@ from weir.app.trigger_status import child_done
 from weir.app.windows import Window, count, total
 from weir.tables.eof import Dropped, EofJob
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
-from weir.tables.windows import WindowSpec
+from weir.tables.windows import SessionSpec, WindowSpec
 
 __all__ = [
     "attempt",
@@ -34,6 +34,7 @@ __all__ = [
     "FlowGraphError",
     "Gateway",
     "KeyExpr",
+    "SessionSpec",
     "Settings",
     "TestDriver",
     "TestRecord",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from weir import Settings, TestDriver, Window, WindowSpec, total
+from weir import SessionSpec, Settings, TestDriver, Window, WindowSpec, count, total
 
 
 def clicks(emit: str = "final", spec: WindowSpec | None = None) -> Window:
@@ -159,3 +159,21 @@ def test_the_web_views_and_metrics_show_open_windows_and_stream_time() -> None:
     assert (open_gauge[0].name, open_gauge[1], open_gauge[0].count(state)) == ("weir_window_open", ("clicks",), 2)
     assert (time_gauge[0].name, time_gauge[1], time_gauge[0].count(times["0"])) == ("weir_window_stream_time_seconds", ("clicks",), 1)
     assert table_gauge_for("window-clicks-closes") is None
+
+
+def test_sessions_merge_across_a_bridging_record_and_close_a_gap_and_a_grace_after_their_last_record() -> None:
+    window = Window("visits", source="views", to="visits", spec=SessionSpec(gap_ms=1_000, grace_ms=1_000), fold=count)
+    with driver(window) as test:
+        for stamp in (0, 500, 2_000):  # two sessions: [0, 500] and [2000]
+            test.pipe("views", {}, key="u1", timestamp_ms=stamp)
+        assert test.table("window-visits")["u1"] == {"sessions": [[0, 500, 2, 2], [2_000, 2_000, 1, 1]]}
+        test.pipe("views", {}, key="u1", timestamp_ms=1_200)  # within the gap of both (and the grace): they merge
+        assert test.table("window-visits")["u1"] == {"sessions": [[0, 2_000, 4, 4]]}
+        test.pipe("views", {}, key="u2", timestamp_ms=3_999)  # another key moves stream time: not yet 2000 + 1000 + 1000
+        assert finals(test, "visits") == {}
+        test.pipe("views", {}, key="u2", timestamp_ms=4_000)
+        assert finals(test, "visits") == {("u1", 0): 4}
+        [result] = [value for value in test.values("visits") if value["key"] == "u1"]
+        assert (result["start_ms"], result["end_ms"], result["count"]) == (0, 2_000, 4)
+        test.pipe("views", {}, key="u1", timestamp_ms=1_900)  # its session closed: late
+        assert [letter["reason"] for letter in test.dead_letters()] == ["late"]
