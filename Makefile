@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 ORDERS ?=
 #: pytest processes of `make test` (pytest-xdist; an xdist_group runs whole in one of them): the integration tests
 #: wait on workers and the broker most of the time (about a third of the 2 cores busy when run one by one). The chaos
-#: run goes last, alone: with other tests beside it (the unit tests' hypothesis runs) it once saw duplicates.
+#: run goes last, alone, as it ran when the other tests were measured (beside the unit tests' hypothesis runs it once
+#: took twice as long).
 TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 

@@ -170,8 +170,24 @@ class WeirConsumer(aiokafka_driver.Consumer):
         await super().seek(partition, offset)
 
     async def perform_seek(self) -> None:
+        """Seek the partitions to their committed offsets, never below what this consumer committed itself.
+
+        Faust seeks to the committed offsets again when recovery ends, and the group coordinator answers with the
+        last *stable* offset: one this worker committed in a transaction a moment before is not stable until the
+        transaction's marker reaches the offsets topic, so the answer may be the one before it. Taken as it came,
+        that older offset became the consumer's committed offset: the worker's next commit moved the group's offset
+        back below events it had processed and whose outputs were committed, and the next owner processed them again
+        (duplicated outcomes in a chaos run, docs/exactly-once.md). What this consumer committed in its generation
+        is the truth for its partitions: a lower answer is raised to it, the fetch position with it.
+        """
         self._moved()
-        committed = await self.seek_to_committed()
+        committed = dict(await self.seek_to_committed())
+        for tp, offset in list(committed.items()):
+            known = self._committed_offset.get(ensure_TP(tp))
+            if known is not None and (offset is None or offset < known):
+                trace(f"committed-ahead-of-{offset}", ensure_TP(tp), known)
+                await self._seek(ensure_TP(tp), known)
+                committed[tp] = known
         positions = self._next
         acks_enabled_for = self.app.topics.acks_enabled_for
         for tp, offset in committed.items():
