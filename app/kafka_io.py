@@ -220,6 +220,19 @@ async def produce_json(
     return await produce(bootstrap, topic, ((key.encode(), dumps(value)) for key, value in records), client_options=client_options)
 
 
+def _topic_reader(bootstrap: str, topic: str, read_committed: bool, client_options: Mapping[str, Any] | None) -> AIOKafkaConsumer:
+    """A consumer of every partition of ``topic`` from its beginning, in no group (read_committed unless told)."""
+    return AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        group_id=None,
+        **client_options_or_env(client_options),
+    )
+
+
 async def read_topic(
     bootstrap: str,
     topic: str,
@@ -231,15 +244,7 @@ async def read_topic(
     client_options: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """Read ``topic`` from the beginning (read_committed) until ``until(records)`` holds or the timeout passes."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed" if read_committed else "read_uncommitted",
-        group_id=None,
-        **client_options_or_env(client_options),
-    )
+    consumer = _topic_reader(bootstrap, topic, read_committed, client_options)
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + timeout_s
@@ -265,15 +270,7 @@ async def read_to_end(
 ) -> list[Any]:
     """Every record of ``topic`` up to its end as of the call (read_committed: its last stable offset): a read of
     what is there that ends when it has read it, not after a quiet period. Raises TimeoutError past ``timeout_s``."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed" if read_committed else "read_uncommitted",
-        group_id=None,
-        **client_options_or_env(client_options),
-    )
+    consumer = _topic_reader(bootstrap, topic, read_committed, client_options)
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + timeout_s

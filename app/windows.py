@@ -18,7 +18,7 @@ import importlib
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from faust.types import EventT
 
@@ -41,6 +41,8 @@ from weir.tables.windows import (
 )
 
 __all__ = ["Window", "WindowTopology", "count", "load_windows", "total"]
+
+W = TypeVar("W")
 
 #: How far (seconds of stream time) one record's walk of the closes goes at most.
 MAX_JUMP_S = 7 * 24 * 3600
@@ -121,27 +123,37 @@ class WindowTopology:
     def stages(self) -> list[Stage]:
         return [self.window_stage(window) for window in self.windows]
 
-    def window_stage(self, window: Window) -> Stage:
-        if isinstance(window.spec, SessionSpec):
-            return self._session_stage(window, window.spec)
-        wiring = self._wiring
-        spec = window.spec
+    def _declare(self, window: Window, noun: str) -> tuple[str, Any, Any, Any]:
+        """A window's agent name, its source and result topics, and its table of stream time per partition."""
         agent = f"window-{window.name}"
-        source, to = wiring.topic_named(window.source), wiring.topic_named(window.to)
-        times = wiring.table(f"{agent}-time", f"Window {window.name!r}: each partition's stream time (ms), the largest timestamp read.")
-        closes = DeadlineIndex(wiring.table(f"{agent}-closes", f"Window {window.name!r}: when each window closes, in stream time."))
+        help_text = f"{noun.capitalize()}s {window.name!r}: each partition's stream time (ms), the largest timestamp read."
+        wiring = self._wiring
+        return agent, wiring.topic_named(window.source), wiring.topic_named(window.to), wiring.table(f"{agent}-time", help_text)
+
+    def _keyed_state(
+        self, window: Window, noun: str, contents: str, encode: Callable[[W], Any], decode: Callable[[Any], W]
+    ) -> KeyedState[W]:
+        """A window's states per key (table ``window-<name>``) and the index of their closes in stream time."""
+        agent = f"window-{window.name}"
+        what = f"{noun.capitalize()}s {window.name!r}"
+        closes = DeadlineIndex(self._wiring.table(f"{agent}-closes", f"{what}: when each {noun} closes, in stream time."))
         # Stream time may jump (a producer's clock, a gap in the data) and only a record moves it: one walk goes as far as
         # a week (a walk steps through each second it passes), a larger jump closes the rest on the next records.
         closes.max_seconds_per_walk = MAX_JUMP_S
-        keyed: KeyedState[KeyWindows] = KeyedState(
-            agent=agent,
-            store=TableStore(
-                wiring.table(agent, f"Window {window.name!r}: each key's open windows, start -> [aggregate, records] (tables.windows)."),
-                KeyWindows.to_dict,
-                KeyWindows.from_dict,
-            ),
-            deadlines=closes,
-            step="window",
+        store = TableStore(self._wiring.table(agent, f"{what}: {contents}."), encode, decode)
+        return KeyedState(agent=agent, store=store, deadlines=closes, step="window")
+
+    def window_stage(self, window: Window) -> Stage:
+        if isinstance(window.spec, SessionSpec):
+            return self._session_stage(window, window.spec)
+        spec = window.spec
+        agent, source, to, times = self._declare(window, "window")
+        keyed = self._keyed_state(
+            window,
+            "window",
+            "each key's open windows, start -> [aggregate, records] (tables.windows)",
+            KeyWindows.to_dict,
+            KeyWindows.from_dict,
         )
 
         def result(key: str, start: int, aggregate: Any, records: int, *, final: bool) -> Output:
@@ -179,21 +191,9 @@ class WindowTopology:
     def _session_stage(self, window: Window, spec: SessionSpec) -> Stage:
         """Sessions: the same tables and walk as windows, each session's close filed under its start (``w<start>``)
         and moved later as records extend it; a session merged into another leaves its entry to be dropped."""
-        wiring = self._wiring
-        agent = f"window-{window.name}"
-        source, to = wiring.topic_named(window.source), wiring.topic_named(window.to)
-        times = wiring.table(f"{agent}-time", f"Sessions {window.name!r}: each partition's stream time (ms), the largest timestamp read.")
-        closes = DeadlineIndex(wiring.table(f"{agent}-closes", f"Sessions {window.name!r}: when each session closes, in stream time."))
-        closes.max_seconds_per_walk = MAX_JUMP_S
-        keyed: KeyedState[KeySessions] = KeyedState(
-            agent=agent,
-            store=TableStore(
-                wiring.table(agent, f"Sessions {window.name!r}: each key's open sessions, start -> [end, aggregate, records]."),
-                KeySessions.to_dict,
-                KeySessions.from_dict,
-            ),
-            deadlines=closes,
-            step="window",
+        agent, source, to, times = self._declare(window, "session")
+        keyed = self._keyed_state(
+            window, "session", "each key's open sessions, start -> [end, aggregate, records]", KeySessions.to_dict, KeySessions.from_dict
         )
 
         def result(key: str, start: int, end: int, aggregate: Any, records: int, *, final: bool) -> Output:
