@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from weir.agents.pipeline_common import PIPELINE
-from weir.app.serve import serve
+from weir.agents.pipeline_common import pipeline
+from weir.app.application import Application
+from weir.app.stages import Stage
 
-serve([PIPELINE.aggregator_stage()])
+__all__ = ["stages"]
+
+
+def stages(application: Application) -> list[Stage]:
+    return [pipeline(application).aggregator_stage()]

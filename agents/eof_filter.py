@@ -1,8 +1,13 @@
-"""The EOF filter of every job of ``WEIR_EOF_JOB`` (:meth:`app.eof_topology.EofTopology.filter_stage`)."""
+"""The EOF filter of every end-of-stream job of the application (:meth:`app.eof_topology.EofTopology.filter_stage`)."""
 
 from __future__ import annotations
 
 from weir.agents.eof_common import jobs
-from weir.app.serve import serve
+from weir.app.application import Application
+from weir.app.stages import Stage
 
-serve(job.filter_stage() for job in jobs())
+__all__ = ["stages"]
+
+
+def stages(application: Application) -> list[Stage]:
+    return [job.filter_stage() for job in jobs(application)]

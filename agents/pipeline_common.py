@@ -1,11 +1,13 @@
-"""The split/aggregate pipeline of this worker: the item step ``WEIR_ITEM_PROCESSOR`` names, compiled once (:mod:`app.pipeline`)."""
+"""The split/aggregate pipeline of an application: its item step, compiled once per worker (:mod:`app.pipeline`)."""
 
 from __future__ import annotations
 
-from weir.app.core import settings
-from weir.app.pipeline import PipelineTopology, load_processor
-from weir.app.serve import worker_wiring
+from weir.app.application import Application
+from weir.app.pipeline import PipelineTopology, as_is
 
-__all__ = ["PIPELINE"]
+__all__ = ["pipeline"]
 
-PIPELINE = PipelineTopology(load_processor(settings.item_processor), worker_wiring())
+
+def pipeline(application: Application) -> PipelineTopology:
+    """The application's pipeline, shared by its splitter, items and aggregator stages (default item step: as is)."""
+    return application.shared("pipeline", lambda: PipelineTopology(application.item_processor or as_is, application.wiring))

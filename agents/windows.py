@@ -1,13 +1,17 @@
-"""The windowed aggregations of ``WEIR_WINDOWS`` (the ``WINDOWS`` lists of one module or several), served as agents
-(:mod:`app.windows`)."""
+"""The application's windowed aggregations (``windows``; on the command line the ``WINDOWS`` lists of ``WEIR_WINDOWS``),
+served as agents (:mod:`app.windows`)."""
 
 from __future__ import annotations
 
-from weir.app.core import settings
-from weir.app.serve import serve, worker_wiring
-from weir.app.windows import WindowTopology, load_windows
+from weir.app.application import Application
+from weir.app.stages import Stage
+from weir.app.windows import WindowTopology
 
-__all__ = ["topology"]
+__all__ = ["stages"]
 
-topology = WindowTopology(load_windows(settings.windows_module), worker_wiring())
-serve(topology.stages())
+
+def stages(application: Application) -> list[Stage]:
+    if not application.windows:
+        message = "the windows agent runs the windows of Application(windows=...), on the command line those of WEIR_WINDOWS: none given"
+        raise ValueError(message)
+    return WindowTopology(application.windows, application.wiring).stages()

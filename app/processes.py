@@ -25,7 +25,7 @@ class WorkerProcess:
     """One worker running the agents ``agents`` with ``env``; its output goes to ``log_path``.
 
     ``entry`` is the worker's entry module (``faust -A <entry> worker``): ``app.main``, or that of a package built on
-    weir that registers agent sets of its own (:func:`app.settings.register_agent_sets`).
+    weir that builds its own :class:`app.application.Application` with agent sets of its own.
     """
 
     agents: str

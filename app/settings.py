@@ -6,7 +6,7 @@ import importlib
 import os
 import re
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -21,8 +21,7 @@ __all__ = [
     "default_postgres_url",
     "kafka_client_options",
     "AGENT_NAMES",
-    "register_agent_sets",
-    "agent_module",
+    "OPTIONAL_AGENT_NAMES",
     "SECURITY_PROTOCOLS",
     "SASL_MECHANISMS",
 ]
@@ -42,9 +41,6 @@ OPTIONAL_AGENT_NAMES: tuple[str, ...] = (
     "eof_joiner",
     "triggers",
 )
-#: Agent sets of packages built on weir, by name: the module that declares them (see :func:`register_agent_sets`).
-_registered_agent_sets: dict[str, str] = {}
-
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 #: WEIR_KAFKA_SECURITY_PROTOCOL values (Kafka's names for a listener's security protocol).
@@ -115,36 +111,16 @@ def _env_str(name: str, default: str) -> str:
     return default if raw is None or raw == "" else raw
 
 
-def register_agent_sets(modules: Mapping[str, str]) -> None:
-    """Let ``WEIR_AGENTS`` name the agent sets of a package built on weir: ``{"myapp_orders": "myapp.agents.orders"}``.
-
-    A worker imports each named set's module (which declares its agents on ``app.core.app``) as it imports
-    ``agents.<name>`` for weir's own. The package's worker entry module calls this before it imports
-    ``app.main`` (settings are read when ``app.core`` is first imported), e.g. ``faust -A myapp.main worker``.
-    """
-    for name, module in modules.items():
-        if name in AGENT_NAMES + OPTIONAL_AGENT_NAMES or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-            message = f"agent set {name!r} (module {module!r}): a name of weir's own agents, or not letters, digits, '_', '-'"
-            raise ValueError(message)
-        _registered_agent_sets[name] = module
-
-
-def agent_module(name: str) -> str:
-    """The module that declares agent set ``name``: weir's ``agents.<name>``, or the one a package registered."""
-    return _registered_agent_sets.get(name, f"weir.agents.{name}")
-
-
 def _agents_from_env() -> tuple[str, ...]:
     raw = _env_str("WEIR_AGENTS", "all")
     if raw == "all":
         return AGENT_NAMES
     chosen = tuple(sorted({name.strip() for name in raw.split(",") if name.strip()}))
-    known = AGENT_NAMES + OPTIONAL_AGENT_NAMES + tuple(_registered_agent_sets)
-    unknown = [name for name in chosen if name not in known]
-    if unknown or not chosen:
+    malformed = [name for name in chosen if not re.fullmatch(r"[A-Za-z0-9_-]+", name)]
+    if malformed or not chosen:
         message = (
-            f"setting WEIR_AGENTS={raw!r}: unknown agent(s) {unknown}, expected 'all' or a comma list of {list(known)} "
-            "(a package's own agent sets are known in the worker its entry module starts, faust -A <module> worker)"
+            f"setting WEIR_AGENTS={raw!r}: expected 'all' or a comma list of agent set names (letters, digits, '_', '-'): "
+            f"weir's {list(AGENT_NAMES + OPTIONAL_AGENT_NAMES)}, or an application's own (the worker refuses a name it does not serve)"
         )
         raise ValueError(message)
     return chosen

@@ -2,7 +2,7 @@
 
 A topology (the flows' :class:`app.flow_topology.FlowTopology`, say) is built from settings and two factories, one
 for topics and one for tables, and lists its stages: what each reads, what it does with one source partition's
-part of a batch, and which of its topics get a tick. :func:`app.serve.serve` turns a stage into a Faust agent (and
+part of a batch, and which of its topics get a tick. :meth:`app.application.Application.serve` turns a stage into a Faust agent (and
 its tick timer); :class:`app.testing.TestDriver` hands it the records of in-memory topics. The stage's code is the
 same in both.
 """
@@ -34,7 +34,7 @@ TableFactory = Callable[[str, str], Any]
 class Wiring:
     """How a topology declares what it uses: the settings, topics and tables by name, and where dead letters go.
 
-    A worker's wiring declares Faust topics and tables (:func:`app.serve.worker_wiring`); the test driver's, in-memory
+    A worker's wiring declares Faust topics and tables (:attr:`app.application.Application.wiring`); the test driver's, in-memory
     ones. ``topic`` takes the full name (:meth:`topic_named` adds the settings' prefix).
     """
 
@@ -63,7 +63,7 @@ class Stage:
     name: str
     sources: tuple[Any, ...]
     handle_part: PartHandler
-    #: it runs the user's steps, whose time can jump: slices of one event (:func:`app.core.handle_events`)
+    #: it runs the user's steps, whose time can jump: slices of one event (:func:`app.core.handle_parts`)
     runs_user_steps: bool = False
     #: topics (of ``sources``) whose owned partitions get ``tick_value`` every ``tick_every_ms`` (default: the settings' tick interval)
     ticked: tuple[Any, ...] = ()

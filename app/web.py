@@ -18,10 +18,10 @@ from faust.types import TableT
 from yarl import URL
 
 from weir.app import engine, metrics
-from weir.app.core import app, settings, topic_partitions, topics
 from weir.app.dead_letter_pages import DeadLetterReader, format_before, parse_before
 from weir.app.kafka_io import key_partition
 from weir.app.runtime.views import GroupBy, PatternView, Summarize, register_view, view_for
+from weir.app.settings import Settings
 from weir.tables.aggregates import DoneState, GroupState
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
@@ -45,7 +45,9 @@ __all__ = [
     "faust_route_refusal",
     "wants_json",
     "decode_dead_letter",
-    "dead_letter_reader",
+    "install",
+    "WebContext",
+    "PAGES",
     "render_index",
     "render_table",
     "render_key",
@@ -212,6 +214,7 @@ def summarize_fired_trigger(value: Any, now_ms: int) -> dict[str, Any]:
 
 
 def _eof_config() -> EofConfig:
+    settings = _context.settings
     return EofConfig(idle_timeout_ms=settings.eof_idle_timeout_ms, closed_retention_ms=settings.eof_closed_retention_ms)
 
 
@@ -758,7 +761,6 @@ class WeirView(web.View):
             return response.status, await response.json(content_type=None)
 
 
-@app.page(f"{PREFIX}/", name="weir-index")
 class IndexView(WeirView):
     """Every table of this worker with its help text, owned partitions and key count."""
 
@@ -783,14 +785,13 @@ class IndexView(WeirView):
             "now_ms": _now_ms(),
             "tables": tables,
             "workers": sorted(workers),
-            "dead_letters_topic": topics.dead_letters.get_topic_name(),
+            "dead_letters_topic": _context.dead_letters_topic,
         }
 
     def render(self, data: Mapping[str, Any]) -> str:
         return render_index(data)
 
 
-@app.page(PREFIX + "/tables/{name}/", name="weir-table")
 class TableView(WeirView):
     """A page of the whole table's keys (sorted, searched), merged from every worker that owns a part of it."""
 
@@ -852,7 +853,6 @@ class TableView(WeirView):
         return render_table(data)
 
 
-@app.page(PREFIX + "/tables/{name}/{key:.+}/", name="weir-key")
 class KeyView(WeirView):
     """One key's decoded value: from this worker when it owns the key, else fetched from the worker that does."""
 
@@ -888,7 +888,7 @@ class KeyView(WeirView):
         # The owner of the key's partition first (how weir's topics are keyed), then the others: tables such
         # as deadline indexes are keyed by partition, not by a hash of the key.
         peers = self.peers(table)
-        partition = weir_partition(key, table.partitions or settings.partitions)
+        partition = weir_partition(key, table.partitions or _context.settings.partitions)
         ordered = sorted(peers, key=lambda url: partition not in peers[url])
         failures = []
         for url in ordered:
@@ -912,31 +912,21 @@ class KeyView(WeirView):
         return render_key(data)
 
 
-#: The worker's one reader of the dead-letter topic, started by the first request (see :class:`DeadLetterReader`).
-dead_letter_reader = DeadLetterReader(settings.bootstrap, settings.kafka_client_options(), decode_dead_letter)
-
-
-@app.on_before_shutdown.connect
-async def _stop_dead_letter_reader(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
-    await dead_letter_reader.stop()
-
-
-@app.page(f"{PREFIX}/dead-letters/", name="weir-dead-letters")
 class DeadLettersView(WeirView):
     """A page of the dead-letter topic, newest first, read_committed; ``?before=`` (the previous page's ``next``) pages back."""
 
     async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
         limit = _positive_int(request.query, "limit", DEFAULT_DEAD_LETTERS, MAX_DEAD_LETTERS)
-        topic = topics.dead_letters.get_topic_name()
-        partitions = topic_partitions.get(topic, settings.partitions)
+        topic = _context.dead_letters_topic
+        partitions = _context.topic_partitions.get(topic, _context.settings.partitions)
         try:
             before = parse_before(request.query.get("before", ""), partitions)
         except ValueError as error:
             raise BadRequest(str(error)) from None
         try:
-            page = await dead_letter_reader.page(topic, partitions, before, limit)
+            page = await _context.dead_letter_reader.page(topic, partitions, before, limit)
         except Exception as error:
-            raise Problem(503, f"could not read {topic} from {settings.bootstrap}: {type(error).__name__} {error}") from None
+            raise Problem(503, f"could not read {topic} from {_context.settings.bootstrap}: {type(error).__name__} {error}") from None
         return {
             "topic": topic,
             "worker": self.worker_url,
@@ -944,7 +934,7 @@ class DeadLettersView(WeirView):
             "limit": limit,
             "before": format_before(before) if before else None,
             "next": None if page.next_before is None else format_before(page.next_before),
-            "reader": {"consumers_started": dead_letter_reader.started, "pages_read": dead_letter_reader.pages},
+            "reader": {"consumers_started": _context.dead_letter_reader.started, "pages_read": _context.dead_letter_reader.pages},
             "dead_letters": page.entries,
         }
 
@@ -952,10 +942,6 @@ class DeadLettersView(WeirView):
         return render_dead_letters(data)
 
 
-metrics.install(app)
-
-
-@app.page("/metrics", name="weir-metrics")
 class MetricsView(web.View):
     """This worker's metrics in Prometheus' text format: counters of the shared layers, lag and table keys read now."""
 
@@ -982,7 +968,6 @@ def faust_route_refusal(route: str, rest: str) -> Problem:
     return Problem(404, message, table=name or None, key=key or None, see=see)
 
 
-@app.page("/table/{rest:.*}", name="weir-faust-tables")
 class FaustTablesView(WeirView):
     """Faust's ``/table/``, ``/table/<table>/``, ``/table/<table>/<key>/``: a 404 naming weir's view of the same."""
 
@@ -993,7 +978,6 @@ class FaustTablesView(WeirView):
         raise NotImplementedError  # data() always raises
 
 
-@app.page("/router/{rest:.*}", name="weir-faust-router")
 class FaustRouterView(WeirView):
     """Faust's ``/router/``, ``/router/topics``, ``/router/<table>/``, ``/router/<table>/<key>/``: a 404 naming weir's view."""
 
@@ -1004,7 +988,6 @@ class FaustRouterView(WeirView):
         raise NotImplementedError  # data() always raises
 
 
-@app.page(PREFIX + "/{rest:.*}", name="weir-unknown")
 class UnknownView(WeirView):
     """Any other path under the views' prefix: the same structured 404 as every other error (registered last)."""
 
@@ -1013,3 +996,49 @@ class UnknownView(WeirView):
 
     def render(self, data: Mapping[str, Any]) -> str:
         raise NotImplementedError  # data() always raises
+
+
+@dataclass
+class WebContext:
+    """What the views read besides the Faust app: the settings, the dead-letter topic, the topics' partition counts."""
+
+    settings: Settings
+    dead_letters_topic: str
+    topic_partitions: Mapping[str, int]
+    #: the worker's one reader of the dead-letter topic, started by the first request (see :class:`DeadLetterReader`)
+    dead_letter_reader: DeadLetterReader
+
+
+#: The views' context: the worker's, once :func:`install` ran (one application per process); the defaults before.
+_context = WebContext(Settings(), "dead-letters", {}, DeadLetterReader("", {}, decode_dead_letter))
+
+#: Every page: its path, its name, its view (the catch-all under the prefix last).
+PAGES: tuple[tuple[str, str, type[web.View]], ...] = (
+    (f"{PREFIX}/", "weir-index", IndexView),
+    (PREFIX + "/tables/{name}/", "weir-table", TableView),
+    (PREFIX + "/tables/{name}/{key:.+}/", "weir-key", KeyView),
+    (f"{PREFIX}/dead-letters/", "weir-dead-letters", DeadLettersView),
+    ("/metrics", "weir-metrics", MetricsView),
+    ("/table/{rest:.*}", "weir-faust-tables", FaustTablesView),
+    ("/router/{rest:.*}", "weir-faust-router", FaustRouterView),
+    (PREFIX + "/{rest:.*}", "weir-unknown", UnknownView),
+)
+
+
+def install(app: Any, *, settings: Settings, topics: Any, topic_partitions: Mapping[str, int]) -> None:
+    """Serve the views on the worker's Faust ``app``: its tables, the dead letters of ``topics``, its metrics."""
+    global _context
+    _context = WebContext(
+        settings=settings,
+        dead_letters_topic=topics.dead_letters.get_topic_name(),
+        topic_partitions=topic_partitions,
+        dead_letter_reader=DeadLetterReader(settings.bootstrap, settings.kafka_client_options(), decode_dead_letter),
+    )
+    reader = _context.dead_letter_reader
+
+    async def stop_dead_letter_reader(sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
+        await reader.stop()
+
+    app.on_before_shutdown.connect(stop_dead_letter_reader, weak=False)
+    for path, name, view in PAGES:
+        app.page(path, name=name)(view)

@@ -37,7 +37,7 @@ _DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_
 
 #: Entry modules of packages built on weir that the compose file runs (``faust -A <entry> worker``), and where each
 #: lists the agent sets it registers (``module:NAME``, a mapping of set name -> module).
-ENTRY_AGENT_SETS = {"shop.main": "shop.agents:AGENT_SETS"}
+ENTRY_AGENT_SETS = {"shop.main": "shop.agents:AGENT_MODULES"}
 
 
 def _on_path() -> None:

@@ -1,18 +1,19 @@
 """The shop's worker entry: ``faust -A shop.main worker`` runs the agents ``WEIR_AGENTS`` names, the shop's and weir's.
 
-The shop's stages are agent sets of its own (:data:`shop.agents.AGENT_SETS`: ``shop_orders``, ``shop_claims``,
-``shop_payments``, ``shop_kitchen``), registered here before weir's entry module reads the settings. Its dispatch
-is weir's ``flows`` agents running the shop's flows (``WEIR_FLOWS=shop.flows``), its end of day the ``eof_*``
-agents running its job (``WEIR_EOF_JOB=shop.day:DAY``): :data:`shop.demo.WORKER_ENV` names both.
+The command's edge: weir's settings and the shop's are read here, once. The shop's stages are agent sets of its own
+(:func:`shop.agents.agent_sets`: ``shop_orders``, ``shop_claims``, ``shop_payments``, ``shop_kitchen``), handed to
+its :class:`weir.Application`. Its dispatch is weir's ``flows`` agents running the shop's flows
+(``WEIR_FLOWS=shop.flows``), its end of day the ``eof_*`` agents running its job (``WEIR_EOF_JOB=shop.day:DAY``):
+:data:`shop.demo.WORKER_ENV` names both.
 """
 
 from __future__ import annotations
 
-from shop.agents import AGENT_SETS
-from weir.app.settings import register_agent_sets
+from shop.agents import agent_sets
+from shop.settings import ShopSettings
+from weir import Application
 
-register_agent_sets(AGENT_SETS)
+__all__ = ["application", "app"]
 
-from weir.app.main import app  # noqa: E402  (after the registration: importing it reads WEIR_AGENTS)
-
-__all__ = ["app"]
+application = Application.from_env(agent_sets=agent_sets(ShopSettings.from_env()))
+app = application.serve_agents()

@@ -2,7 +2,8 @@
 
     from weir import Flow, Settings, TestDriver, payload
 
-Flows and their test driver; the clients of the patterns: an end-of-stream job and its :class:`Gateway`, the
+The application (a worker as an object: settings, user code, agent sets), flows and their test driver; the
+clients of the patterns: an end-of-stream job and its :class:`Gateway`, the
 counter trigger's messages, the outbox and the children's status.
 
 Everything else in the repository's ``app``, ``agents`` and ``tables`` packages is weir's own and may change.
@@ -10,6 +11,7 @@ Everything else in the repository's ``app``, ``agents`` and ``tables`` packages 
 
 from __future__ import annotations
 
+from weir.app.application import AgentSet, Application
 from weir.app.eof_gateway import Gateway
 from weir.app.errors import attempt
 from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
@@ -23,6 +25,8 @@ from weir.tables.triggers import completion_message, publish_trigger_messages, r
 from weir.tables.windows import SessionSpec, WindowSpec
 
 __all__ = [
+    "AgentSet",
+    "Application",
     "attempt",
     "Await",
     "Crashed",

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,10 +63,12 @@ class Outlet(Protocol):
 
 
 class TopicOutlet:
-    """Each topic's own ``send`` (a Faust topic's, or a unit test's stand-in); the dead letters to ``dead_letters``."""
+    """Each topic's own ``send`` (a Faust topic's, or a unit test's stand-in); the dead letters to ``dead_letters``;
+    the topics' partition counts as ``partitions`` says (none: unknown)."""
 
-    def __init__(self, dead_letters: Any = None) -> None:
+    def __init__(self, dead_letters: Any = None, *, partitions: Mapping[str, int] | None = None) -> None:
         self.dead_letters = dead_letters
+        self.counts = dict(partitions or {})
 
     async def send(self, topic: Any, key: bytes | None, value: bytes, headers: Headers, partition: int | None) -> None:
         extra: dict[str, Any] = {}  # only what was given: a stand-in may take no more
@@ -77,7 +79,7 @@ class TopicOutlet:
         await topic.send(key=key, value=value, **extra)
 
     def partitions(self, topic: str) -> int | None:
-        return None
+        return self.counts.get(topic)
 
     async def signal(self, topic: Any, value: bytes, partition: int) -> None:
         await topic.send(key=None, value=value, partition=partition)

@@ -1,13 +1,19 @@
-"""The shop's agents, one module per stage; ``shop.main`` registers them as agent sets ``WEIR_AGENTS`` can name."""
+"""The shop's agents, one module per stage, as agent sets of the shop's application (``WEIR_AGENTS`` names them)."""
 
 from __future__ import annotations
 
-__all__ = ["AGENT_SETS"]
+import functools
 
-#: The shop's agent sets: the name ``WEIR_AGENTS`` takes, and the module that declares its agent.
-AGENT_SETS = {
-    "shop_orders": "shop.agents.orders",
-    "shop_claims": "shop.agents.claims",
-    "shop_payments": "shop.agents.payments",
-    "shop_kitchen": "shop.agents.kitchen",
-}
+from shop.agents import claims, kitchen, orders, payments
+from shop.settings import ShopSettings
+from weir.app.application import AgentSet
+
+__all__ = ["AGENT_MODULES", "agent_sets"]
+
+#: The shop's agent sets: the name ``WEIR_AGENTS`` takes, and the module that declares its stages.
+AGENT_MODULES = {"shop_orders": orders, "shop_claims": claims, "shop_payments": payments, "shop_kitchen": kitchen}
+
+
+def agent_sets(settings: ShopSettings) -> dict[str, AgentSet]:
+    """The shop's agent sets on its ``settings``, for :class:`weir.Application`'s ``agent_sets``."""
+    return {name: functools.partial(module.stages, settings=settings) for name, module in AGENT_MODULES.items()}

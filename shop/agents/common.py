@@ -1,20 +1,14 @@
-"""What the shop's agents share: the shop's settings, and its stages on this worker's wiring."""
+"""What the shop's agents share: its stages and topics on the application's wiring, built once per worker."""
 
 from __future__ import annotations
 
-import functools
-
 from shop.settings import ShopSettings
 from shop.stages import ShopStages
-from weir.app.serve import worker_wiring
+from weir.app.application import Application
 
-__all__ = ["shop_settings", "shop_stages"]
-
-#: The shop's settings, read once when a worker imports its agents (weir's are ``weir.app.core.settings``).
-shop_settings = ShopSettings.from_env()
+__all__ = ["shop_stages"]
 
 
-@functools.cache
-def shop_stages() -> ShopStages:
-    """The shop's stages and topics on this worker's wiring (one Faust topic per name, created at start)."""
-    return ShopStages(worker_wiring(), shop_settings)
+def shop_stages(application: Application, settings: ShopSettings) -> ShopStages:
+    """The shop's stages and topics on ``application``'s wiring (one Faust topic per name, created at start)."""
+    return application.shared("shop", lambda: ShopStages(application.wiring, settings))

@@ -130,7 +130,7 @@ def test_each_flow_can_run_in_processes_of_its_own(pipeline: Pipeline) -> None:
     assert all(runs[f"cook p-{n}"] == 1 and runs[f"dispatch p-{n}"] == 1 for n in range(5))
     assert f"{pipeline.app_id}-flows.kitchen.payment" in awaited.log_text()
     assert f"{pipeline.app_id}-flows.dispatch.notify" in awaiting.log_text()
-    # Faust names an agent by its function (app.serve.stage_<stage>), shortened in its log when long
+    # Faust names an agent by its function (app.application.stage_<stage>), shortened in its log when long
     assert "stage_barrier_await_kitchen_and_payment]" in awaiting.log_text(), "a barrier runs with the flow that owns it"
     assert "stage_barrier_" not in awaited.log_text(), "and with no other"
 

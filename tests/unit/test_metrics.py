@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from weir.app import core, engine, metrics
 from weir.app.engine import commit, delivery, restore
 from weir.app.outbox import RelayStats, SQLiteOutbox, write
-from weir.app.runtime import keyed
+from weir.app.runtime import environment, keyed
 from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal
 from weir.tables.barrier import BarrierState, Waiting
 from weir.tables.eof import ControllerState
@@ -87,10 +87,12 @@ class _DictStore:
 
 
 @pytest.fixture
-def dead_letter_topic(monkeypatch: pytest.MonkeyPatch) -> _Topic:
+def dead_letter_topic() -> Iterator[_Topic]:
+    """Dead letters go to this topic's own ``send`` (the environment's outlet, as a worker's goes to its engine)."""
     topic = _Topic("dead-letters")
-    monkeypatch.setattr(core.topics, "dead_letters", topic)
-    return topic
+    environment.install(environment.Environment(clock=environment.WallClock(), outlet=environment.TopicOutlet(topic)))
+    yield topic
+    environment.install(environment.STANDALONE)
 
 
 def test_a_batch_counts_its_records_per_source_partition_and_its_size() -> None:

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.app import aggregation, core, metrics
+from weir.app import aggregation, metrics
 from weir.app.aggregation import Aggregation, split_messages
 from weir.app.errors import fitted_dead_letter
-from weir.app.runtime import keyed
+from weir.app.runtime import environment, keyed
 from weir.app.runtime.keyed import Output
 from weir.tables.aggregates import AggregatorConfig
 
@@ -247,27 +247,28 @@ def _open_with_one_outcome(stage: Aggregation, correlation_id: str, partition: i
     asyncio.run(stage.handle(_event(partition), message))
 
 
-def test_force_all_completes_the_open_groups_of_its_partition_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_force_all_completes_the_open_groups_of_its_partition_only() -> None:
     from weir.app.kafka_io import key_partition
 
-    monkeypatch.setitem(core.topic_partitions, "item-results", 4)
-    stage, emitted, tables = _stage(AggregatorConfig(name="t", timeout_ms=None))
-    keys = [f"g-{number}" for number in range(12)]
-    for key in keys:
-        _open_with_one_outcome(stage, key, key_partition(key.encode(), 4))
-    assert emitted == []
-    forced = metrics.AGGREGATE_COMPLETIONS.labels("t", "partial", "forced")
-    before = forced._value.get()
-    asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
-    in_two = sorted(key for key in keys if key_partition(key.encode(), 4) == 2)
-    assert forced._value.get() - before == len(in_two), "each forced completion is counted in the metrics"
-    assert in_two, "the keys should spread over the partitions"
-    assert sorted(key for key, _, _ in emitted) == in_two
-    assert {(result["status"], result["reason"]) for _, result, _ in emitted} == {("partial", "forced")}
-    assert all(result["missing"] == [0, 2] for _, result, _ in emitted)
-    assert sorted(tables["open"]) == sorted(set(keys) - set(in_two))
-    asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
-    assert len(emitted) == len(in_two), "a second force finds nothing open there: no second result"
+    outlet = environment.TopicOutlet(partitions={"item-results": 4})
+    with environment.using(environment.Environment(clock=environment.WallClock(), outlet=outlet)):
+        stage, emitted, tables = _stage(AggregatorConfig(name="t", timeout_ms=None))
+        keys = [f"g-{number}" for number in range(12)]
+        for key in keys:
+            _open_with_one_outcome(stage, key, key_partition(key.encode(), 4))
+        assert emitted == []
+        forced = metrics.AGGREGATE_COMPLETIONS.labels("t", "partial", "forced")
+        before = forced._value.get()
+        asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
+        in_two = sorted(key for key in keys if key_partition(key.encode(), 4) == 2)
+        assert forced._value.get() - before == len(in_two), "each forced completion is counted in the metrics"
+        assert in_two, "the keys should spread over the partitions"
+        assert sorted(key for key, _, _ in emitted) == in_two
+        assert {(result["status"], result["reason"]) for _, result, _ in emitted} == {("partial", "forced")}
+        assert all(result["missing"] == [0, 2] for _, result, _ in emitted)
+        assert sorted(tables["open"]) == sorted(set(keys) - set(in_two))
+        asyncio.run(stage.handle(_event(2), aggregation.force_message("complete")))
+        assert len(emitted) == len(in_two), "a second force finds nothing open there: no second result"
 
 
 def test_force_discard_of_one_group_sends_it_discarded_and_later_items_are_late() -> None:

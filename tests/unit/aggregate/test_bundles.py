@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -20,10 +21,11 @@ from hypothesis import strategies as st
 
 from tests.unit.aggregate.test_aggregation_shell import _outcomes, _stage
 from weir import Settings, TestDriver
-from weir.app import aggregation, core, shell
+from weir.app import aggregation, shell
 from weir.app.aggregation import ItemWorker, send_bundled, split_messages
 from weir.app.errors import StepOutcome
 from weir.app.kafka_io import key_partition
+from weir.app.runtime import environment
 
 
 class _Topic:
@@ -38,6 +40,17 @@ class _Topic:
         self.sent.append((key, orjson.loads(value), partition))
 
 
+#: The outlet of this module's tests: each topic's own send, the partition counts a test sets (a worker's come from the broker).
+OUTLET = environment.TopicOutlet()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _outlet() -> Iterator[None]:
+    environment.install(environment.Environment(clock=environment.WallClock(), outlet=OUTLET))
+    yield
+    environment.install(environment.STANDALONE)
+
+
 @given(st.binary(min_size=1, max_size=40), st.integers(1, 64))
 def test_a_key_goes_where_the_producers_default_partitioner_puts_it(key: bytes, partitions: int) -> None:
     every = list(range(partitions))
@@ -47,7 +60,7 @@ def test_a_key_goes_where_the_producers_default_partitioner_puts_it(key: bytes, 
 @given(st.lists(st.integers(0, 400), min_size=0, max_size=60), st.integers(1, 8), st.integers(1, 12))
 def test_each_bundle_holds_messages_of_one_partition_and_each_message_goes_once(numbers: list[int], partitions: int, size: int) -> None:
     topic = _Topic("results")
-    core.topic_partitions["results"] = partitions
+    OUTLET.counts["results"] = partitions
     outgoing = [
         (f"o-{number}", orjson.dumps({"kind": "item", "correlation_id": f"o-{number}", "n": n})) for n, number in enumerate(numbers)
     ]
@@ -69,7 +82,7 @@ def test_each_bundle_holds_messages_of_one_partition_and_each_message_goes_once(
 @given(st.lists(st.integers(0, 300), min_size=2, max_size=40), st.integers(200, 2_000))
 def test_a_bundle_stays_within_the_record_limit_and_a_larger_message_goes_alone(padding: list[int], limit: int) -> None:
     topic = _Topic("results")
-    core.topic_partitions["results"] = 2
+    OUTLET.counts["results"] = 2
     outgoing = [(f"o-{n}", orjson.dumps({"correlation_id": f"o-{n}", "pad": "x" * pad})) for n, pad in enumerate(padding)]
     with mock.patch.object(aggregation, "record_limit", return_value=limit):
         asyncio.run(send_bundled(topic, outgoing, size=50))  # type: ignore[arg-type]
@@ -87,7 +100,7 @@ def test_a_bundle_stays_within_the_record_limit_and_a_larger_message_goes_alone(
 def test_no_bundles_when_the_partition_count_is_unknown_or_size_is_one() -> None:
     outgoing = [(f"o-{number}", orjson.dumps({"kind": "item", "correlation_id": f"o-{number}"})) for number in range(20)]
     for name, size in (("unknown", 50), ("results", 1)):
-        core.topic_partitions["results"] = 4
+        OUTLET.counts["results"] = 4
         topic = _Topic(name)
         asyncio.run(send_bundled(topic, outgoing, size=size))  # type: ignore[arg-type]
         assert [value["kind"] for _, value, _ in topic.sent] == ["item"] * 20
@@ -119,7 +132,7 @@ def test_a_dead_letter_inside_dead_letter_value_holds_the_part(monkeypatch: pyte
         async def send(self, *, key: bytes, value: bytes) -> None:
             sent.append(orjson.loads(value))
 
-    monkeypatch.setattr(core.topics, "dead_letters", _DeadLetters())
+    monkeypatch.setattr(OUTLET, "dead_letters", _DeadLetters())
     message = SimpleNamespace(topic="t", partition=0, offset=7, key=b"k", value=b'{"kind": "bundle"}', headers=[])
     event: Any = SimpleNamespace(message=message)
     with shell.dead_letter_value({"part": 1}):
@@ -154,7 +167,7 @@ def test_an_items_worker_handles_each_message_of_a_bundle_and_dead_letters_a_bad
         return StepOutcome(ok=True, value=payload.upper(), error=None, attempts=1)
 
     results = _Topic("results")
-    core.topic_partitions["results"] = 1
+    OUTLET.counts["results"] = 1
     worker = ItemWorker(agent="items", step=step, results=results, concurrent=concurrent, concurrency=4, bundle=50)  # type: ignore[arg-type]
     _, [first] = split_messages("o-1", ["a"], chunk=10, deadline_ms=10**13)
     _, [second] = split_messages("o-2", ["b", "c"], chunk=10, deadline_ms=10**13)

@@ -90,10 +90,14 @@ def test_the_splitter_inline_sends_each_orders_result_and_dead_letters_a_bad_ord
 
 
 def test_items_inline_refuses_to_start_under_at_least_once() -> None:
-    env = {**os.environ, "WEIR_ITEMS_INLINE": "1", "WEIR_GUARANTEE": "at_least_once", "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-inline")}
-    done = subprocess.run(
-        [sys.executable, "-c", "import weir.agents.splitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    env = {
+        **os.environ,
+        "WEIR_AGENTS": "splitter",
+        "WEIR_ITEMS_INLINE": "1",
+        "WEIR_GUARANTEE": "at_least_once",
+        "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-inline"),
+    }
+    done = subprocess.run([sys.executable, "-c", "import weir.app.main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "WEIR_ITEMS_INLINE=1 needs WEIR_GUARANTEE=exactly_once" in done.stderr
 

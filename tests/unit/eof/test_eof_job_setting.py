@@ -16,8 +16,14 @@ from weir.app.eof_topology import load_job, parse_jobs
 
 
 def test_no_job_is_refused_with_the_setting_named() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WEIR_EOF_JOB": "", "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-eof-job")}
-    done = subprocess.run([sys.executable, "-c", "import agents.eof_filter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WEIR_AGENTS": "eof_filter",
+        "WEIR_EOF_JOB": "",
+        "WEIR_DATA_DIR": str(ROOT / ".weir" / "unit-eof-job"),
+    }
+    done = subprocess.run([sys.executable, "-c", "import app.main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "setting WEIR_EOF_JOB is not set: the eof_* agents run the end-of-stream job(s) it names" in done.stderr
 

@@ -7,7 +7,6 @@ again while the worker runs: the committed offsets would stop below it for good.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -15,31 +14,31 @@ from weir.app import core
 from weir.app.errors import OutputFailed
 
 
+class Crashes(list[BaseException]):
+    """What the worker was crashed with: the ``crash`` a worker passes (its Faust app's), recording instead."""
+
+    async def __call__(self, reason: BaseException) -> None:
+        self.append(reason)
+
+
 @pytest.fixture
-def crashes(monkeypatch: Any) -> list[BaseException]:
-    """What the app was crashed with (its ``crash`` replaced by a recorder)."""
-    reasons: list[BaseException] = []
-
-    async def crash(reason: BaseException) -> None:
-        reasons.append(reason)
-
-    monkeypatch.setattr(core.app, "crash", crash)
-    return reasons
+def crashes() -> Crashes:
+    return Crashes()
 
 
-def test_an_error_escaping_an_agent_s_loop_stops_the_worker(crashes: list[BaseException]) -> None:
+def test_an_error_escaping_an_agent_s_loop_stops_the_worker(crashes: Crashes) -> None:
     async def run() -> None:
         with pytest.raises(OutputFailed):
-            async with core.worker_stops_on_escape():
+            async with core.worker_stops_on_escape(crashes):
                 raise OutputFailed("the result could not be queued")
-        async with core.worker_stops_on_escape():
+        async with core.worker_stops_on_escape(crashes):
             pass  # a loop that ends (the worker stopping) stops nothing
 
     asyncio.run(run())
     assert [str(reason) for reason in crashes] == ["the result could not be queued"]
 
 
-def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: list[BaseException]) -> None:
+def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: Crashes) -> None:
     """The failed part's sends are in the open transaction without its offsets: Faust's stop must not commit them."""
     from weir.app.engine import commit, gate
 
@@ -53,7 +52,7 @@ def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: lis
 
     async def run() -> bool:
         with pytest.raises(OutputFailed):
-            async with core.worker_stops_on_escape():
+            async with core.worker_stops_on_escape(crashes):
                 raise OutputFailed("the result could not be queued")
         return await commit.commit_transactions(Manager(), {})
 
@@ -63,10 +62,10 @@ def test_a_worker_stopping_on_an_escaped_error_commits_nothing_more(crashes: lis
     assert "could not be queued" in gate.refused
 
 
-def test_a_cancelled_agent_does_not_stop_the_worker(crashes: list[BaseException]) -> None:
+def test_a_cancelled_agent_does_not_stop_the_worker(crashes: Crashes) -> None:
     async def run() -> None:
         with pytest.raises(asyncio.CancelledError):
-            async with core.worker_stops_on_escape():
+            async with core.worker_stops_on_escape(crashes):
                 raise asyncio.CancelledError
 
     asyncio.run(run())

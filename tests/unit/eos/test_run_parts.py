@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,8 +10,12 @@ import faust
 import pytest
 from faust.types import TP
 
+from examples.eof_orders import ORDERS
+from weir import Application, Flow, Settings, Window, WindowSpec, count
 from weir.app import core, engine, shell
 from weir.app.engine import delivery
+from weir.app.runtime import environment
+from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES
 
 
 class _Event:
@@ -119,13 +122,22 @@ def test_a_worker_refuses_an_agent_with_several_actors() -> None:
 
 
 def test_every_agent_weir_ships_runs_one_actor() -> None:
-    """Every agent module but flows (it needs WEIR_FLOWS; the flows agents name concurrency=1 themselves); the shop's
-    agents: tests/unit/shop/test_agents.py."""
-    modules = ["splitter", "items", "aggregator", "triggers", "eof_filter", "eof_aggregator", "eof_joiner", "eof_controller"]
-    for module in modules:
-        importlib.import_module(f"agents.{module}")
-    assert set(modules) <= {agent.name.rsplit(".", 1)[-1] for agent in core.app.agents.values()}
-    core.refuse_out_of_order_agents(core.app.agents.values())
+    """Every agent set of weir's on one application (the shop's: tests/unit/shop/test_agents.py)."""
+    names = (*AGENT_NAMES, *OPTIONAL_AGENT_NAMES)
+    application = Application(
+        Settings(agents=names, app_id="unit-one-actor"),
+        flows=[Flow("f", source="f-in").to("f-out")],
+        windows=[Window("w", source="w-in", to="w-out", spec=WindowSpec.tumbling(1_000), initial=0, fold=count)],
+        eof_jobs={"": ORDERS},
+    )
+    try:
+        app = application.serve_agents()
+        served = {agent.name for agent in app.agents.values()}
+        assert len(served) >= len(names), f"agent sets {names} served as {sorted(served)}"
+        assert all(agent.concurrency == 1 for agent in app.agents.values())
+        core.refuse_out_of_order_agents(app.agents.values())
+    finally:
+        environment.install(environment.STANDALONE)
 
 
 def test_a_slow_batch_runs_in_slices_of_its_budget_with_a_due_commit_between_them() -> None:
@@ -227,10 +239,14 @@ def test_an_agent_that_runs_user_steps_commits_after_every_event(monkeypatch: py
         monkeypatch.setattr(core, "take_batches", batches)
         monkeypatch.setattr(core, "run_parts", run_parts)
 
-        async def handler(event: Any, message: Any) -> None:
+        async def handle_part(part: Any) -> None:
             return None
 
-        asyncio.run(core.handle_events(None, agent="a", what="a: message", handler=handler, runs_user_steps=user_steps))  # type: ignore[arg-type]
+        async def crash(error: BaseException) -> None:
+            raise AssertionError(f"the worker crashed: {error!r}")
+
+        slice_most = 1 if user_steps else None  # what a worker passes for a stage that runs user steps
+        asyncio.run(core.handle_parts(None, handle_part, size=500, wait_ms=10, crash=crash, slice_most=slice_most))  # type: ignore[arg-type]
         slices[user_steps] = sizes
     assert slices[True] == [1, 1, 1, 1, 1]
     assert slices[False] == [1, 2, 2], "the other agents' slices grow with the pace"
