@@ -31,7 +31,9 @@ bench/results.json, which bench.charts draws):
   time / filter-alone time;
 - weir's barrier (bench/barrier.py's steps, a new flows worker each run): exchanges/s arriving to wait, bytes
   per waiting exchange (the barrier's RocksDB files; its changelog's log segments on the broker), and release
-  latency p50/p99 from the last completion to the record the step after the barrier sent.
+  latency p50/p99 from the last completion to the record the step after the barrier sent;
+- a tumbling window's sums on event time (bench/windows.py), one weir ``windows`` worker beside one Quix Streams
+  process on the same records: records/s, CPU per record of the worker and of the broker, every window checked.
 
 --profile DIR also records each weir worker with py-spy during the first backlog run (flame graph SVG and
 collapsed stacks in DIR); give --orders enough for the backlog to outlast --profile-seconds.
@@ -61,7 +63,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from bench import barrier
+from bench import barrier, windows
 from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record, result_problem
 from bench.charts import FIGURES_FORMAT
 from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
@@ -107,6 +109,7 @@ SECTIONS = (
     "triggers",
     "eof",
     "barrier",
+    "windows",
 )
 #: What a run without --only measures (weir-v1, the per_partition transactions of sessions 1-5, on request).
 DEFAULT_SECTIONS = tuple(section for section in SECTIONS if section != "weir-v1")
@@ -175,6 +178,8 @@ class Context:
     broker: int | None
     figures: list[Figure] = field(default_factory=list)
     pipelines: list[PipelineFigures] = field(default_factory=list)
+    #: notes of the sections that ran, under the table
+    notes: list[str] = field(default_factory=list)
 
     def figure(self, system: str, name: str, unit: str, fmt: str = "{:,.0f}", work: str = "") -> Figure:
         created = Figure(system, name, unit, fmt=fmt, work=work)
@@ -952,6 +957,77 @@ def run_barrier(ctx: Context, waiting: int, released: int, rate: float) -> None:
 # --- the table ---------------------------------------------------------------------------------------------
 
 
+def run_windows(ctx: Context, records: int, sensors: int) -> None:
+    """bench/windows.py: a tumbling window's sums on event time, one weir ``windows`` worker beside one Quix Streams
+    process, on new topics each run, the same records (checked window by window)."""
+    weir = load_settings()
+    run = windows.work(records, sensors)
+    systems = {
+        "weir": f"exactly_once ({weir.transactions} transactions), commit interval {weir.commit_interval:g} s, batches of up to"
+        f" {weir.batch_size} events, producer linger {weir.producer_linger_ms} ms",
+        "Quix Streams": f"exactly-once, commit interval {weir.commit_interval:g} s, producer linger.ms {weir.producer_linger_ms},"
+        ' final(closing_strategy="partition"), its other defaults',
+    }
+    label = f"tumbling window {windows.WINDOW_MS // 1000} s (grace {windows.GRACE_MS // 1000} s), {records:,} records, {sensors} keys"
+    figures = {
+        system: (
+            ctx.figure(system, f"{label}: records/s", "records/s"),
+            ctx.figure(system, f"{label}: CPU per record, the worker", "ms", fmt="{:.3f}"),
+            ctx.figure(system, f"{label}: CPU per record, the broker", "ms", fmt="{:.3f}"),
+        )
+        for system in systems
+    }
+    for number in range(ctx.runs):
+        for system in systems:
+            name = f"windows-{'weir' if system == 'weir' else 'quix'}-{number}"
+            prefix = f"cmp-{ctx.run_id}.{name}."
+            source, results = f"{prefix}readings", f"{prefix}sums"
+            asyncio.run(windows.create_topics(ctx.bootstrap, [source, results, f"{prefix}dead-letters"]))
+            if system == "weir":
+                env = {
+                    **os.environ,
+                    "KAFKA_BOOTSTRAP": ctx.bootstrap,
+                    "WEIR_TOPIC_PREFIX": prefix,
+                    "WEIR_APP_ID": prefix.rstrip(".").replace(".", "-"),
+                    "WEIR_GUARANTEE": "exactly_once",
+                    "WEIR_WINDOWS": "bench.windows",
+                }
+                worker: Any = _weir_worker(ctx, "windows", name, env)
+                worker.wait_ready()
+                pid = worker.process.pid
+                alive = _alive({name: worker})
+            else:
+                env = {
+                    **os.environ,
+                    "KAFKA_BOOTSTRAP": ctx.bootstrap,
+                    "BENCH_APP_ID": prefix.rstrip(".").replace(".", "-"),
+                    "BENCH_SOURCE": source,
+                    "BENCH_RESULTS": results,
+                    "BENCH_STATE_DIR": windows.state_dir(ctx.work_dir, name),
+                    "BENCH_COMMIT_INTERVAL": str(weir.commit_interval),
+                    "BENCH_PRODUCER_LINGER_MS": str(weir.producer_linger_ms),
+                }
+                worker = Proc(windows.quix_command(), env, ctx.work_dir / f"{name}.log").start()
+                pid = worker.pid
+                alive = worker.check_alive
+            try:
+                meter = ctx.meter({"worker": pid})
+                took, cpu = asyncio.run(windows.measure(ctx.bootstrap, source, results, run, meter, alive))
+            finally:
+                worker.stop()
+            rate, per_worker, per_broker = figures[system]
+            rate.add(records / took, cpu)
+            per_worker.add(1000 * meter.seconds.get("worker", 0.0) / records, cpu)
+            per_broker.add(1000 * meter.seconds.get("broker", 0.0) / records, cpu)
+            print(f"  windows {system} run {number + 1}: {records / took:,.0f} records/s, every window's result right", flush=True)
+    ctx.notes.append(
+        "windows (bench/windows.py): one process each, the same records each run; "
+        + "; ".join(f"{system}: {settings}" for system, settings in systems.items())
+        + ". Records/s: from the first send of the records (both warm: a window per partition closed before) until every"
+        " window's final result is read by a read_committed consumer; every result checked (sum, count), none twice."
+    )
+
+
 def machine() -> str:
     model = "unknown CPU"
     with contextlib.suppress(OSError, StopIteration):
@@ -1040,6 +1116,8 @@ def main() -> None:
     parser.add_argument("--barrier-waiting", type=int, help="exchanges left waiting per barrier run (default 2,000; 500 with --quick)")
     parser.add_argument("--barrier-released", type=int, help="exchanges released per barrier run (default 150; 60 with --quick)")
     parser.add_argument("--barrier-rate", type=float, default=30.0, help="payments/s (the last completions) in the barrier release run")
+    parser.add_argument("--window-records", type=int, help="records per windows run (default 100,000; 20,000 with --quick)")
+    parser.add_argument("--window-keys", type=int, default=200, help="keys (sensors) of the windows runs")
     parser.add_argument("--profile", type=Path, help="record the weir workers with py-spy during the first backlog run, into DIR")
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker (deleted by default)")
@@ -1060,6 +1138,7 @@ def main() -> None:
     eof_batches = args.eof_batches or (15 if quick else 200)
     barrier_waiting = args.barrier_waiting or (500 if quick else 2_000)
     barrier_released = args.barrier_released or (60 if quick else 150)
+    window_records = args.window_records or (20_000 if quick else 100_000)
     named = [name.strip() for name in args.only.split(",") if name.strip()]
     sections = list(dict.fromkeys(section for name in named for section in SECTION_GROUPS.get(name, (name,))))
     unknown = set(sections) - set(SECTIONS)
@@ -1093,6 +1172,7 @@ def main() -> None:
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
         "eof": lambda: run_eof(ctx, eof_clients, eof_batches),
         "barrier": lambda: run_barrier(ctx, barrier_waiting, barrier_released, args.barrier_rate),
+        "windows": lambda: run_windows(ctx, window_records, args.window_keys),
     }
     try:
         for name in sections:
@@ -1150,6 +1230,7 @@ def main() -> None:
         " over the whole release step (arrivals, kitchen, 5 s pause, payments).",
     }
     notes += [section_notes[name] for name in sections if name in section_notes]
+    notes += ctx.notes
     notes.append(f"Total time {elapsed:.0f} s.")
     lines = table(ctx, runs)
     alike = like_with_like(ctx)

@@ -101,12 +101,25 @@ def test_a_project_with_its_own_app_package_installs_and_uses_weir(tmp_path: Pat
     project = tmp_path / "project"
     (project / "app").mkdir(parents=True)
     (project / "app" / "__init__.py").write_text("MINE = True\n")
+    # The project's own worker entry, as the README shows it: weir's flows agent and an agent set of its own.
+    (project / "app" / "main.py").write_text(
+        "from pathlib import Path\nfrom weir import Application, Flow, Settings\n"
+        "from weir.app.stages import Stage\n"
+        "async def nothing(part): pass\n"
+        "def mine(application):\n"
+        "    return [Stage('mine', (application.topic(application.settings.topic('mine-in')),), nothing)]\n"
+        f"settings = Settings(agents=('flows', 'mine'), app_id='project', data_dir=Path({str(tmp_path / 'data')!r}))\n"
+        "application = Application(settings, flows=[Flow('f', source='in').to('out')], agent_sets={'mine': mine})\n"
+        "app = application.serve_agents()\n"
+    )
     code = (
         "import sys, app, weir\n"
         "assert app.MINE, 'the project imports its own app'\n"
         "with weir.TestDriver([weir.Flow('f', source='in').to('out')]) as driver:\n"
         "    driver.pipe('in', {'n': 1})\n"
         "    assert driver.values('out') == [{'n': 1}]\n"
+        "import app.main\n"
+        "assert sorted(app.main.app.agents) == ['flow-f', 'mine'], sorted(app.main.app.agents)\n"
         "print(weir.__file__, sorted(name for name in sys.modules if name.split('.')[0] in ('app', 'agents', 'tables')))\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{project}"}
@@ -114,7 +127,7 @@ def test_a_project_with_its_own_app_package_installs_and_uses_weir(tmp_path: Pat
     assert run.returncode == 0, run.stderr[-3000:]
     where, short_names = run.stdout.split(" ", 1)
     assert where.startswith(str(tmp_path / "site")), f"weir came from {where}, not the installed wheel"
-    assert short_names.strip() == "['app']", f"only the project's app is imported by its short name: {short_names}"
+    assert short_names.strip() == "['app', 'app.main']", f"only the project's app is imported by its short name: {short_names}"
 
 
 def test_the_checkouts_short_names_are_the_same_modules_as_weirs() -> None:
