@@ -22,7 +22,9 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The figures compared: bench.compare's figure names that start with "backlog of" and end with one of these.
-FIGURES = ("orders/s", "CPU per order, the workers")
+FIGURES = ("orders/s", "CPU per order, the workers", "records/s", "CPU per record, the worker")
+#: The sections' backlog figures start so: the split/aggregate pipelines', the windows'.
+BACKLOGS = ("backlog of", "tumbling window")
 
 
 def _checkout(base: str, into: Path) -> Path:
@@ -47,7 +49,7 @@ def _pick(figures: list[dict[str, object]]) -> dict[tuple[str, str], float]:
     picked: dict[tuple[str, str], float] = {}
     for figure in figures:
         name, values = str(figure["name"]), figure["values"]
-        if name.startswith("backlog of") and name.endswith(FIGURES) and isinstance(values, list) and values:
+        if name.startswith(BACKLOGS) and name.endswith(FIGURES) and isinstance(values, list) and values:
             picked[(str(figure["system"]), name.split(": ", 1)[-1])] = float(values[0])
     return picked
 

@@ -47,9 +47,9 @@ GRACE_MS = 1_000
 STEP_MS = 10
 DISORDER_MS = 300
 PARTITIONS = 4
-#: the readings' first event time (any fixed time: the windows are aligned to the epoch, both systems alike)
-BASE_MS = 1_700_000_000_000
-WARM_MS = BASE_MS - 3_600_000
+#: how far in the past the readings' first event time is: recent enough that the broker's retention (7 days, by the
+#: records' timestamps) deletes none of them during the run, which a fixed time in the past did
+BEHIND_MS = 3_600_000
 
 #: What the weir worker runs (``WEIR_WINDOWS=bench.windows``; the topics get the run's ``WEIR_TOPIC_PREFIX``).
 WINDOWS = [
@@ -66,10 +66,16 @@ class Work:
     expected: dict[tuple[str, int], tuple[int, int]]
     #: per partition, a sensor that goes there (the warm-up's)
     warm_keys: list[str]
+    #: the event time of the warm-up's window (an hour before the readings)
+    warm_ms: int
 
 
-def work(records: int, sensors: int, seed: int = 7) -> Work:
-    """``records`` readings over ``sensors`` sensors, then one closing record per sensor a minute later."""
+def work(records: int, sensors: int, seed: int = 7, *, base_ms: int | None = None) -> Work:
+    """``records`` readings over ``sensors`` sensors from ``base_ms`` (default: an hour ago, on a window's start), then one
+    closing record per sensor a minute later."""
+    if base_ms is None:
+        now = int(time.time() * 1000)
+        base_ms = now - now % WINDOW_MS - BEHIND_MS
     rng = random.Random(seed)
     names = [f"s-{number:04d}" for number in range(sensors)]
     padding = "x" * 100
@@ -77,20 +83,20 @@ def work(records: int, sensors: int, seed: int = 7) -> Work:
     expected: dict[tuple[str, int], tuple[int, int]] = {}
     for number in range(records):
         sensor = names[rng.randrange(sensors)]
-        stamp = BASE_MS + number * STEP_MS - rng.randrange(DISORDER_MS)
+        stamp = base_ms + number * STEP_MS - rng.randrange(DISORDER_MS)
         value = rng.randrange(1_000)
         sent.append((sensor, orjson.dumps({"sensor": sensor, "value": value, "unit": "W", "note": padding}), stamp))
         start = stamp - stamp % WINDOW_MS
         before = expected.get((sensor, start), (0, 0))
         expected[(sensor, start)] = (before[0] + value, before[1] + 1)
-    closing = BASE_MS + records * STEP_MS + 60_000
+    closing = base_ms + records * STEP_MS + 60_000
     sent += [(sensor, orjson.dumps({"sensor": sensor, "value": 0, "unit": "W", "note": "close"}), closing) for sensor in names]
     by_partition: dict[int, str] = {}
     for sensor in names:
         by_partition.setdefault(key_partition(sensor.encode(), PARTITIONS), sensor)
     if len(by_partition) < PARTITIONS:
         raise ValueError(f"{sensors} sensors reach {len(by_partition)} of {PARTITIONS} partitions")
-    return Work(sent, expected, [by_partition[partition] for partition in range(PARTITIONS)])
+    return Work(sent, expected, [by_partition[partition] for partition in range(PARTITIONS)], base_ms - 3_600_000)
 
 
 @dataclass
@@ -149,10 +155,10 @@ async def measure(bootstrap: str, source: str, results_topic: str, run: Work, me
     try:
         warm = {"sensor": "warm", "value": 0, "unit": "W", "note": "warm"}
         for sensor in run.warm_keys:  # a window per partition, opened, then closed by a record 20 s later
-            for stamp in (WARM_MS, WARM_MS + 2 * WINDOW_MS):
+            for stamp in (run.warm_ms, run.warm_ms + 2 * WINDOW_MS):
                 await producer.send(source, key=sensor.encode(), value=orjson.dumps(warm), timestamp_ms=stamp)
         await producer.flush()
-        await _wait(results, {(sensor, WARM_MS) for sensor in run.warm_keys}, 120.0, alive)
+        await _wait(results, {(sensor, run.warm_ms) for sensor in run.warm_keys}, 120.0, alive)
         meter.start()
         began = time.monotonic()
         for sensor, value, stamp in run.records:
