@@ -72,6 +72,7 @@ from weir.tables.aggregates import (
     on_force,
     on_items,
     on_late_item,
+    on_new_group,
     on_open,
     on_part,
 )
@@ -568,8 +569,11 @@ class Aggregation:
         done_groups: TableT[str, Any],
         deadlines: TableT[str, Any],
         outputs: ResultOutputs,
+        current: TableT[str, Any] | None = None,
     ) -> None:
         self.agent = agent
+        #: ``complete_on_new_group``: each partition's open group of parts, by partition number
+        self.current = current
         self.config = config
         self.outputs = outputs
         self.store = GroupStore(open_groups, done_groups)
@@ -810,10 +814,26 @@ class Aggregation:
             raise InvalidMessage(f"{self.agent}: a part's 'timeout_ms' must be a positive integer or null, got {timeout_ms!r:.100}")
         part = Part(payload=message.get("payload"), position=position, flag=flag, context=message.get("context"), timeout_ms=timeout_ms)
         transition = on_part(previous, self.config, correlation_id, part, now)
-        if isinstance(previous, DoneState) and transition.done is not None and transition.done.late_parts > previous.late_parts:
+        late = isinstance(previous, DoneState) and transition.done is not None and transition.done.late_parts > previous.late_parts
+        if late:
             self.late_items += 1
             metrics.aggregate_parts(self.config.name, late=1)
+        elif self.current is not None and not isinstance(previous, GroupState):
+            await self._complete_current(event, correlation_id, now)
         await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
+
+    async def _complete_current(self, event: EventT[bytes], opening: str, now: int) -> None:
+        """``complete_on_new_group``: ``opening`` opens a group, so the group open in the event's partition (another
+        key's) completes first (:func:`tables.aggregates.on_new_group`), and ``opening`` is the partition's open group."""
+        assert self.current is not None
+        slot = str(event.message.partition)
+        current = self.current.get(slot)
+        if current is not None and current != opening:
+            state = self.keyed.load(current)
+            if isinstance(state, GroupState):
+                transition = on_new_group(state, self.config, now)
+                await self._apply(event, current, self._change(event, current, state, transition), state)
+        self.current[slot] = opening
 
     def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
         updated = done

@@ -345,6 +345,12 @@ class FlowTopology:
                 f"flow-{flow_name}-{name}-deadlines", f"Deadline index of aggregate {name!r} (app.deadlines.DeadlineIndex)."
             ),
             outputs=self._resume_after_aggregate(compiled, agent, fail_parent=step.aggregate.on_item_failure == FAIL_PARENT),
+            current=self.declare_table(
+                f"flow-{flow_name}-{name}-current",
+                f"The open group of each partition of aggregate {name!r} (complete_on_new_group): partition -> correlation key.",
+            )
+            if step.aggregate.complete_on_new_group
+            else None,
         )
 
     def _resume_after_aggregate(self, compiled: CompiledFlow, agent: str, *, fail_parent: bool = False) -> Any:

@@ -229,6 +229,8 @@ class Aggregate:
     complete_interval_ms: int | None = None
     #: a correlation aggregate: the absolute timeout (ms) of a group, read from the exchange that opens it
     timeout_from: Callable[[Exchange], Any] | None = None
+    #: a correlation aggregate: an exchange that opens a group completes the group open in its partition
+    complete_on_new_group: bool = False
 
     @property
     def correlates(self) -> bool:
@@ -248,6 +250,7 @@ class Aggregate:
             complete_when=self.complete_when,
             on_item_failure=CONTINUE_ON_FAILURE if self.on_item_failure == CONTINUE_ON_FAILURE else STOP_ON_FAILURE,
             complete_interval_ms=self.complete_interval_ms,
+            complete_on_new_group=self.complete_on_new_group,
         )
 
 
@@ -375,6 +378,7 @@ class Flow:
         on_item_failure: str = "continue",
         complete_interval_ms: int | None = None,
         timeout_from: KeyExpr | Callable[[Exchange], Any] | None = None,
+        complete_on_new_group: bool = False,
     ) -> Flow:
         """Merge the outcomes of the split's items, or (no split before it) group exchanges by ``correlate_by``;
         the exchange goes on with the merged result as its payload.
@@ -404,6 +408,11 @@ class Flow:
         period on the clock (reason ``interval``), all at once, not each after its own start. ``timeout_from`` (a
         group by key): the absolute timeout in ms of a group, read from the exchange that opens it (None: the
         aggregate's ``timeout_ms``), so that a key's successive groups may each have their own.
+        ``complete_on_new_group`` (a group by key; Camel's ``completionOnNewCorrelationGroup``): an exchange that opens a
+        group completes the group open in its partition (reason ``new-group``), so that one group is in progress per
+        partition at a time: for input whose keys come in runs ("all of a customer's lines, then the next customer's").
+        The order is a partition's, as Kafka keeps it: keys of different partitions do not complete each other. With
+        ``groups="one-shot"`` a key met again after its group completed is late; ``"reopening"`` opens its next group.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         correlates = correlate_by is not None
@@ -418,7 +427,14 @@ class Flow:
             )
             raise FlowDeclarationError(message)
         if correlates and not (
-            complete_size or complete_when or complete_on or timeout_ms or inactivity_ms or complete_interval_ms or timeout_from
+            complete_size
+            or complete_when
+            or complete_on
+            or timeout_ms
+            or inactivity_ms
+            or complete_interval_ms
+            or timeout_from
+            or complete_on_new_group
         ):
             message = f"{where}: a group by key needs a way to complete: complete_size, complete_when, complete_on or a timeout"
             raise FlowDeclarationError(message)
@@ -431,6 +447,9 @@ class Flow:
             raise FlowDeclarationError(message)
         if timeout_from is not None and not correlates:
             message = f"{where}: timeout_from belongs to a group by key (correlate_by=): a split's group has one open"
+            raise FlowDeclarationError(message)
+        if complete_on_new_group and not correlates:
+            message = f"{where}: complete_on_new_group belongs to a group by key (correlate_by=): a split's groups interleave"
             raise FlowDeclarationError(message)
         if on_item_failure != CONTINUE_ON_FAILURE and not after_split:
             message = f"{where}: on_item_failure belongs to an aggregate after a split (a group by key has no failed items)"
@@ -450,6 +469,7 @@ class Flow:
             on_item_failure,
             complete_interval_ms,
             read_timeout,
+            complete_on_new_group,
         )
         try:
             aggregate.config(done_retention_ms=1)

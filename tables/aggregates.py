@@ -26,6 +26,8 @@ __all__ = [
     "ONE_SHOT",
     "REOPENING",
     "INTERVAL",
+    "NEW_GROUP",
+    "on_new_group",
     "CONTINUE_ON_FAILURE",
     "STOP_ON_FAILURE",
     "ITEM_FAILURE_RULES",
@@ -49,6 +51,9 @@ INACTIVITY = "inactivity"
 FORCED = "forced"
 #: Completed by the aggregator's period (``complete_interval_ms``: Camel's ``completionInterval``).
 INTERVAL = "interval"
+#: Completed because a part of another key opened a group in its partition (``complete_on_new_group``: Camel's
+#: ``completionOnNewCorrelationGroup``).
+NEW_GROUP = "new-group"
 #: The status of a group an operator discarded: its result is sent with this status, never as complete.
 DISCARDED = "discarded"
 #: What an operator may do to open groups (:func:`on_force`).
@@ -97,6 +102,9 @@ class AggregatorConfig:
     #: every open group completes at each multiple of this period on the clock (Camel's ``completionInterval``:
     #: all open groups at once, not per group); None: no period
     complete_interval_ms: int | None = None
+    #: correlation groups: a part that opens a group completes the group open in its partition (Camel's
+    #: ``completionOnNewCorrelationGroup``: one group in progress at a time, per partition)
+    complete_on_new_group: bool = False
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -482,6 +490,16 @@ def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -
         return _complete(state, config, "complete" if complete else "partial", INTERVAL, now_ms)
     reason = TIMEOUT if state.deadline_ms == due else INACTIVITY
     return _complete(state, config, "partial", reason, now_ms)
+
+
+def on_new_group(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
+    """A part of another key opened a group in this one's partition (``complete_on_new_group``): the open group
+    completes now with what it has, reason ``new-group``, status ``complete`` (a group by key expects no count) or,
+    for a group that knew its count and misses some, ``partial``. Nothing open: nothing changes."""
+    if state is None:
+        return GroupTransition(state=None)
+    complete = state.position is not None or (state.expected_count is not None and not state.missing_indexes())
+    return _complete(state, config, "complete" if complete else "partial", NEW_GROUP, now_ms)
 
 
 def on_force(state: GroupState | None, config: AggregatorConfig, action: str, now_ms: int) -> GroupTransition:

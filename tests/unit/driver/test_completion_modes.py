@@ -4,6 +4,8 @@ completionInterval), and a group's timeout read from the exchange that opens it.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weir import Flow, FlowDeclarationError, Settings, TestDriver, payload
 from weir.app.testing import START_MS
@@ -59,3 +61,81 @@ def test_the_new_knobs_are_checked_where_they_are_declared() -> None:
         Flow("f", source="in").split("s", payload("items")).aggregate("a", timeout_ms=None, timeout_from=payload("t"))
     with pytest.raises(FlowDeclarationError, match="complete_interval_ms must be a positive integer"):
         Flow("g", source="in").aggregate("a", correlate_by=payload("k"), timeout_ms=None, complete_interval_ms=-5)
+
+
+def _runs(driver: TestDriver, lines: list[tuple[str, int]]) -> None:
+    for customer, n in lines:
+        driver.pipe("lines", {"customer": customer, "n": n}, key=customer)
+
+
+def _batches(driver: TestDriver) -> list[tuple[str, list[int], str]]:
+    return [
+        (result["correlation_id"], [item["result"]["n"] for item in result["items"]], result["reason"])
+        for result in driver.values("batches")
+    ]
+
+
+NEW_GROUP_FLOW = (
+    Flow("lines", source="lines")
+    .aggregate("batch", correlate_by=payload("customer"), timeout_ms=None, complete_on_new_group=True, groups="reopening")
+    .to("batches")
+)
+
+
+def test_a_group_completes_when_the_next_key_opens_one_in_its_partition() -> None:
+    """Camel's completionOnNewCorrelationGroup: keys that come in runs, one group in progress at a time."""
+    with TestDriver([NEW_GROUP_FLOW], Settings(partitions=1)) as driver:
+        _runs(driver, [("a", 1), ("a", 2), ("b", 3), ("b", 4), ("b", 5), ("a", 6)])
+        assert _batches(driver) == [("a", [1, 2], "new-group"), ("b", [3, 4, 5], "new-group")], "a's next run is open"
+        _runs(driver, [("c", 7)])
+        batches = _batches(driver)
+    assert batches[-1] == ("a", [6], "new-group"), "a reopened (groups='reopening') and completed when c came"
+    assert {result["status"] for result in driver.values("batches")} == {"complete"}
+
+
+def test_keys_of_other_partitions_do_not_complete_each_other() -> None:
+    from weir.app.kafka_io import key_partition
+
+    keys = [f"k{number}" for number in range(20)]
+    first = next(key for key in keys if key_partition(key.encode(), 2) == 0)
+    other = next(key for key in keys if key_partition(key.encode(), 2) == 1)
+    with TestDriver([NEW_GROUP_FLOW], Settings(partitions=2)) as driver:
+        _runs(driver, [(first, 1), (other, 2), (first, 3), (other, 4)])
+        assert _batches(driver) == [], "each partition's group stays open: another partition's key is no new group there"
+        second = next(key for key in keys if key_partition(key.encode(), 2) == 0 and key != first)
+        _runs(driver, [(second, 5)])
+        assert _batches(driver) == [(first, [1, 3], "new-group")]
+
+
+def test_a_crash_between_two_runs_sends_each_batch_once() -> None:
+    lines = [("a", 1), ("a", 2), ("b", 3), ("c", 4), ("c", 5), ("a", 6), ("d", 7)]
+    expected = [("a", [1, 2], "new-group"), ("b", [3], "new-group"), ("c", [4, 5], "new-group"), ("a", [6], "new-group")]
+    for after in range(1, 8):
+        with TestDriver([NEW_GROUP_FLOW], Settings(partitions=1)) as driver:
+            driver.crash_after(events=after)
+            _runs(driver, lines)
+            driver.run()
+            assert driver.crashes == 1
+            assert _batches(driver) == expected, f"a crash after {after} events"
+
+
+def test_complete_on_new_group_belongs_to_a_group_by_key() -> None:
+    with pytest.raises(FlowDeclarationError, match="complete_on_new_group belongs to a group by key"):
+        Flow("f", source="in").split("s", payload("items")).aggregate("a", timeout_ms=None, complete_on_new_group=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from("abc"), min_size=1, max_size=25))
+def test_with_complete_on_new_group_the_batches_are_the_runs_of_a_key(keys: list[str]) -> None:
+    """In one partition, whatever the order of the keys: each maximal run of one key is one batch, in order, and only
+    the last run stays open."""
+    runs: list[tuple[str, list[int]]] = []
+    for number, key in enumerate(keys):
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(number)
+        else:
+            runs.append((key, [number]))
+    with TestDriver([NEW_GROUP_FLOW], Settings(partitions=1)) as driver:
+        _runs(driver, [(key, number) for number, key in enumerate(keys)])
+        batches = _batches(driver)
+    assert batches == [(key, numbers, "new-group") for key, numbers in runs[:-1]]
