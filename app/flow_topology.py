@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGrap
 from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
 from weir.app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
+from weir.app.windows import Window, WindowTopology
 from weir.tables.aggregates import FAILED_STATUS, ITEM_FAILED
 from weir.tables.barrier import (
     COMPLETED,
@@ -138,6 +139,30 @@ class CompiledAggregate:
     aggregation: Aggregation
 
 
+@dataclass
+class CompiledWindow:
+    """A window step: its flow, its place in it, the topic of its records, and the window its stage runs."""
+
+    flow: CompiledFlow
+    index: int
+    records: Any
+    window: Window
+
+
+def _on_payload(fold: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A window step's fold on its records (``{"payload", "ts"}``): the user's fold on the payload."""
+
+    def on_record(aggregate: Any, record: Any) -> Any:
+        return fold(aggregate, record["payload"])
+
+    return on_record
+
+
+def _window_name(flow: str, step: str) -> str:
+    """The window (its agent ``window-<name>`` and tables) of a flow's window step: letters, digits, '_' and '-'."""
+    return "".join(char if char.isalnum() or char in "_-" else "_" for char in f"flow-{flow}-{step}")
+
+
 def _any_async(steps: Iterable[Step]) -> bool:
     """Whether any of these steps is a coroutine function (its items may then run at once)."""
     return any(asyncio.iscoroutinefunction(step.function) for step in steps)
@@ -187,6 +212,8 @@ class FlowTopology:
         self.correlating: dict[tuple[str, int], CompiledAggregate] = {}
         self._compile_barriers()
         self._compile_aggregates()
+        self.windowed: dict[str, CompiledWindow] = {}
+        self.windows = self._compile_windows(wiring)
         for flow in self.declared:  # declared now, so that a worker creates them at start
             for step in flow.steps:
                 if step.kind == "to" and step.topic:
@@ -261,6 +288,43 @@ class FlowTopology:
                     compiled, index, results, self._aggregation(compiled, step, results)
                 )
 
+    def _compile_windows(self, wiring: Wiring) -> WindowTopology:
+        """Each window step of the flows run here: its records topic and a :class:`app.windows.Window` on it whose
+        results resume the flow after the step, as new executions."""
+        for compiled in self.running():
+            flow_name = compiled.flow.name
+            for index, step in enumerate(compiled.flow.steps):
+                if step.window is None:
+                    continue
+                source = f"flow.{flow_name}.{step.name}.records"
+                window = Window(
+                    name=_window_name(flow_name, step.name),
+                    source=source,
+                    to=f"flow.{flow_name}.resume",
+                    spec=step.window.spec,
+                    initial=step.window.initial,
+                    fold=_on_payload(step.window.fold),
+                    timestamp=lambda record: record["ts"],
+                    emit="final" if step.window.emit == "final" else "update",
+                    merge=step.window.merge,
+                )
+                self.windowed[window.name] = CompiledWindow(compiled, index, self._topic(source), window)
+        return WindowTopology([entry.window for entry in self.windowed.values()], wiring, results=self._window_result)
+
+    def _window_result(self, window: Window, key: str, result: dict[str, Any]) -> Output:
+        """A window's result starts an execution of its flow after the window step, keyed by the window's key."""
+        entry = self.windowed[window.name]
+        compiled, step = entry.flow, entry.flow.flow.steps[entry.index]
+        exchange = Exchange(payload=result, key=key)
+        exchange_id = f"{compiled.flow.name}:{step.name}:{key}@{result['start_ms']}" + ("" if result["final"] else f"#{result['count']}")
+        meta: dict[str, Any] = {
+            "exchange_id": exchange_id,
+            "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
+            "parts": self._parts(compiled, exchange, exchange_id),
+        }
+        resume = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": entry.index + 1}
+        return Output(compiled.resume, key, resume, what=f"the result of window {step.name!r}")
+
     def running(self) -> list[CompiledFlow]:
         """The compiled flows this process runs."""
         return [compiled for compiled in self.flows.values() if compiled.flow.name in self.runs]
@@ -270,6 +334,7 @@ class FlowTopology:
         found = [topic for compiled in self.flows.values() for topic in (compiled.source, compiled.resume, compiled.outcomes)]
         found += [topic for segment in self.segments.values() for topic in (segment.items, segment.results)]
         found += [aggregate.results for aggregate in self.correlating.values()]
+        found += [entry.records for entry in self.windowed.values()]
         found += list(self.barrier_topics.values())
         found += [self._topic(step.topic) for flow in self.declared for step in flow.steps if step.kind == "to" and step.topic]
         return found
@@ -287,6 +352,7 @@ class FlowTopology:
             found.append(_aggregate_stage(segment.results, segment.aggregation))
         for aggregate in self.correlating.values():
             found.append(_aggregate_stage(aggregate.results, aggregate.aggregation))
+        found += self.windows.stages()
         for barrier in self.barriers.values():
             name = barrier.barrier.name
             handler = per_event(agent=f"barrier:{name}", what=f"barrier {name!r}: message", handler=self._make_barrier_handler(barrier))
@@ -574,6 +640,9 @@ class FlowTopology:
             elif step.kind == "aggregate":
                 await self._to_correlation_group(compiled, step, index, exchange, meta, event)
                 return  # this execution ends here; the group's result starts one of its own
+            elif step.kind == "window":
+                await self._to_window(compiled, step, exchange, meta, event)
+                return  # this execution ends here; each window's result starts one of its own
             elif step.kind == "barrier":
                 barrier = step.barrier
                 assert barrier is not None
@@ -697,6 +766,34 @@ class FlowTopology:
             return
         await self.publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)
 
+    async def _to_window(self, compiled: CompiledFlow, step: Step, exchange: Exchange, meta: dict[str, Any], event: EventT[bytes]) -> None:
+        """Send the exchange's payload, with its key and event time, to the window step's records topic, and end its
+        execution, completed (both in the transaction that commits the exchange's offset)."""
+        window = step.window
+        assert window is not None
+        where = f"flow {compiled.flow.name!r}, window {step.name!r}"
+        try:
+            key = window.key(exchange) if window.key is not None else exchange.key
+            stamp = window.timestamp(exchange) if window.timestamp is not None else None
+        except Exception as raised:
+            await self._fail(compiled, exchange, meta, step, "invalid", f"{where}: {describe_error(raised)}", 1, event)
+            return
+        if stamp is None:
+            stamp = meta.get("ts")
+        if key is None or not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+            problem = f"{where}: the key ({key!r:.60}) and a non-negative integer event time in ms ({stamp!r:.60}) are needed"
+            await self._fail(compiled, exchange, meta, step, "invalid", problem, 1, event)
+            return
+        record = {"payload": exchange.payload, "ts": stamp}
+        outputs = [
+            Output(self.windowed[_window_name(compiled.flow.name, step.name)].records, str(key), record, what=f"a record for {where}")
+        ]
+        failed = await send_checked(event, outputs, agent=f"flow:{compiled.flow.name}", step=step.name)
+        if failed:
+            await self.publish_outcome(compiled, meta, FAILED, f"window {step.name!r}: {failed[0].problem}", event)
+            return
+        await self.publish_outcome(compiled, meta, COMPLETED, None, event, exchange.payload)
+
     def _make_flow_handler(self, compiled: CompiledFlow) -> Any:
         resume_name = compiled.resume.get_topic_name()
 
@@ -721,6 +818,8 @@ class FlowTopology:
                 # The key an awaiting barrier reads is read on entry, before any step.
                 "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
                 "parts": self._parts(compiled, exchange, exchange_id),
+                # the event time of the execution (a window step's default): the timestamp of the record that started it
+                "ts": round(message.timestamp * 1000) if message.timestamp is not None and message.timestamp >= 0 else None,
             }
             await self.run_steps(compiled, exchange, meta, 0, event)
 

@@ -28,6 +28,7 @@ of waits) by :func:`validate_flows`, at worker start.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,10 @@ from typing import Any
 from weir.app.errors import attempt
 from weir.tables.aggregates import CONTINUE_ON_FAILURE, ONE_SHOT, STOP_ON_FAILURE, AggregatorConfig
 from weir.tables.barrier import DUPLICATE_RULES, FAIL, GIVE_UP_RULES, MEMORY_RULES, REJECT, REMEMBER, GiveUp, Memory, OnDuplicate
+from weir.tables.windows import SessionSpec, WindowSpec
 
 __all__ = [
+    "WindowStep",
     "Exchange",
     "Flow",
     "Await",
@@ -255,8 +258,24 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
+class WindowStep:
+    """A window step (:meth:`Flow.window`): the exchanges' payloads folded per key into windows of event time."""
+
+    name: str
+    spec: WindowSpec | SessionSpec
+    #: the key of the exchange's windows (None: the exchange's key)
+    key: Callable[[Exchange], Any] | None
+    initial: Any
+    fold: Callable[[Any, Any], Any]
+    #: the exchange's event time in ms (None: the timestamp of the record that started its execution)
+    timestamp: Callable[[Exchange], Any] | None
+    emit: str
+    merge: Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
 class Step:
-    kind: str  # "process", "filter", "barrier", "to", "split", "aggregate"
+    kind: str  # "process", "filter", "barrier", "to", "split", "aggregate", "window"
     name: str
     function: Callable[[Exchange], Any] | None = None
     barrier: Barrier | None = None
@@ -267,6 +286,7 @@ class Step:
     key: KeyExpr | None = None
     #: a "to" step: the payloads to send, one record each (default: the exchange's payload, one record)
     each: Callable[[Exchange], Any] | None = None
+    window: WindowStep | None = None
 
 
 @dataclass(frozen=True)
@@ -476,6 +496,39 @@ class Flow:
         except ValueError as error:
             raise FlowDeclarationError(f"{where}: {error}") from None
         return self._add(Step("aggregate", name, aggregate=aggregate))
+
+    def window(
+        self,
+        name: str,
+        spec: WindowSpec | SessionSpec,
+        *,
+        key: KeyExpr | Callable[[Exchange], Any] | None = None,
+        initial: Any = 0,
+        fold: Callable[[Any, Any], Any] = lambda aggregate, _payload: aggregate + 1,
+        timestamp: KeyExpr | Callable[[Exchange], Any] | None = None,
+        emit: str = "final",
+        merge: Callable[[Any, Any], Any] = operator.add,
+    ) -> Flow:
+        """Fold the exchanges' payloads into windows of event time per key (Kafka Streams' windowed aggregation as a
+        step; the same windows as :class:`weir.Window`): ``spec`` tumbling or hopping (:class:`WindowSpec`) or sessions
+        (:class:`SessionSpec`), ``fold(aggregate, payload)`` from ``initial`` (default: a count).
+
+        ``key``: the windows' key (default: the exchange's key); ``timestamp``: the exchange's event time in ms
+        (default: the timestamp of the record that started its execution). Stream time is each partition's of the
+        window step's own topic; a record later than its windows' close (end + grace) is dead-lettered (reason
+        ``late``). The exchange ends its execution at the window (completed). Each window's result, ``{"key",
+        "start_ms", "end_ms", "value", "count", "final"}``, starts an execution of its own from the next step, keyed by
+        the window's key, id ``<flow>:<window>:<key>@<start>`` (``emit="update"``: a result on every exchange the window
+        takes, ``...#<count>``, then the final one).
+        """
+        where = f"flow {self.name!r}, window {name!r}"
+        if not isinstance(spec, WindowSpec | SessionSpec):
+            raise FlowDeclarationError(f"{where}: spec must be a WindowSpec or a SessionSpec, got {type(spec).__name__}")
+        if emit not in ("final", "update"):
+            raise FlowDeclarationError(f"{where}: emit is 'final' or 'update', got {emit!r}")
+        read_time = _flag_of(timestamp) if isinstance(timestamp, KeyExpr) else timestamp  # None where the field is absent
+        step = WindowStep(name, spec, key, initial, fold, read_time, emit, merge)
+        return self._add(Step("window", name, window=step))
 
     def process(self, name: str, function: Callable[[Exchange], Any]) -> Flow:
         """Run ``function(exchange)``; it may change the exchange, and a value it returns (not None) becomes the payload."""

@@ -110,18 +110,29 @@ def load_windows(module_names: str) -> list[Window]:
     return found
 
 
+#: What a window's result becomes: ``(window, key, result) -> Output``.
+ResultOutput = Callable[["Window", str, dict[str, Any]], Output]
+
+
 class WindowTopology:
     """The stages of some windows: one per window, each with its three tables."""
 
-    def __init__(self, windows: Sequence[Window], wiring: Wiring) -> None:
+    def __init__(self, windows: Sequence[Window], wiring: Wiring, *, results: ResultOutput | None = None) -> None:
         names = [window.name for window in windows]
         if len(set(names)) != len(names):
             raise ValueError(f"windows: names must differ, got {names}")
         self.windows = list(windows)
         self._wiring = wiring
+        #: what a window's result becomes (a flow's window step: the resume of its flow); default: the result record
+        self._results = results
 
     def stages(self) -> list[Stage]:
         return [self.window_stage(window) for window in self.windows]
+
+    def _result(self, window: Window, to: Any, key: str, value: dict[str, Any]) -> Output:
+        if self._results is not None:
+            return self._results(window, key, value)
+        return Output(to, key, value, what=f"window {window.name} result")
 
     def _declare(self, window: Window, noun: str) -> tuple[str, Any, Any, Any]:
         """A window's agent name, its source and result topics, and its table of stream time per partition."""
@@ -157,8 +168,7 @@ class WindowTopology:
         )
 
         def result(key: str, start: int, aggregate: Any, records: int, *, final: bool) -> Output:
-            value = window_result(key, start, start + spec.size_ms, aggregate, records, final=final)
-            return Output(to, key, value, what=f"window {window.name} result")
+            return self._result(window, to, key, window_result(key, start, start + spec.size_ms, aggregate, records, final=final))
 
         def due(kind: str, state: KeyWindows) -> int | None:
             """A window's close, filed as kind ``w<start>``: due while it is open (closed by an earlier walk: nothing)."""
@@ -197,7 +207,7 @@ class WindowTopology:
         )
 
         def result(key: str, start: int, end: int, aggregate: Any, records: int, *, final: bool) -> Output:
-            return Output(to, key, window_result(key, start, end, aggregate, records, final=final), what=f"window {window.name} result")
+            return self._result(window, to, key, window_result(key, start, end, aggregate, records, final=final))
 
         def due(kind: str, state: KeySessions) -> int | None:
             session = state.open.get(int(kind[1:]))
