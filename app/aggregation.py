@@ -56,6 +56,7 @@ from weir.app.shell import (
     send_dead_letter,
 )
 from weir.tables.aggregates import (
+    BATCH_END,
     DEAD_LETTERED,
     FORCE_ACTIONS,
     TOO_LARGE,
@@ -574,6 +575,8 @@ class Aggregation:
         self.agent = agent
         #: ``complete_on_new_group``: each partition's open group of parts, by partition number
         self.current = current
+        #: ``complete_at_batch_end``: the keys the part being handled brought parts to (completed at its end)
+        self._in_batch: dict[str, None] = {}
         self.config = config
         self.outputs = outputs
         self.store = GroupStore(open_groups, done_groups)
@@ -820,7 +823,20 @@ class Aggregation:
             metrics.aggregate_parts(self.config.name, late=1)
         elif self.current is not None and not isinstance(previous, GroupState):
             await self._complete_current(event, correlation_id, now)
+        if self.config.complete_at_batch_end:
+            self._in_batch[correlation_id] = None
         await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
+
+    async def complete_batch(self, event: EventT[bytes]) -> None:
+        """``complete_at_batch_end``: the part (a batch's records of one partition) is handled; every group it brought
+        parts to and that is still open completes now (reason ``batch-end``), in the part's transaction."""
+        keys, self._in_batch = list(self._in_batch), {}
+        now = now_ms()
+        for key in keys:
+            state = self.keyed.load(key)
+            if isinstance(state, GroupState):
+                transition = on_new_group(state, self.config, now, BATCH_END)
+                await self._apply(event, key, self._change(event, key, state, transition), state)
 
     async def _complete_current(self, event: EventT[bytes], opening: str, now: int) -> None:
         """``complete_on_new_group``: ``opening`` opens a group, so the group open in the event's partition (another

@@ -18,6 +18,7 @@ group completes, the exchange goes on with the merged result as its payload, on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -34,7 +35,7 @@ from weir.app.deadlines import DeadlineIndex
 from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
-from weir.app.shell import InvalidMessage, message_headers, now_ms, record_limit, send_dead_letter_record
+from weir.app.shell import InvalidMessage, dead_lettered, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
 from weir.app.windows import Window, WindowTopology
 from weir.tables.aggregates import FAILED_STATUS, ITEM_FAILED
@@ -969,6 +970,14 @@ def _items_handler(worker: ItemWorker) -> Any:
 
 
 def _aggregate_stage(topic: Any, aggregation: Aggregation) -> Stage:
-    """The stage of an aggregate (a split's, or one by key) on its results topic, ticked for its deadlines."""
+    """The stage of an aggregate (a split's, or one by key) on its results topic, ticked for its deadlines; with
+    ``complete_at_batch_end``, each part's groups completed when the part is handled."""
     handler = per_event(agent=aggregation.agent, what=f"{aggregation.agent}: message", handler=aggregation.handle)
+    if aggregation.config.complete_at_batch_end:
+        each = handler
+
+        async def handler(part: Sequence[EventT[bytes]]) -> None:
+            await each(part)
+            await dead_lettered(part[-1], agent=aggregation.agent, run=functools.partial(aggregation.complete_batch, part[-1]))
+
     return Stage(aggregation.agent.replace(":", "-"), (topic,), handler, ticked=(topic,))

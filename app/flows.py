@@ -234,6 +234,8 @@ class Aggregate:
     timeout_from: Callable[[Exchange], Any] | None = None
     #: a correlation aggregate: an exchange that opens a group completes the group open in its partition
     complete_on_new_group: bool = False
+    #: a correlation aggregate: every group a batch brought exchanges to completes at the batch's end
+    complete_at_batch_end: bool = False
 
     @property
     def correlates(self) -> bool:
@@ -254,6 +256,7 @@ class Aggregate:
             on_item_failure=CONTINUE_ON_FAILURE if self.on_item_failure == CONTINUE_ON_FAILURE else STOP_ON_FAILURE,
             complete_interval_ms=self.complete_interval_ms,
             complete_on_new_group=self.complete_on_new_group,
+            complete_at_batch_end=self.complete_at_batch_end,
         )
 
 
@@ -399,6 +402,7 @@ class Flow:
         complete_interval_ms: int | None = None,
         timeout_from: KeyExpr | Callable[[Exchange], Any] | None = None,
         complete_on_new_group: bool = False,
+        complete_at_batch_end: bool = False,
     ) -> Flow:
         """Merge the outcomes of the split's items, or (no split before it) group exchanges by ``correlate_by``;
         the exchange goes on with the merged result as its payload.
@@ -433,6 +437,10 @@ class Flow:
         partition at a time: for input whose keys come in runs ("all of a customer's lines, then the next customer's").
         The order is a partition's, as Kafka keeps it: keys of different partitions do not complete each other. With
         ``groups="one-shot"`` a key met again after its group completed is late; ``"reopening"`` opens its next group.
+        ``complete_at_batch_end`` (a group by key; Camel's ``completionFromBatchConsumer``): every group that a batch
+        brought exchanges to completes at the end of that batch (reason ``batch-end``): a batch is what the aggregate's
+        consumer had ready for one partition (at most ``WEIR_BATCH_SIZE`` records), so the grouping follows how the
+        records arrive; after a crash the batch read again may be cut otherwise, each exchange still in one result.
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         correlates = correlate_by is not None
@@ -455,6 +463,7 @@ class Flow:
             or complete_interval_ms
             or timeout_from
             or complete_on_new_group
+            or complete_at_batch_end
         ):
             message = f"{where}: a group by key needs a way to complete: complete_size, complete_when, complete_on or a timeout"
             raise FlowDeclarationError(message)
@@ -468,8 +477,9 @@ class Flow:
         if timeout_from is not None and not correlates:
             message = f"{where}: timeout_from belongs to a group by key (correlate_by=): a split's group has one open"
             raise FlowDeclarationError(message)
-        if complete_on_new_group and not correlates:
-            message = f"{where}: complete_on_new_group belongs to a group by key (correlate_by=): a split's groups interleave"
+        if (complete_on_new_group or complete_at_batch_end) and not correlates:
+            knob = "complete_on_new_group" if complete_on_new_group else "complete_at_batch_end"
+            message = f"{where}: {knob} belongs to a group by key (correlate_by=): a split's group completes by its items"
             raise FlowDeclarationError(message)
         if on_item_failure != CONTINUE_ON_FAILURE and not after_split:
             message = f"{where}: on_item_failure belongs to an aggregate after a split (a group by key has no failed items)"
@@ -490,6 +500,7 @@ class Flow:
             complete_interval_ms,
             read_timeout,
             complete_on_new_group,
+            complete_at_batch_end,
         )
         try:
             aggregate.config(done_retention_ms=1)

@@ -27,6 +27,7 @@ __all__ = [
     "REOPENING",
     "INTERVAL",
     "NEW_GROUP",
+    "BATCH_END",
     "on_new_group",
     "CONTINUE_ON_FAILURE",
     "STOP_ON_FAILURE",
@@ -54,6 +55,8 @@ INTERVAL = "interval"
 #: Completed because a part of another key opened a group in its partition (``complete_on_new_group``: Camel's
 #: ``completionOnNewCorrelationGroup``).
 NEW_GROUP = "new-group"
+#: Completed at the end of the batch its parts came in (``complete_at_batch_end``: Camel's ``completionFromBatchConsumer``).
+BATCH_END = "batch-end"
 #: The status of a group an operator discarded: its result is sent with this status, never as complete.
 DISCARDED = "discarded"
 #: What an operator may do to open groups (:func:`on_force`).
@@ -105,6 +108,9 @@ class AggregatorConfig:
     #: correlation groups: a part that opens a group completes the group open in its partition (Camel's
     #: ``completionOnNewCorrelationGroup``: one group in progress at a time, per partition)
     complete_on_new_group: bool = False
+    #: correlation groups: every group a batch brought parts to completes at the batch's end (Camel's
+    #: ``completionFromBatchConsumer``; a batch: the records of one partition its consumer had ready)
+    complete_at_batch_end: bool = False
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -492,14 +498,15 @@ def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -
     return _complete(state, config, "partial", reason, now_ms)
 
 
-def on_new_group(state: GroupState | None, config: AggregatorConfig, now_ms: int) -> GroupTransition:
-    """A part of another key opened a group in this one's partition (``complete_on_new_group``): the open group
-    completes now with what it has, reason ``new-group``, status ``complete`` (a group by key expects no count) or,
-    for a group that knew its count and misses some, ``partial``. Nothing open: nothing changes."""
+def on_new_group(state: GroupState | None, config: AggregatorConfig, now_ms: int, reason: str = NEW_GROUP) -> GroupTransition:
+    """A part of another key opened a group in this one's partition (``complete_on_new_group``), or the batch its parts
+    came in ended (``complete_at_batch_end``, reason ``batch-end``): the open group completes now with what it has,
+    status ``complete`` (a group by key expects no count) or, for a group that knew its count and misses some,
+    ``partial``. Nothing open: nothing changes."""
     if state is None:
         return GroupTransition(state=None)
     complete = state.position is not None or (state.expected_count is not None and not state.missing_indexes())
-    return _complete(state, config, "complete" if complete else "partial", NEW_GROUP, now_ms)
+    return _complete(state, config, "complete" if complete else "partial", reason, now_ms)
 
 
 def on_force(state: GroupState | None, config: AggregatorConfig, action: str, now_ms: int) -> GroupTransition:

@@ -122,6 +122,8 @@ def test_a_crash_between_two_runs_sends_each_batch_once() -> None:
 def test_complete_on_new_group_belongs_to_a_group_by_key() -> None:
     with pytest.raises(FlowDeclarationError, match="complete_on_new_group belongs to a group by key"):
         Flow("f", source="in").split("s", payload("items")).aggregate("a", timeout_ms=None, complete_on_new_group=True)
+    with pytest.raises(FlowDeclarationError, match="complete_at_batch_end belongs to a group by key"):
+        Flow("f", source="in").split("s", payload("items")).aggregate("a", timeout_ms=None, complete_at_batch_end=True)
 
 
 @settings(max_examples=25, deadline=None)
@@ -139,3 +141,37 @@ def test_with_complete_on_new_group_the_batches_are_the_runs_of_a_key(keys: list
         _runs(driver, [(key, number) for number, key in enumerate(keys)])
         batches = _batches(driver)
     assert batches == [(key, numbers, "new-group") for key, numbers in runs[:-1]]
+
+
+BATCH_FLOW = (
+    Flow("lines", source="lines")
+    .aggregate("batch", correlate_by=payload("customer"), timeout_ms=None, complete_at_batch_end=True, groups="reopening")
+    .to("batches")
+)
+
+
+def test_every_group_a_batch_brought_parts_to_completes_at_its_end() -> None:
+    """Camel's completionFromBatchConsumer: the records one partition had ready, read as one batch."""
+    with TestDriver([BATCH_FLOW], Settings(partitions=1)) as driver:
+        for customer, n in [("a", 1), ("b", 2), ("a", 3)]:
+            driver.pipe("lines", {"customer": customer, "n": n}, key=customer, run=False)
+        driver.run()
+        first = sorted(_batches(driver))
+        _runs(driver, [("a", 4)])  # a batch of its own
+        batches = sorted(_batches(driver))
+    assert first == [("a", [1, 3], "batch-end"), ("b", [2], "batch-end")]
+    assert batches == [("a", [1, 3], "batch-end"), ("a", [4], "batch-end"), ("b", [2], "batch-end")]
+
+
+def test_a_crash_in_a_batch_leaves_every_line_in_exactly_one_batch() -> None:
+    lines = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)]
+    for after in range(1, 8):
+        with TestDriver([BATCH_FLOW], Settings(partitions=1)) as driver:
+            driver.crash_after(events=after)
+            for customer, n in lines:
+                driver.pipe("lines", {"customer": customer, "n": n}, key=customer, run=False)
+            driver.run()
+            assert driver.crashes == 1
+            batches = _batches(driver)
+        assert sorted(n for _, numbers, _ in batches for n in numbers) == [1, 2, 3, 4, 5], f"a crash after {after} events"
+        assert all(reason == "batch-end" for _, _, reason in batches)
