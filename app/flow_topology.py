@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from faust.types import EventT, TableT
+from faust.types import EventT
 
 from weir.app import metrics
 from weir.app.aggregation import Aggregation, ItemWorker, send_split, split_messages
 from weir.app.codec import dumps
-from weir.app.deadlines import DeadlineIndex
 from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
-from weir.app.runtime.keyed import Change, KeyedState, Output, TableStore, send_checked
+from weir.app.keyed_stage import KeyedLogic, handled_event, keyed_stage
+from weir.app.runtime.keyed import Change, KeyedState, Output, send_checked
 from weir.app.shell import InvalidMessage, dead_lettered, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
 from weir.app.windows import Window, WindowTopology
@@ -106,16 +106,11 @@ class CompiledBarrier:
     barrier: Barrier
     owner: str
     topic: faust.TopicT
-    table: TableT[str, Any]
-    deadlines: DeadlineIndex
     #: how long a completion of each awaited flow is remembered (the longest timeout awaiting that flow)
     remember_ms: dict[str, int] = field(default_factory=dict)
-    #: the barrier's keys through the keyed-state runtime
-    keyed: KeyedState[BarrierState] = field(init=False)
-
-    def __post_init__(self) -> None:
-        store = TableStore(self.table, BarrierState.to_dict, BarrierState.from_dict)
-        self.keyed = KeyedState(agent=f"barrier:{self.barrier.name}", store=store, deadlines=self.deadlines, step=self.barrier.name)
+    #: the barrier's keyed stage (:meth:`FlowTopology._barrier_logic`), and its keys' states
+    stage: Stage | None = None
+    keyed: KeyedState[BarrierState] | None = None
 
 
 @dataclass
@@ -186,6 +181,7 @@ class FlowTopology:
     def __init__(self, flows: Sequence[Flow], wiring: Wiring, *, runs: Iterable[str] = ()) -> None:
         settings = wiring.settings
         self.settings = settings
+        self.wiring = wiring
         self.declare_topic = wiring.topic
         self.declare_table = wiring.table
         self.dead_letters = wiring.dead_letters
@@ -236,22 +232,22 @@ class FlowTopology:
                     target.awaited_by.append(AwaitedBy(barrier, barrier.key_for(awaited), awaited))
                 if flow.name not in self.runs:
                     continue  # its table and agent live with its flow
-                self.barriers[barrier.name] = CompiledBarrier(
-                    barrier=barrier,
-                    owner=flow.name,
-                    topic=self.barrier_topics[barrier.name],
-                    table=self.declare_table(
+                compiled = CompiledBarrier(barrier=barrier, owner=flow.name, topic=self.barrier_topics[barrier.name])
+                compiled.stage, compiled.keyed = keyed_stage(
+                    self._barrier_logic(compiled),
+                    self.wiring,
+                    source=compiled.topic,
+                    table=(
                         f"barrier-{barrier.name}",
                         f"Barrier {barrier.name!r} of flow {flow.name!r}: per key, the exchanges waiting and the completions "
                         "remembered (value: tables.barrier.BarrierState).",
                     ),
-                    deadlines=DeadlineIndex(
-                        self.declare_table(
-                            f"barrier-{barrier.name}-deadlines",
-                            f"Deadline index of barrier {barrier.name!r} (app.deadlines.DeadlineIndex).",
-                        )
+                    deadlines=(
+                        f"barrier-{barrier.name}-deadlines",
+                        f"Deadline index of barrier {barrier.name!r} (app.deadlines.DeadlineIndex).",
                     ),
                 )
+                self.barriers[barrier.name] = compiled
         for compiled in self.barriers.values():
             for awaited in compiled.barrier.awaits:
                 target_name = self.by_source[awaited.source].name
@@ -354,10 +350,7 @@ class FlowTopology:
         for aggregate in self.correlating.values():
             found.append(_aggregate_stage(aggregate.results, aggregate.aggregation))
         found += self.windows.stages()
-        for barrier in self.barriers.values():
-            name = barrier.barrier.name
-            handler = per_event(agent=f"barrier:{name}", what=f"barrier {name!r}: message", handler=self._make_barrier_handler(barrier))
-            found.append(Stage(f"barrier-{name}", (barrier.topic,), handler, ticked=(barrier.topic,)))
+        found += [barrier.stage for barrier in self.barriers.values() if barrier.stage is not None]
         return found
 
     async def _run_step(self, step: Step, exchange: Exchange) -> StepOutcome:
@@ -879,87 +872,93 @@ class FlowTopology:
         letter = Output(self.dead_letters, key, fitted_dead_letter(record, record_limit()), what="a dead letter")
         return [letter, *self.outcome_outputs(owner, waiting.meta, FAILED, failure.error)]
 
-    def _make_barrier_handler(self, compiled: CompiledBarrier) -> Any:
+    def _barrier_logic(self, compiled: CompiledBarrier) -> KeyedLogic[BarrierState]:
+        """A barrier as a keyed logic: per correlation key (the record's key), an arrival, a completion, a relay or a
+        forwarded completion changes the key's state (:mod:`tables.barrier`); its deadlines time the waiters out."""
         name = compiled.barrier.name
-        keyed = compiled.keyed
+        rules = compiled.barrier
 
-        async def handle(event: EventT[bytes], message: Any) -> None:
-            if not isinstance(message, dict):
-                raise InvalidMessage(f"barrier {name!r}: a message must be a JSON object, got {type(message).__name__}")
-            now = now_ms()
-            kind = message.get("kind")
-            if kind == "tick":
-
-                def on_deadline(key: str, state: BarrierState, now_ms: int) -> Change[BarrierState]:
-                    transition = on_tick(state, name, now_ms, on_timeout=compiled.barrier.on_timeout)
-                    return self._barrier_change(compiled, key, transition, state, event, tick=True)
-
-                await keyed.walk_deadlines(event, now, lambda _kind, state: state.next_due_ms(), on_deadline)
-                return
-            if event.message.key is None:
+        def key_of(message: Any, record_key: str) -> str:
+            if not record_key:
+                kind = message.get("kind") if isinstance(message, dict) else None
                 raise InvalidMessage(f"barrier {name!r}: a {kind!r} message needs the correlation key as its Kafka key")
-            key = event.message.key.decode("utf-8", "replace")
-            previous = keyed.load(key)
-            if kind == "arrival":
-                waiting = Waiting(
-                    exchange_id=str(message["exchange_id"]),
-                    flow=str(message["flow"]),
-                    arrived_ms=now,
-                    deadline_ms=int(message["deadline_ms"]),
-                    awaited=tuple(self.by_source[awaited.source].name for awaited in compiled.barrier.awaits),
-                    exchange=dict(message["exchange"]),
-                    resume_step=int(message["resume_step"]),
-                    meta=dict(message.get("meta") or {}),
-                    relayed={str(flow): str(own) for flow, own in (message.get("relayed") or {}).items()},
-                    expected={str(flow): int(count) for flow, count in (message.get("expected") or {}).items()},
-                )
-                rules = compiled.barrier
-                transition = on_arrival(
-                    previous, key, waiting, name, now, on_duplicate=rules.on_duplicate, on_failure=rules.on_failure, memory=rules.memory
-                )
-            elif kind == "completion":
-                flow = str(message["flow"])
-                remember = compiled.remember_ms.get(flow)
-                if remember is None:
-                    raise InvalidMessage(f"barrier {name!r}: a completion of flow {flow!r}, which it does not await")
-                part = message.get("part")
-                transition = on_completion(
-                    previous,
-                    key,
-                    flow,
-                    str(message["outcome"]),
-                    message.get("error"),
-                    remember,
-                    name,
-                    now,
-                    result=message.get("result"),
-                    part=None if part is None else str(part),
-                    on_failure=compiled.barrier.on_failure,
-                    memory=compiled.barrier.memory,
-                )
-            elif kind == "relay":
-                relay = Relay(str(message["exchange_id"]), str(message["flow"]), str(message["to"]), int(message["deadline_ms"]))
-                transition = on_relay(previous, key, relay, now)
-            elif kind == "forwarded":
-                flow, outcome = str(message["flow"]), str(message["outcome"])
-                transition = on_forwarded(
-                    previous,
-                    key,
-                    str(message["exchange_id"]),
-                    flow,
-                    outcome,
-                    message.get("error"),
-                    name,
-                    result=message.get("result"),
-                    on_failure=compiled.barrier.on_failure,
-                )
-            else:
-                raise InvalidMessage(
-                    f"barrier {name!r}: field 'kind' must be 'arrival', 'completion', 'relay', 'forwarded' or 'tick', got {kind!r}"
-                )
-            await keyed.apply(event, key, previous, self._barrier_change(compiled, key, transition, previous, event, tick=False))
+            return record_key
 
-        return handle
+        def change(key: str, transition: BarrierTransition, previous: BarrierState | None, *, tick: bool = False) -> Change[BarrierState]:
+            return self._barrier_change(compiled, key, transition, previous, handled_event(), tick=tick)
+
+        def arrival(previous: BarrierState | None, key: str, message: dict[str, Any], now: int) -> Change[BarrierState]:
+            waiting = Waiting(
+                exchange_id=str(message["exchange_id"]),
+                flow=str(message["flow"]),
+                arrived_ms=now,
+                deadline_ms=int(message["deadline_ms"]),
+                awaited=tuple(self.by_source[awaited.source].name for awaited in rules.awaits),
+                exchange=dict(message["exchange"]),
+                resume_step=int(message["resume_step"]),
+                meta=dict(message.get("meta") or {}),
+                relayed={str(flow): str(own) for flow, own in (message.get("relayed") or {}).items()},
+                expected={str(flow): int(count) for flow, count in (message.get("expected") or {}).items()},
+            )
+            transition = on_arrival(
+                previous, key, waiting, name, now, on_duplicate=rules.on_duplicate, on_failure=rules.on_failure, memory=rules.memory
+            )
+            return change(key, transition, previous)
+
+        def completion(previous: BarrierState | None, key: str, message: dict[str, Any], now: int) -> Change[BarrierState]:
+            flow = str(message["flow"])
+            remember = compiled.remember_ms.get(flow)
+            if remember is None:
+                raise InvalidMessage(f"barrier {name!r}: a completion of flow {flow!r}, which it does not await")
+            part = message.get("part")
+            transition = on_completion(
+                previous,
+                key,
+                flow,
+                str(message["outcome"]),
+                message.get("error"),
+                remember,
+                name,
+                now,
+                result=message.get("result"),
+                part=None if part is None else str(part),
+                on_failure=rules.on_failure,
+                memory=rules.memory,
+            )
+            return change(key, transition, previous)
+
+        def relay(previous: BarrierState | None, key: str, message: dict[str, Any], now: int) -> Change[BarrierState]:
+            relayed = Relay(str(message["exchange_id"]), str(message["flow"]), str(message["to"]), int(message["deadline_ms"]))
+            return change(key, on_relay(previous, key, relayed, now), previous)
+
+        def forwarded(previous: BarrierState | None, key: str, message: dict[str, Any], now: int) -> Change[BarrierState]:
+            transition = on_forwarded(
+                previous,
+                key,
+                str(message["exchange_id"]),
+                str(message["flow"]),
+                str(message["outcome"]),
+                message.get("error"),
+                name,
+                result=message.get("result"),
+                on_failure=rules.on_failure,
+            )
+            return change(key, transition, previous)
+
+        def on_deadline(key: str, state: BarrierState, now: int) -> Change[BarrierState]:
+            return change(key, on_tick(state, name, now, on_timeout=rules.on_timeout), state, tick=True)
+
+        return KeyedLogic(
+            name=f"barrier:{name}",
+            key_of=key_of,
+            on_message={"arrival": arrival, "completion": completion, "relay": relay, "forwarded": forwarded},
+            encode=BarrierState.to_dict,
+            decode=BarrierState.from_dict,
+            due_ms=lambda _kind, state: state.next_due_ms(),
+            on_deadline=on_deadline,
+            step=name,
+            label=f"barrier {name!r}",
+        )
 
 
 def _items_handler(worker: ItemWorker) -> Any:

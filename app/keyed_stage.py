@@ -17,6 +17,7 @@ plumbing around them.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -28,7 +29,19 @@ from weir.app.runtime.keyed import Change, KeyedState, TableStore
 from weir.app.shell import InvalidMessage, OwedOutcome, now_ms
 from weir.app.stages import Stage, Wiring, per_event
 
-__all__ = ["KeyedLogic", "Transition", "keyed_stage"]
+__all__ = ["KeyedLogic", "Transition", "keyed_stage", "handled_event"]
+
+_handled: contextvars.ContextVar[EventT[bytes] | None] = contextvars.ContextVar("weir_keyed_event", default=None)
+
+
+def handled_event() -> EventT[bytes]:
+    """The event a keyed stage is handling (a message, or the tick that walks the deadlines): for a transition whose
+    outputs name where their input came from (a dead letter's topic, partition and offset)."""
+    event = _handled.get()
+    if event is None:
+        raise RuntimeError("handled_event() is read inside a keyed stage's transition only")
+    return event
+
 
 S = TypeVar("S")
 
@@ -95,6 +108,13 @@ def keyed_stage(
     label = logic.label or logic.name
 
     async def handle(event: EventT[bytes], message: Any) -> None:
+        token = _handled.set(event)
+        try:
+            await apply(event, message)
+        finally:
+            _handled.reset(token)
+
+    async def apply(event: EventT[bytes], message: Any) -> None:
         now = now_ms()
         if isinstance(message, dict) and message.get("kind") == "tick":
             if logic.due_ms is not None and logic.on_deadline is not None:
