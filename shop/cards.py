@@ -108,4 +108,15 @@ def protect_line(text: str, key: bytes) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("card"), str):
         raw["card"] = card_ref(raw["card"], key).to_dict()
         text = json.dumps(raw, ensure_ascii=False)
+        if not _writable(text):  # an escaped lone surrogate (valid JSON) came back as one: keep it escaped
+            text = json.dumps(raw, ensure_ascii=True)
     return mask_card_numbers(text)
+
+
+def _writable(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -25,9 +25,8 @@ import orjson
 from shop.day import JOB_SETTING
 from shop.flows import FLOWS_SETTING
 from shop.flows import describe as dispatch_flows
-from shop.screens import ScreenProgress, Screens, payments_by_state, stock_left
+from shop.screens import ScreenProgress, Screens, Unreadable, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
-from weir.app.jsonlines import read_lines
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
 from weir.app.processes import WorkerProcess, run_main, stop_all
 from weir.app.settings import load_settings
@@ -102,7 +101,7 @@ async def _progress(progress: dict[str, ScreenProgress], stop: asyncio.Event) ->
             await asyncio.wait_for(stop.wait(), 3.0)
 
 
-def read_screens(orders_dir: Path) -> dict[str, list[str]]:
+def read_screens(orders_dir: Path) -> dict[str, list[str | Unreadable]]:
     """One screen per ``*.jsonl`` file of ``orders_dir``, named after the file: its lines."""
     if not orders_dir.is_dir():
         message = f"{orders_dir}: no such folder (one JSON-lines file per screen, *.jsonl)"
@@ -114,7 +113,7 @@ def read_screens(orders_dir: Path) -> dict[str, list[str]]:
     others = sorted(path.name for path in orders_dir.iterdir() if path.is_file() and path.suffix != ".jsonl")
     if others:
         print(f"weir ice-cream shop: skipping {', '.join(others)} in {orders_dir} (only *.jsonl files are screens)", file=sys.stderr)
-    return {path.stem: read_lines(path) for path in files}
+    return {path.stem: read_screen_lines(path) for path in files}
 
 
 async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -134,7 +133,7 @@ async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict
 
 
 async def run_shop(
-    screens: dict[str, list[str]], *, bootstrap: str, topic_prefix: str, timeout_s: float, settle_timeout_s: float = 60.0
+    screens: dict[str, list[str | Unreadable]], *, bootstrap: str, topic_prefix: str, timeout_s: float, settle_timeout_s: float = 60.0
 ) -> dict[str, Any]:
     """Serve every screen's lines and gather the reports, the stock, the payments and the dead letters."""
 

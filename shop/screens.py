@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -33,7 +34,33 @@ from weir.app.kafka_io import ReplyDesk, read_to_end
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
-__all__ = ["Screens", "ScreenProgress", "stock_left"]
+__all__ = ["Screens", "ScreenProgress", "Unreadable", "read_screen_lines", "stock_left"]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A line of a screen's file that is not UTF-8 text: sent as its size, sha256 and why, answered ``invalid``."""
+
+    reason: str
+    size_bytes: int
+    sha256: str
+
+
+def read_screen_lines(path: Path) -> list[str | Unreadable]:
+    """A screen's file: its lines, split on newlines only (JSON strings may hold U+2028 or U+0085), without a BOM; a
+    line that is not UTF-8 is an :class:`Unreadable` (the shop answers it ``invalid``, the other lines go on)."""
+    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    chunks = raw.split(b"\n")
+    if chunks and chunks[-1] == b"":
+        chunks.pop()
+    lines: list[str | Unreadable] = []
+    for chunk in chunks:
+        chunk = chunk.removesuffix(b"\r")
+        try:
+            lines.append(chunk.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            lines.append(Unreadable(f"not UTF-8 text ({error})", len(chunk), hashlib.sha256(chunk).hexdigest()))
+    return lines
 
 
 @dataclass
@@ -86,11 +113,15 @@ class Screens:
     async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         await self._desk.stop()
 
-    def envelope(self, ticket: str, screen: str, line: int, text: str) -> bytes:
-        """The record of one line; a line too large for a record is not sent: its size and sha256 go instead.
+    def envelope(self, ticket: str, screen: str, line: int, text: str | Unreadable) -> bytes:
+        """The record of one line; a line too large for a record, or not UTF-8, is not sent: its size and sha256 go
+        instead (and why it is unreadable).
 
-        The shop still owes that line an outcome (invalid, "too large"), and the screen's report counts it.
+        The shop still owes that line an outcome (invalid, "too large" or "unreadable"), and the screen's report counts it.
         """
+        if isinstance(text, Unreadable):
+            unreadable = {"reason": text.reason, "size_bytes": text.size_bytes, "sha256": text.sha256}
+            return dumps({"ticket": ticket, "screen": screen, "line": line, "text": None, "unreadable": unreadable})
         value = dumps({"ticket": ticket, "screen": screen, "line": line, "text": text})
         if len(value) <= self.max_record_bytes:
             return value
@@ -102,7 +133,7 @@ class Screens:
         return f"{self.day}/{name}"
 
     async def run_screen(
-        self, name: str, lines: Iterable[str], *, progress: ScreenProgress | None = None, timeout_s: float = 120.0
+        self, name: str, lines: Iterable[str | Unreadable], *, progress: ScreenProgress | None = None, timeout_s: float = 120.0
     ) -> dict[str, Any]:
         """Serve the file's customers in order; then announce the end of day and return the screen's report."""
         producer = self._desk.producer
@@ -112,7 +143,7 @@ class Screens:
             count = number
             ticket = f"{screen}/{number}"
             self._desk.expect(f"outcome:{ticket}")
-            value = self.envelope(ticket, screen, number, protect_line(text, self._card_key))
+            value = self.envelope(ticket, screen, number, text if isinstance(text, Unreadable) else protect_line(text, self._card_key))
             await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=value)
             outcome = await self._desk.wait(f"outcome:{ticket}", timeout_s)  # the next customer waits for this one
             if progress is not None:

@@ -41,6 +41,8 @@ def parse_envelope(message: Any) -> tuple[str, str, int, str | None, dict[str, A
         raise InvalidMessage(f"shop orders: a screen message must be a JSON object, got {type(message).__name__}")
     ticket, screen, line, text = message.get("ticket"), message.get("screen"), message.get("line"), message.get("text")
     too_large = message.get("too_large")
+    if isinstance(message.get("unreadable"), dict):  # not UTF-8 text: answered as unreadable, with why
+        too_large = {"unreadable": message["unreadable"]}
     if not isinstance(ticket, str) or not isinstance(screen, str) or not isinstance(line, int):
         raise InvalidMessage("shop orders: a screen message needs 'ticket' (str), 'screen' (str), 'line' (int) and 'text' (str)")
     if not isinstance(text, str) and not isinstance(too_large, dict):
@@ -57,6 +59,9 @@ def ticket_parts(ticket: str) -> tuple[str, int] | None:
 def read_order(text: str | None, too_large: dict[str, Any] | None, card_key: bytes) -> tuple[ShopOrder | None, str | None]:
     """The order on a line, or why there is none: whatever the line holds, this returns (the line's outcome is owed).
     ``card_key``: the key of the tokens of a card that came in clear."""
+    if text is None and isinstance((too_large or {}).get("unreadable"), dict):
+        unreadable = (too_large or {})["unreadable"]
+        return None, f"unreadable line: {str(unreadable.get('reason'))[:300]} ({unreadable.get('size_bytes')} bytes)"
     if text is None:
         size = (too_large or {}).get("size_bytes")
         return None, f"line too large: {size} bytes, over the {(too_large or {}).get('limit_bytes')}-byte limit of a record"

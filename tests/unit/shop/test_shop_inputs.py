@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shop.day import DAY
-from shop.demo import read_lines
-from shop.screens import Screens
+from shop.screens import Screens, Unreadable, read_screen_lines
 from shop.stages.orders import parse_envelope, read_order, ticket_parts
 from shop.state import outcome_sends
 from weir.tables.eof import ClientTotals, on_batch, on_report
@@ -77,11 +76,17 @@ def test_a_ticket_names_its_screen_and_line() -> None:
 def test_order_files_split_on_newlines_only_without_a_bom(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_bytes('\ufeff{"a": "x\u2028y"}\r\n{"b": "\u0085"}\n'.encode())
-    assert read_lines(path) == ['{"a": "x\u2028y"}', '{"b": "\u0085"}']
-    bad = tmp_path / "latin.jsonl"
-    bad.write_bytes(b"\xff\xfe{}\n")
-    with pytest.raises(ValueError, match=r"latin\.jsonl: not UTF-8"):
-        read_lines(bad)
+    assert read_screen_lines(path) == ['{"a": "x\u2028y"}', '{"b": "\u0085"}']
+
+
+def test_a_line_that_is_not_utf8_is_unreadable_alone_and_the_others_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(b'{"order_id": "1"}\n\xff\xfe{}\r\n{"order_id": "3"}\n')
+    first, bad, third = read_screen_lines(path)
+    assert (first, third) == ('{"order_id": "1"}', '{"order_id": "3"}')
+    assert isinstance(bad, Unreadable)
+    assert bad.size_bytes == 4
+    assert "not UTF-8" in bad.reason
 
 
 @pytest.mark.parametrize("extra", [{"count": -5}, {"quantity": 3}])
