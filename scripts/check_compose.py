@@ -5,7 +5,7 @@
 Checks what would otherwise only fail at ``docker compose up``: every service has an image or a build whose
 context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
 for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, ``WEIR_AGENTS``
-naming agents the service's entry module knows (weir's, or those a package's entry registers, e.g. ``shop.main``),
+naming agents the service's entry module knows (weir's, or those a package's application serves, e.g. ``shop.main``),
 ``flows`` only with its ``WEIR_FLOWS`` (``windows`` with its ``WEIR_WINDOWS``), a ``kafka`` service, published
 ports bound to the loopback address only, named volumes declared, relative bind mounts (``./prometheus.yml``)
 naming files or folders that exist. Prints ``compose ok: N services`` or one line per problem, and exits 1 on
@@ -36,7 +36,7 @@ _DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_
 
 
 #: Entry modules of packages built on weir that the compose file runs (``faust -A <entry> worker``), and where each
-#: lists the agent sets it registers (``module:NAME``, a mapping of set name -> module).
+#: lists the agent sets its application serves (``module:NAME``, a mapping of set name -> module).
 ENTRY_AGENT_SETS = {"shop.main": "shop.agents:AGENT_MODULES"}
 
 
