@@ -38,6 +38,7 @@ from weir.app.runtime.keyed import (
     Change,
     KeyedState,
     Output,
+    Refusal,
     Undeliverable,
     dead_letter_output,
     drop_undeliverable,
@@ -696,6 +697,9 @@ class Aggregation:
             return Change(state=previous, rejected=(*change.rejected, problem))
         transition = complete_now(state, self.config, "partial", TOO_LARGE, now_ms())
         completed = self._change(self._event, key, previous, transition)
+        done = completed.state
+        if isinstance(done, DoneState):  # its later outcomes are in no result: :meth:`_in_no_result` dead-letters them
+            completed = replace(completed, state=replace(done, error=f"{TOO_LARGE}: {problem}"[:500]))
         return replace(completed, rejected=change.rejected)
 
     async def _apply(
@@ -781,7 +785,8 @@ class Aggregation:
         if isinstance(previous, DoneState):
             late = self._count_late(previous, outcomes)
             if late != previous:
-                await self._apply(event, correlation_id, Change(state=late), previous)
+                lost = self._in_no_result(previous, late, correlation_id, outcomes)
+                await self._apply(event, correlation_id, Change(state=late, rejected=lost), previous)
             return
         state = previous
         if opened is not None:
@@ -850,6 +855,27 @@ class Aggregation:
                 transition = on_new_group(state, self.config, now)
                 await self._apply(event, current, self._change(event, current, state, transition), state)
         self.current[slot] = opening
+
+    def _in_no_result(
+        self, done: DoneState, counted: DoneState, correlation_id: str, outcomes: list[tuple[ItemOutcome, bool]]
+    ) -> tuple[Refusal, ...]:
+        """Late outcomes of a group that completed with what it had because it outgrew a record (reason ``too-large``),
+        or whose result went to the dead letters: no result will hold them (its result names them missing), so each is
+        dead-lettered with its outcome (reason ``late``). A late outcome of a group that completed whole, or by its
+        timeout, is counted there, as before (the result names it missing)."""
+        if done.error is None:
+            return ()
+        new = set(counted.late_indexes) - set(done.late_indexes)
+        lost: list[Refusal] = []
+        for outcome, _ in outcomes:
+            if outcome.index in new:
+                new.discard(outcome.index)
+                error = (
+                    f"{self.agent}: item {outcome.index} of {correlation_id!r} came after its group completed "
+                    f"{done.status} ({done.error}): its outcome is in no result"
+                )
+                lost.append(Refusal("late", error[:500], key=correlation_id, value=outcome.to_dict()))
+        return tuple(lost)
 
     def _count_late(self, done: DoneState, outcomes: list[tuple[ItemOutcome, bool]]) -> DoneState:
         updated = done

@@ -240,7 +240,8 @@ class DoneState:
     completed_ms: int
     expires_ms: int
     late_indexes: tuple[int, ...] = ()
-    #: why the result could not be written, when ``status`` is ``dead-lettered``
+    #: why the result is not whole: it could not be written (``status`` is ``dead-lettered``), or the group outgrew a
+    #: record and completed with what it had (``too-large: ...``); its late items are then dead-lettered, not only counted
     error: str | None = None
     #: a correlation group's number, last merged part, and parts that came after it completed (one-shot keys)
     sequence: int = 0

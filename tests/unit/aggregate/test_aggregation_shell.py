@@ -139,7 +139,13 @@ def test_a_result_too_large_to_send_leaves_its_group_dead_lettered_and_an_outlin
     async def record(letter: dict[str, Any]) -> None:
         letters.append(orjson.loads(fitted_dead_letter(letter, 50_000)))
 
+    refused: list[tuple[str, Any, Any]] = []
+
+    async def refuse(event: Any, *, reason: str, key: bytes | None = None, value: bytes | None = None, **_: Any) -> None:
+        refused.append((reason, key.decode() if key else None, orjson.loads(value) if value else None))
+
     monkeypatch.setattr(keyed, "send_dead_letter_record", record)
+    monkeypatch.setattr(keyed, "send_dead_letter", refuse)
     monkeypatch.setattr(keyed, "record_limit", lambda: 50_000)
     stage, emitted, tables = _stage()
     big = ["x" * 20_000] * 3  # a merged result of 60 KB, over the 50 KB limit
@@ -168,6 +174,8 @@ def test_a_result_too_large_to_send_leaves_its_group_dead_lettered_and_an_outlin
         assert "more than a record may hold" in tables["done"][group]["error"]
         assert group not in tables["open"]
     assert tables["done"]["huge"]["late_indexes"] == [4]
+    # its result is in the dead letters, so no result will hold item 4: it is dead-lettered with its outcome
+    assert refused == [("late", "huge", {"index": 4, "ok": True, "result": None, "error": None})]
     assert sorted(letter["key"]["text"] for letter in letters) == ["big", "huge", "slow"]
     assert all(letter["reason"] == "undeliverable" and letter["value"]["truncated"] for letter in letters)
     assert stage.keyed.undeliverable_count == 3

@@ -1,0 +1,39 @@
+"""A split whose group outgrows a record (issue 37's 10,000-item order): the group completes with what it has
+(reason ``too-large``), and every item whose outcome comes after that is dead-lettered with its outcome (reason
+``late``): each item is in the result or in a dead letter of its own, none in neither."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from weir import Flow, Settings, TestDriver, payload
+
+ITEMS = 400
+
+
+def _index(letter: dict[str, Any]) -> int:
+    return int(orjson.loads(letter["value"]["text"])["index"])
+
+
+def test_every_item_of_a_group_that_outgrew_a_record_is_in_its_result_or_in_a_dead_letter() -> None:
+    flow = (
+        Flow("orders", source="orders")
+        .split("items", payload("items"), correlate_by=payload("order_id"))
+        .process("price", lambda exchange: {**exchange.payload, "cents": 250})
+        .aggregate("order-total", timeout_ms=None)
+        .to("priced-orders")
+    )
+    items = [{"sku": f"sku-{index}", "note": "n" * 40} for index in range(ITEMS)]
+    with TestDriver([flow], Settings(partitions=1, max_message_bytes=30_000)) as driver:
+        driver.pipe("orders", {"order_id": "o-1", "items": items}, key="o-1")
+        [result] = driver.values("priced-orders")
+        letters = driver.dead_letters()
+    assert (result["status"], result["reason"]) == ("partial", "too-large")
+    merged = {item["index"] for item in result["items"] if item["status"] == "ok"}
+    late = [_index(letter) for letter in letters if letter["reason"] == "late"]
+    assert 0 < len(merged) < ITEMS, "the group outgrew a record part of the way"
+    assert sorted(late) == sorted(result["missing"]), "each item the result misses is in a dead letter of its own"
+    assert merged | set(late) == set(range(ITEMS))
+    assert all(orjson.loads(letter["value"]["text"])["ok"] for letter in letters if letter["reason"] == "late"), "with its outcome"
