@@ -69,6 +69,15 @@ def test_masking_keeps_the_last_four_digits_of_anything_that_looks_like_a_card()
     assert mask_card_numbers("order 12345, 2 scoops") == "order 12345, 2 scoops", "short numbers are not cards"
 
 
+def test_masking_finds_cards_written_with_dots_slashes_and_double_spaces() -> None:
+    """Issue 37: these reached shop.orders, the dead letters and the dead-letters view in full."""
+    assert mask_card_numbers("card 4758.3483.2677.5304") == "card ****.****.****.5304"
+    assert mask_card_numbers("4758  3483  2677  5304") == "****  ****  ****  5304"
+    assert mask_card_numbers("note: 4758/3483/2677/5304 thanks") == "note: ****/****/****/5304 thanks"
+    assert mask_card_numbers("4758_3483\t2677-5304") == "****_****\t****-5304"
+    assert mask_card_numbers("v1.2.3, 10/12/2026, 2 scoops") == "v1.2.3, 10/12/2026, 2 scoops", "dates and versions are no cards"
+
+
 def test_a_protected_line_holds_the_reference_and_no_number() -> None:
     line = json.dumps({"order_id": "o-1", "card": "4111111111111111", "items": [{"flavour": "mint", "size": "small"}]})
     protected = protect_line(line, KEY)
