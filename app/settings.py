@@ -49,26 +49,41 @@ SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"
 SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
+    """The integer setting ``name`` (default when unset), refused in one line when it is no integer or out of range."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         message = f"setting {name}={raw!r}: expected an integer"
         raise ValueError(message) from None
+    _in_range(name, raw, value, minimum, maximum)
+    return value
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(name: str, default: float, minimum: float | None = None) -> float:
+    """The number setting ``name`` (default when unset), refused in one line when it is no number or below ``minimum``."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         message = f"setting {name}={raw!r}: expected a number"
         raise ValueError(message) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"setting {name}={raw!r}: expected a finite number")
+    _in_range(name, raw, value, minimum, None)
+    return value
+
+
+def _in_range(name: str, raw: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ValueError(f"setting {name}={raw!r}: must be at least {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"setting {name}={raw!r}: must be at most {maximum:g}")
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -380,7 +395,7 @@ def load_settings() -> Settings:
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
         raise ValueError(message)
     agents = _agents_from_env()
-    orphan_retention_ms = _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms)
+    orphan_retention_ms = _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms, 0)
     return Settings(
         bootstrap=default_bootstrap(),
         **_security_from_env(),
@@ -389,55 +404,55 @@ def load_settings() -> Settings:
         agents=agents,
         data_dir=Path(_env_str("WEIR_DATA_DIR", str(defaults.data_dir))),
         web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
-        web_port=_env_int("WEIR_WEB_PORT", defaults.web_port),
+        web_port=_env_int("WEIR_WEB_PORT", defaults.web_port, 0, 65535),
         processing_guarantee=guarantee,
-        partitions=_env_int("WEIR_PARTITIONS", defaults.partitions),
-        commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval),
-        commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms),
+        partitions=_env_int("WEIR_PARTITIONS", defaults.partitions, 1),
+        commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval, 0.001),
+        commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms, 0),
         transactions=transactions,
         worker_id=_env_str("WEIR_WORKER_ID", defaults.worker_id),
-        transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms),
+        transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms, 1000),
         static_membership=_env_bool("WEIR_STATIC_MEMBERSHIP", defaults.static_membership),
         direct_batches=_env_bool("WEIR_DIRECT_BATCHES", defaults.direct_batches),
         gc_tuned=_env_bool("WEIR_GC_TUNED", defaults.gc_tuned),
-        session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout),
-        heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval),
-        rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout),
-        retry_attempts=_env_int("WEIR_RETRY_ATTEMPTS", defaults.retry_attempts),
-        retry_backoff_ms=_env_int("WEIR_RETRY_BACKOFF_MS", defaults.retry_backoff_ms),
-        retry_max_backoff_ms=_env_int("WEIR_RETRY_MAX_BACKOFF_MS", defaults.retry_max_backoff_ms),
-        aggregate_timeout_ms=_env_int("WEIR_AGGREGATE_TIMEOUT_MS", defaults.aggregate_timeout_ms),
-        aggregate_inactivity_ms=_env_int("WEIR_AGGREGATE_INACTIVITY_MS", defaults.aggregate_inactivity_ms),
-        tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms),
-        done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms),
-        item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency),
-        item_threads=_env_int("WEIR_ITEM_THREADS", defaults.item_threads),
-        split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk),
-        bundle=_env_int("WEIR_BUNDLE", defaults.bundle),
+        session_timeout=_env_float("WEIR_SESSION_TIMEOUT", defaults.session_timeout, 1),
+        heartbeat_interval=_env_float("WEIR_HEARTBEAT_INTERVAL", defaults.heartbeat_interval, 0.1),
+        rebalance_timeout=_env_float("WEIR_REBALANCE_TIMEOUT", defaults.rebalance_timeout, 1),
+        retry_attempts=_env_int("WEIR_RETRY_ATTEMPTS", defaults.retry_attempts, 1),
+        retry_backoff_ms=_env_int("WEIR_RETRY_BACKOFF_MS", defaults.retry_backoff_ms, 0),
+        retry_max_backoff_ms=_env_int("WEIR_RETRY_MAX_BACKOFF_MS", defaults.retry_max_backoff_ms, 0),
+        aggregate_timeout_ms=_env_int("WEIR_AGGREGATE_TIMEOUT_MS", defaults.aggregate_timeout_ms, 0),
+        aggregate_inactivity_ms=_env_int("WEIR_AGGREGATE_INACTIVITY_MS", defaults.aggregate_inactivity_ms, 0),
+        tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms, 1),
+        done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms, 0),
+        item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency, 1),
+        item_threads=_env_int("WEIR_ITEM_THREADS", defaults.item_threads, 0),
+        split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk, 1),
+        bundle=_env_int("WEIR_BUNDLE", defaults.bundle, 1),
         items_inline=_env_bool("WEIR_ITEMS_INLINE", defaults.items_inline),
-        batch_size=_env_int("WEIR_BATCH_SIZE", defaults.batch_size),
-        batch_wait_ms=_env_int("WEIR_BATCH_WAIT_MS", defaults.batch_wait_ms),
-        producer_linger_ms=_env_int("WEIR_PRODUCER_LINGER_MS", defaults.producer_linger_ms),
-        max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes),
+        batch_size=_env_int("WEIR_BATCH_SIZE", defaults.batch_size, 1),
+        batch_wait_ms=_env_int("WEIR_BATCH_WAIT_MS", defaults.batch_wait_ms, 0),
+        producer_linger_ms=_env_int("WEIR_PRODUCER_LINGER_MS", defaults.producer_linger_ms, 0),
+        max_message_bytes=_env_int("WEIR_MAX_MESSAGE_BYTES", defaults.max_message_bytes, 16_384),
         trace_file=_env_str("WEIR_TRACE_FILE", defaults.trace_file),
         item_processor=_env_str("WEIR_ITEM_PROCESSOR", defaults.item_processor),
         flows_module=_env_str("WEIR_FLOWS", defaults.flows_module),
         windows_module=_env_str("WEIR_WINDOWS", defaults.windows_module),
         flows_run=tuple(sorted({name.strip() for name in _env_str("WEIR_FLOWS_RUN", "").split(",") if name.strip()})),
         eof_job=_env_str("WEIR_EOF_JOB", defaults.eof_job),
-        eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders),
-        eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms),
-        eof_closed_retention_ms=_env_int("WEIR_EOF_CLOSED_RETENTION_MS", defaults.eof_closed_retention_ms),
-        trigger_batch_size=_env_int("WEIR_TRIGGER_BATCH_SIZE", defaults.trigger_batch_size),
-        trigger_batch_wait_ms=_env_int("WEIR_TRIGGER_BATCH_WAIT_MS", defaults.trigger_batch_wait_ms),
-        sweep_interval_ms=_env_int("WEIR_SWEEP_INTERVAL_MS", defaults.sweep_interval_ms),
-        sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms),
-        sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size),
+        eof_max_batch_orders=_env_int("WEIR_EOF_MAX_BATCH_ORDERS", defaults.eof_max_batch_orders, 1),
+        eof_idle_timeout_ms=_env_int("WEIR_EOF_IDLE_TIMEOUT_MS", defaults.eof_idle_timeout_ms, 1),
+        eof_closed_retention_ms=_env_int("WEIR_EOF_CLOSED_RETENTION_MS", defaults.eof_closed_retention_ms, 0),
+        trigger_batch_size=_env_int("WEIR_TRIGGER_BATCH_SIZE", defaults.trigger_batch_size, 1),
+        trigger_batch_wait_ms=_env_int("WEIR_TRIGGER_BATCH_WAIT_MS", defaults.trigger_batch_wait_ms, 0),
+        sweep_interval_ms=_env_int("WEIR_SWEEP_INTERVAL_MS", defaults.sweep_interval_ms, 1),
+        sweep_grace_ms=_env_int("WEIR_SWEEP_GRACE_MS", defaults.sweep_grace_ms, 0),
+        sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size, 1),
         trigger_orphan_retention_ms=orphan_retention_ms,
         trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
-        sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms),
-        trigger_status_retention_ms=_env_int("WEIR_TRIGGER_STATUS_RETENTION_MS", 2 * orphan_retention_ms),
+        sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms, 1),
+        trigger_status_retention_ms=_env_int("WEIR_TRIGGER_STATUS_RETENTION_MS", 2 * orphan_retention_ms, 0),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),
-        outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch),
-        outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port),
+        outbox_batch=_env_int("WEIR_OUTBOX_BATCH", defaults.outbox_batch, 1),
+        outbox_metrics_port=_env_int("WEIR_OUTBOX_METRICS_PORT", defaults.outbox_metrics_port, 0, 65535),
     )
