@@ -106,6 +106,7 @@ def split_messages(
     deadline_ms: int | None,
     context: Any = None,
     headers: dict[str, str] | None = None,
+    origin: str | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The ``open`` of a group and its item messages: consecutive items, ``chunk`` per message (each carries its indexes).
 
@@ -114,12 +115,17 @@ def split_messages(
     group has no deadline before its outcomes arrive: the timeout waits for items that are missing, and the
     outcomes of a single chunk arrive together or, if the chunk itself is dead-lettered, not at all (the
     dead letter holds the chunk with its open, to be sent again).
+
+    ``origin``: the input the group is split from (its record, or its execution), on the open and on every chunk: the
+    aggregate tells a redelivery (the same origin) from another input that reuses the group's id.
     """
     total = len(items)
     size = max(1, chunk)
     opened: dict[str, Any] = {"kind": "open", "correlation_id": correlation_id, "total": total, "deadline_ms": deadline_ms}
     if context is not None:
         opened["context"] = context
+    if origin is not None:
+        opened["origin"] = origin
     chunks: list[dict[str, Any]] = []
     for first in range(0, total, size):
         message: dict[str, Any] = {
@@ -131,6 +137,8 @@ def split_messages(
         }
         if headers:
             message["headers"] = headers
+        if origin is not None:
+            message["origin"] = origin
         chunks.append(message)
     if len(chunks) == 1:
         chunks[0]["open"] = {key: value for key, value in opened.items() if key in ("deadline_ms", "context")}
@@ -339,6 +347,8 @@ class ItemWorker:
             message = {"kind": "items", "correlation_id": correlation_id, "total": total, "items": results}
         if isinstance(raw.get("open"), dict):
             message["open"] = raw["open"]  # the group's open, folded into its only chunk (split_messages)
+        if isinstance(raw.get("origin"), str):
+            message["origin"] = raw["origin"]  # the input the group was split from: the aggregate checks it
         return correlation_id, message
 
 
@@ -739,7 +749,8 @@ class Aggregation:
         folded = message.get("open")  # the group's open, come with its outcomes (a split of one chunk)
         if folded is not None and not isinstance(folded, dict):
             raise InvalidMessage(f"{agent}: field 'open' of {correlation_id!r} must be an object, got {type(folded).__name__}")
-        await self._merge(event, correlation_id, outcomes, message.get("total"), now, folded)
+        origin = message.get("origin") if isinstance(message.get("origin"), str) else None
+        await self._merge(event, correlation_id, outcomes, message.get("total"), now, folded, origin)
 
     def _open_fields(self, correlation_id: str, opened: dict[str, Any], total: Any) -> int | None:
         deadline_ms = opened.get("deadline_ms")
@@ -754,10 +765,46 @@ class Aggregation:
     async def _open(self, event: EventT[bytes], correlation_id: str, opened: dict[str, Any], total: Any, now: int) -> None:
         deadline_ms = self._open_fields(correlation_id, opened, total)
         previous = self._indexed(correlation_id)
+        origin = opened.get("origin") if isinstance(opened.get("origin"), str) else None
+        if self._reused(previous, origin):
+            await self._refuse_reused(event, correlation_id, previous, opened, origin, opened_here=True)
+            return
         if isinstance(previous, DoneState):
             return  # a redelivered open of a completed group
-        transition = on_open(previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"))
+        transition = on_open(
+            previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"), origin=origin
+        )
         await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
+
+    @staticmethod
+    def _reused(previous: AggregateState | None, origin: str | None) -> bool:
+        """Whether a message split from ``origin`` is for another input than the one the key's group was split from."""
+        return previous is not None and previous.origin is not None and origin is not None and previous.origin != origin
+
+    async def _refuse_reused(
+        self,
+        event: EventT[bytes],
+        correlation_id: str,
+        previous: AggregateState | None,
+        message: dict[str, Any],
+        origin: str | None,
+        *,
+        opened_here: bool,
+    ) -> None:
+        """A second input reuses the id of a group split from another (a different order with the same order id): its
+        messages are dead-lettered (reason ``duplicate-id``), never merged into the other's group, and its open (its
+        own, or folded into its only chunk) gets its one result, ``invalid``, keyed by the id."""
+        error = (
+            f"{self.agent}: {correlation_id!r} is the id of a group split from {previous.origin if previous else None}; "
+            f"this message comes from {origin} (another input reusing the id): not merged"
+        )
+        outputs: tuple[Output, ...] = ()
+        if opened_here:
+            result = invalid_result(correlation_id, self.config.name, "duplicate-id", error)
+            context = message.get("context") if message.get("kind") == "open" else (message.get("open") or {}).get("context")
+            outputs = tuple(self.outputs(event, correlation_id, result, context))
+        refused = Refusal("duplicate-id", error[:500], key=correlation_id, value=message)
+        await self._apply(event, correlation_id, Change(state=previous, outputs=outputs, rejected=(refused,)), previous)
 
     def _outcomes(self, correlation_id: str, items: list[dict[str, Any]], total: Any) -> list[tuple[ItemOutcome, bool]]:
         if not (total is None or isinstance(total, int)) or isinstance(total, bool):
@@ -772,7 +819,14 @@ class Aggregation:
         return parsed
 
     async def _merge(
-        self, event: EventT[bytes], correlation_id: str, items: list[dict[str, Any]], total: Any, now: int, opened: dict[str, Any] | None
+        self,
+        event: EventT[bytes],
+        correlation_id: str,
+        items: list[dict[str, Any]],
+        total: Any,
+        now: int,
+        opened: dict[str, Any] | None,
+        origin: str | None = None,
     ) -> None:
         """Merge a message's item outcomes into their group: read once, folded in memory, applied once.
 
@@ -782,6 +836,12 @@ class Aggregation:
         outcomes = self._outcomes(correlation_id, items, total)
         deadline_ms = None if opened is None else self._open_fields(correlation_id, opened, total)
         previous = self._indexed(correlation_id)
+        if self._reused(previous, origin):
+            message = {"kind": "items", "correlation_id": correlation_id, "total": total, "items": items, "origin": origin}
+            if opened is not None:
+                message["open"] = opened
+            await self._refuse_reused(event, correlation_id, previous, message, origin, opened_here=opened is not None)
+            return
         if isinstance(previous, DoneState):
             late = self._count_late(previous, outcomes)
             if late != previous:
@@ -790,7 +850,8 @@ class Aggregation:
             return
         state = previous
         if opened is not None:
-            state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context")).state
+            context = opened.get("context")
+            state = on_open(state, correlation_id, total, deadline_ms, now, config=self.config, context=context, origin=origin).state
         transition, rejected, taken = on_items(state, self.config, correlation_id, outcomes, total, now)
         if transition.done is not None:
             transition = replace(transition, done=self._count_late(transition.done, outcomes[taken:]))

@@ -704,6 +704,7 @@ class FlowTopology:
             deadline_ms=None if aggregate.timeout_ms is None else now_ms() + aggregate.timeout_ms,
             context=context,
             headers=exchange.headers,
+            origin=str(meta["exchange_id"]),
         )
         await send_split(correlation_id, opened, chunks, results=segment.results, items=segment.items)
 

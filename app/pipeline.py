@@ -188,7 +188,8 @@ class PipelineTopology:
             async def split(event: EventT[bytes], order: Any) -> None:
                 order_id, items = split_order(order)
                 deadline_ms = self.config.deadline_from(now_ms())
-                messages = split_messages(order_id, items, chunk=self.settings.split_chunk, deadline_ms=deadline_ms)
+                origin = f"{event.message.topic}:{event.message.partition}:{event.message.offset}"  # this order's record
+                messages = split_messages(order_id, items, chunk=self.settings.split_chunk, deadline_ms=deadline_ms, origin=origin)
                 splits.append(encode_split(order_id, *messages))
 
             await handle_part_events(part, agent=agent, what="splitter: order", handler=split, owed=owed)

@@ -175,10 +175,14 @@ class GroupState:
     sequence: int = 0
     #: a correlation group's last merged part: (partition, offset, position in its record); None for a split's group
     position: tuple[int, ...] | None = None
+    #: a split's group: the input it was split from (its record, or its execution); another input reusing the group's
+    #: id has another origin (None: not known, a group opened before origins were kept)
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **({"sequence": self.sequence, "position": list(self.position)} if self.position is not None else {}),
+            **({"origin": self.origin} if self.origin is not None else {}),
             "correlation_id": self.correlation_id,
             "deadline_ms": self.deadline_ms,
             "opened_ms": self.opened_ms,
@@ -205,6 +209,7 @@ class GroupState:
             duplicates=int(raw.get("duplicates", 0)),
             sequence=int(raw.get("sequence", 0)),
             position=None if raw.get("position") is None else tuple(int(part) for part in raw["position"]),
+            origin=raw.get("origin"),
         )
 
     def inactive_ms(self, config: AggregatorConfig) -> int | None:
@@ -247,9 +252,12 @@ class DoneState:
     sequence: int = 0
     position: tuple[int, ...] | None = None
     late_parts: int = 0
+    #: the input the group was split from (:attr:`GroupState.origin`)
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"origin": self.origin} if self.origin is not None else {}),
             "correlation_id": self.correlation_id,
             "status": self.status,
             "completed_ms": self.completed_ms,
@@ -272,6 +280,7 @@ class DoneState:
             sequence=int(raw.get("sequence", 0)),
             position=None if raw.get("position") is None else tuple(int(part) for part in raw["position"]),
             late_parts=int(raw.get("late_parts", 0)),
+            origin=raw.get("origin"),
         )
 
 
@@ -296,8 +305,10 @@ def on_open(
     *,
     config: AggregatorConfig,
     context: Any = None,
+    origin: str | None = None,
 ) -> GroupTransition:
-    """The splitter announced a group: remember its deadline, its size when completing by count, its context.
+    """The splitter announced a group: remember its deadline, its size when completing by count, its context and the
+    input it was split from (``origin``).
 
     A repeat changes nothing. A flag-only aggregator ignores the announced total: its count comes from
     the item flagged last.
@@ -309,9 +320,16 @@ def on_open(
             updated = replace(updated, expected_count=counted_total, deadline_ms=deadline_ms)
         if state.context is None and context is not None:
             updated = replace(updated, context=context)
+        if state.origin is None and origin is not None:
+            updated = replace(updated, origin=origin)
         return GroupTransition(state=updated)
     fresh = GroupState(
-        correlation_id=correlation_id, deadline_ms=deadline_ms, opened_ms=now_ms, expected_count=counted_total, context=context
+        correlation_id=correlation_id,
+        deadline_ms=deadline_ms,
+        opened_ms=now_ms,
+        expected_count=counted_total,
+        context=context,
+        origin=origin,
     )
     return GroupTransition(state=fresh)
 
@@ -658,6 +676,7 @@ def _complete(state: GroupState, config: AggregatorConfig, status: str, reason: 
         expires_ms=now_ms + config.done_retention_ms,
         sequence=state.sequence,
         position=state.position,
+        origin=state.origin,
     )
     return GroupTransition(state=None, done=done, emits=(merged_result(state, config, status, reason, now_ms),), context=state.context)
 
