@@ -60,6 +60,7 @@ from weir.tables.aggregates import (
     BATCH_END,
     DEAD_LETTERED,
     FORCE_ACTIONS,
+    NEW_GROUP,
     TOO_LARGE,
     AggregatorConfig,
     DoneState,
@@ -899,10 +900,7 @@ class Aggregation:
         keys, self._in_batch = list(self._in_batch), {}
         now = now_ms()
         for key in keys:
-            state = self.keyed.load(key)
-            if isinstance(state, GroupState):
-                transition = on_new_group(state, self.config, now, BATCH_END)
-                await self._apply(event, key, self._change(event, key, state, transition), state)
+            await self._complete_open(event, key, now, BATCH_END)
 
     async def _complete_current(self, event: EventT[bytes], opening: str, now: int) -> None:
         """``complete_on_new_group``: ``opening`` opens a group, so the group open in the event's partition (another
@@ -911,11 +909,15 @@ class Aggregation:
         slot = str(event.message.partition)
         current = self.current.get(slot)
         if current is not None and current != opening:
-            state = self.keyed.load(current)
-            if isinstance(state, GroupState):
-                transition = on_new_group(state, self.config, now)
-                await self._apply(event, current, self._change(event, current, state, transition), state)
+            await self._complete_open(event, current, now, NEW_GROUP)
         self.current[slot] = opening
+
+    async def _complete_open(self, event: EventT[bytes], key: str, now: int, reason: str) -> None:
+        """Complete ``key``'s group now with what it has, if it is still open (:func:`tables.aggregates.on_new_group`)."""
+        state = self.keyed.load(key)
+        if isinstance(state, GroupState):
+            transition = on_new_group(state, self.config, now, reason)
+            await self._apply(event, key, self._change(event, key, state, transition), state)
 
     def _in_no_result(
         self, done: DoneState, counted: DoneState, correlation_id: str, outcomes: list[tuple[ItemOutcome, bool]]

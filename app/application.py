@@ -106,12 +106,18 @@ def faust_app(settings: Settings) -> faust.App:
     )
 
 
+def raw_topic(app: faust.App, config: Settings, *names: str) -> faust.TopicT:
+    """A channel of ``app`` over the weir topics ``names`` (full names): raw bytes, partitioned like every topic weir
+    declares."""
+    return app.topic(*names, partitions=config.partitions, key_serializer="raw", value_serializer="raw")
+
+
 class Topics:
     """The topics weir's own agents read or write, named with the configured prefix, and those the stages declared."""
 
     def __init__(self, app: faust.App, config: Settings) -> None:
         def declare(name: str) -> faust.TopicT:
-            return app.topic(config.topic(name), partitions=config.partitions, key_serializer="raw", value_serializer="raw")
+            return raw_topic(app, config, config.topic(name))
 
         self.orders = declare("orders")
         self.items = declare("items")
@@ -277,7 +283,7 @@ class Application:
         """A channel over the weir topic ``name`` (its full name): raw bytes, partitioned like every topic weir
         declares, created when the worker starts."""
         if name not in self._declared:
-            self._declared[name] = self.app.topic(name, partitions=self.settings.partitions, key_serializer="raw", value_serializer="raw")
+            self._declared[name] = raw_topic(self.app, self.settings, name)
             self.topics.extra.append(self._declared[name])
         return self._declared[name]
 
@@ -324,11 +330,7 @@ class Application:
         settings = self.settings
         for stage in stages:
             names = [topic.get_topic_name() for topic in stage.sources]
-            channel = (
-                stage.sources[0]
-                if len(names) == 1
-                else self.app.topic(*names, partitions=settings.partitions, key_serializer="raw", value_serializer="raw")
-            )
+            channel = stage.sources[0] if len(names) == 1 else raw_topic(self.app, settings, *names)
 
             async def agent(stream: StreamT[bytes], stage: Stage = stage) -> None:
                 await handle_parts(

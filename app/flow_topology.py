@@ -314,11 +314,7 @@ class FlowTopology:
         compiled, step = entry.flow, entry.flow.flow.steps[entry.index]
         exchange = Exchange(payload=result, key=key)
         exchange_id = f"{compiled.flow.name}:{step.name}:{key}@{result['start_ms']}" + ("" if result["final"] else f"#{result['count']}")
-        meta: dict[str, Any] = {
-            "exchange_id": exchange_id,
-            "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
-            "parts": self._parts(compiled, exchange, exchange_id),
-        }
+        meta = self._execution_meta(compiled, exchange, exchange_id)
         resume = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": entry.index + 1}
         return Output(compiled.resume, key, resume, what=f"the result of window {step.name!r}")
 
@@ -454,14 +450,22 @@ class FlowTopology:
             exchange.payload = result
             if "sequence" in result:  # a correlation group's result starts an execution of its own, keyed by the group's key
                 exchange.key = correlation_id
-                meta["exchange_id"] = f"{compiled.flow.name}:{result.get('aggregator')}:{correlation_id}#{result['sequence']}"
-                meta["keys"] = {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by}
-                meta["parts"] = self._parts(compiled, exchange, meta["exchange_id"])
+                exchange_id = f"{compiled.flow.name}:{result.get('aggregator')}:{correlation_id}#{result['sequence']}"
+                meta.update(self._execution_meta(compiled, exchange, exchange_id))
             resume = {"exchange": exchange.to_dict(), "meta": meta, "resume_step": context.get("resume_step")}
             key = exchange.key if exchange.key is not None else correlation_id
             return [Output(compiled.resume, key, resume, what="the resume after the aggregate")]
 
         return outputs
+
+    def _execution_meta(self, compiled: CompiledFlow, exchange: Exchange, exchange_id: str) -> dict[str, Any]:
+        """A new execution's meta: its id, and the key and part each barrier awaiting its flow reads, read on entry,
+        before any step (a source record's exchange, or a group's or a window's result)."""
+        return {
+            "exchange_id": exchange_id,
+            "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
+            "parts": self._parts(compiled, exchange, exchange_id),
+        }
 
     def _parts(self, compiled: CompiledFlow, exchange: Exchange, exchange_id: str) -> dict[str, str | None]:
         """Which execution this is, for each barrier that counts this flow's executions (read on entry, like the keys)."""
@@ -808,14 +812,9 @@ class FlowTopology:
                 if identity is not None
                 else f"{compiled.flow.name}@{message.topic}:{message.partition}:{message.offset}"
             )
-            meta = {
-                "exchange_id": exchange_id,
-                # The key an awaiting barrier reads is read on entry, before any step.
-                "keys": {awaited.barrier.name: awaited.key_of(exchange) for awaited in compiled.awaited_by},
-                "parts": self._parts(compiled, exchange, exchange_id),
-                # the event time of the execution (a window step's default): the timestamp of the record that started it
-                "ts": round(message.timestamp * 1000) if message.timestamp is not None and message.timestamp >= 0 else None,
-            }
+            meta = self._execution_meta(compiled, exchange, exchange_id)
+            # the event time of the execution (a window step's default): the timestamp of the record that started it
+            meta["ts"] = round(message.timestamp * 1000) if message.timestamp is not None and message.timestamp >= 0 else None
             await self.run_steps(compiled, exchange, meta, 0, event)
 
         return handle
