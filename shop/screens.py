@@ -30,6 +30,7 @@ from shop.cards import protect_line
 from shop.settings import ShopSettings
 from shop.state import SHOP_TOPICS
 from weir.app.codec import dumps
+from weir.app.jsonlines import split_lines
 from weir.app.kafka_io import ReplyDesk, read_to_end
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
@@ -49,13 +50,8 @@ class Unreadable:
 def read_screen_lines(path: Path) -> list[str | Unreadable]:
     """A screen's file: its lines, split on newlines only (JSON strings may hold U+2028 or U+0085), without a BOM; a
     line that is not UTF-8 is an :class:`Unreadable` (the shop answers it ``invalid``, the other lines go on)."""
-    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
-    chunks = raw.split(b"\n")
-    if chunks and chunks[-1] == b"":
-        chunks.pop()
     lines: list[str | Unreadable] = []
-    for chunk in chunks:
-        chunk = chunk.removesuffix(b"\r")
+    for chunk in split_lines(path.read_bytes()):
         try:
             lines.append(chunk.decode("utf-8"))
         except UnicodeDecodeError as error:
