@@ -41,7 +41,7 @@ from examples.pricing import price_item
 if TYPE_CHECKING:
     from quixstreams import Application, State
 
-__all__ = ["FORMS", "chunks_of", "merge_outcomes", "price_chunk", "price_order", "result_of", "build"]
+__all__ = ["FORMS", "quix_application", "chunks_of", "merge_outcomes", "price_chunk", "price_order", "result_of", "build"]
 
 #: The values of BENCH_QUIX_FORM.
 FORMS = ("inline", "chunks", "per-item")
@@ -154,24 +154,32 @@ def form() -> str:
     return chosen
 
 
-def build() -> Application:
+def quix_application(group: str, state_dir: str) -> Application:
+    """A Quix Streams application as bench.compare runs every Quix side: exactly-once, the commit interval, poll
+    timeout and producer linger of BENCH_COMMIT_INTERVAL, BENCH_POLL_TIMEOUT and BENCH_PRODUCER_LINGER_MS, in the
+    consumer group BENCH_APP_ID (default ``group``), its state under BENCH_STATE_DIR (default ``state_dir``)."""
     from quixstreams import Application
-    from quixstreams.models import TopicConfig
 
     from weir.app.settings import default_bootstrap
 
-    chosen = form()
-    app = Application(
+    return Application(
         broker_address=default_bootstrap(),
-        consumer_group=os.environ.get("BENCH_APP_ID", "bench-quix"),
+        consumer_group=os.environ.get("BENCH_APP_ID", group),
         processing_guarantee="exactly-once",
         commit_interval=float(os.environ.get("BENCH_COMMIT_INTERVAL", "0.1")),
         auto_offset_reset="earliest",
         consumer_poll_timeout=float(os.environ.get("BENCH_POLL_TIMEOUT", "1.0")),
         producer_extra_config={"linger.ms": int(os.environ.get("BENCH_PRODUCER_LINGER_MS", "0"))},
-        state_dir=os.environ.get("BENCH_STATE_DIR", "/tmp/bench-quix-state"),
+        state_dir=os.environ.get("BENCH_STATE_DIR", state_dir),
         loglevel="INFO",
     )
+
+
+def build() -> Application:
+    from quixstreams.models import TopicConfig
+
+    chosen = form()
+    app = quix_application("bench-quix", "/tmp/bench-quix-state")
     partitions = int(os.environ.get("BENCH_PARTITIONS", "4"))
     config = TopicConfig(num_partitions=partitions, replication_factor=1)
     orders = app.topic(os.environ.get("BENCH_ORDERS", "bench-quix-orders"), key_deserializer="str", config=config)

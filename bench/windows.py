@@ -189,22 +189,12 @@ async def create_topics(bootstrap: str, names: list[str]) -> None:
 
 def quix_app() -> QuixApplication:
     """Quix Streams' side: the same windows, from BENCH_SOURCE to BENCH_RESULTS (see the module's docstring)."""
-    from quixstreams import Application
     from quixstreams.dataframe.windows.aggregations import Count, Sum
     from quixstreams.models import TopicConfig
 
-    from weir.app.settings import default_bootstrap
+    from bench.quix_split_aggregate import quix_application
 
-    app = Application(
-        broker_address=default_bootstrap(),
-        consumer_group=os.environ.get("BENCH_APP_ID", "bench-quix-windows"),
-        processing_guarantee="exactly-once",
-        commit_interval=float(os.environ.get("BENCH_COMMIT_INTERVAL", "0.1")),
-        auto_offset_reset="earliest",
-        producer_extra_config={"linger.ms": int(os.environ.get("BENCH_PRODUCER_LINGER_MS", "0"))},
-        state_dir=os.environ.get("BENCH_STATE_DIR", "/tmp/bench-quix-windows-state"),
-        loglevel="INFO",
-    )
+    app = quix_application("bench-quix-windows", "/tmp/bench-quix-windows-state")
     config = TopicConfig(num_partitions=PARTITIONS, replication_factor=1)
     source = app.topic(os.environ["BENCH_SOURCE"], key_deserializer="str", config=config)
     results = app.topic(os.environ["BENCH_RESULTS"], key_serializer="str", config=config)
