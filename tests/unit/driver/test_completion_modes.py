@@ -63,9 +63,10 @@ def test_the_new_knobs_are_checked_where_they_are_declared() -> None:
         Flow("g", source="in").aggregate("a", correlate_by=payload("k"), timeout_ms=None, complete_interval_ms=-5)
 
 
-def _runs(driver: TestDriver, lines: list[tuple[str, int]]) -> None:
+def _runs(driver: TestDriver, lines: list[tuple[str, int]], *, run: bool = True) -> None:
+    """Each line piped (``run=False``: written only, read in one batch by the next ``driver.run()``)."""
     for customer, n in lines:
-        driver.pipe("lines", {"customer": customer, "n": n}, key=customer)
+        driver.pipe("lines", {"customer": customer, "n": n}, key=customer, run=run)
 
 
 def _batches(driver: TestDriver) -> list[tuple[str, list[int], str]]:
@@ -75,11 +76,16 @@ def _batches(driver: TestDriver) -> list[tuple[str, list[int], str]]:
     ]
 
 
-NEW_GROUP_FLOW = (
-    Flow("lines", source="lines")
-    .aggregate("batch", correlate_by=payload("customer"), timeout_ms=None, complete_on_new_group=True, groups="reopening")
-    .to("batches")
-)
+def _batching(**completion: bool) -> Flow:
+    """Lines grouped by customer (reopening keys), completed only the way ``completion`` says."""
+    return (
+        Flow("lines", source="lines")
+        .aggregate("batch", correlate_by=payload("customer"), timeout_ms=None, groups="reopening", **completion)
+        .to("batches")
+    )
+
+
+NEW_GROUP_FLOW = _batching(complete_on_new_group=True)
 
 
 def test_a_group_completes_when_the_next_key_opens_one_in_its_partition() -> None:
@@ -143,18 +149,13 @@ def test_with_complete_on_new_group_the_batches_are_the_runs_of_a_key(keys: list
     assert batches == [(key, numbers, "new-group") for key, numbers in runs[:-1]]
 
 
-BATCH_FLOW = (
-    Flow("lines", source="lines")
-    .aggregate("batch", correlate_by=payload("customer"), timeout_ms=None, complete_at_batch_end=True, groups="reopening")
-    .to("batches")
-)
+BATCH_FLOW = _batching(complete_at_batch_end=True)
 
 
 def test_every_group_a_batch_brought_parts_to_completes_at_its_end() -> None:
     """Camel's completionFromBatchConsumer: the records one partition had ready, read as one batch."""
     with TestDriver([BATCH_FLOW], Settings(partitions=1)) as driver:
-        for customer, n in [("a", 1), ("b", 2), ("a", 3)]:
-            driver.pipe("lines", {"customer": customer, "n": n}, key=customer, run=False)
+        _runs(driver, [("a", 1), ("b", 2), ("a", 3)], run=False)
         driver.run()
         first = sorted(_batches(driver))
         _runs(driver, [("a", 4)])  # a batch of its own
@@ -168,8 +169,7 @@ def test_a_crash_in_a_batch_leaves_every_line_in_exactly_one_batch() -> None:
     for after in range(1, 8):
         with TestDriver([BATCH_FLOW], Settings(partitions=1)) as driver:
             driver.crash_after(events=after)
-            for customer, n in lines:
-                driver.pipe("lines", {"customer": customer, "n": n}, key=customer, run=False)
+            _runs(driver, lines, run=False)
             driver.run()
             assert driver.crashes == 1
             batches = _batches(driver)
