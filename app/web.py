@@ -45,6 +45,7 @@ __all__ = [
     "faust_route_refusal",
     "wants_json",
     "decode_dead_letter",
+    "viewable",
     "install",
     "WebContext",
     "PAGES",
@@ -418,7 +419,7 @@ def decode_dead_letter(raw: bytes | None, *, topic: str, partition: int, offset:
     entry: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset, "timestamp_ms": timestamp_ms}
     try:
         record = json.loads(raw) if raw is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack
         record = None
     if not isinstance(record, dict):
         text = raw.decode(errors="replace") if raw is not None else None
@@ -433,10 +434,41 @@ def decode_dead_letter(raw: bytes | None, *, topic: str, partition: int, offset:
     if text is not None:
         try:
             decoded = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             decoded = text
     entry["value_decoded"] = decoded
     return entry
+
+
+#: Deeper structures are shown as their JSON text: orjson, which writes the JSON answers, refuses past 254 levels.
+MAX_VIEW_DEPTH = 64
+
+
+def viewable(value: Any, depth: int = 0) -> Any:
+    """``value`` as every view can write it, as JSON and as HTML, whatever a record held.
+
+    A string with a lone surrogate (valid JSON text, ``"\\udc80"``, but no UTF-8 can carry it) keeps it as its escape,
+    ``\\udc80``; a list or object nested deeper than :data:`MAX_VIEW_DEPTH` is shown as its JSON text. Either used to
+    end the whole page in HTTP 500, so one dead letter could hide every page after it.
+    """
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if isinstance(value, dict | list | tuple) and depth >= MAX_VIEW_DEPTH:
+        try:
+            return json.dumps(value, ensure_ascii=True, sort_keys=True, default=str)
+        except (ValueError, RecursionError):
+            return f"(nested deeper than {MAX_VIEW_DEPTH} levels)"
+    if isinstance(value, dict):
+        return {viewable(key, depth + 1): viewable(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [viewable(item, depth + 1) for item in value]
+    return value
 
 
 # -------------------------------------------------------------------------------------------- HTML
@@ -697,6 +729,7 @@ class WeirView(web.View):
             if as_json:
                 return self.json(body, status=400)
             return self.html(render_error(body, 400, now_ms=_now_ms(), worker=self.worker_url), status=400)
+        data = viewable(data)
         return self.json(data) if as_json else self.html(self.render(data))
 
     async def data(self, request: web.Request, **match: str) -> dict[str, Any]:

@@ -221,6 +221,12 @@ def test_dead_letters_are_read_from_the_topic_decoded(deployment: Pipeline) -> N
 
 
 PAGED_LETTERS = 30
+#: Dead letters of records that once ended their whole page in HTTP 500 (JSON, HTML and HEAD), so no page past it could
+#: be read: a lone surrogate, valid JSON text that no UTF-8 carries, in the key and the value; a value nested 300 deep.
+HOSTILE_LETTERS: dict[int, dict[str, Any]] = {
+    4: {"key": {"text": "s-\udc80"}, "value": {"text": '{"order_id": "s-\\udc80"}'}},
+    11: {"value": {"text": "[" * 300 + "]" * 300}},
+}
 
 
 async def write_dead_letters(bootstrap: str, topic: str, count: int, *, first_failed_ms: int) -> None:
@@ -232,6 +238,7 @@ async def write_dead_letters(bootstrap: str, topic: str, count: int, *, first_fa
             async with producer.transaction():
                 for number in range(batch_start, min(batch_start + 7, count)):
                     record = {"reason": "paging-test", "error": f"letter {number}", "failed_ms": first_failed_ms + number}
+                    record.update(HOSTILE_LETTERS.get(number, {}))
                     await producer.send(topic, json.dumps(record).encode(), key=f"letter-{number}".encode())
         await producer.begin_transaction()
         await producer.send_and_wait(topic, json.dumps({"reason": "aborted", "failed_ms": first_failed_ms}).encode(), key=b"aborted")
@@ -254,8 +261,11 @@ def test_dead_letters_page_newest_first_through_one_reader(deployment: Pipeline)
     pages: list[dict[str, Any]] = []
     before = ""
     while True:
-        status, body, _ = get(f"{url}/weir/dead-letters/?limit=7" + (f"&before={before}" if before else ""))
+        page_url = f"{url}/weir/dead-letters/?limit=7" + (f"&before={before}" if before else "")
+        status, body, _ = get(page_url)
         assert status == 200, body
+        for accept, method in (("text/html", "GET"), ("text/html", "HEAD"), ("application/json", "HEAD")):
+            assert get(page_url, accept=accept, method=method)[0] == 200, f"{method} {accept} {page_url}"
         assert body["before"] == (before or None)
         pages.append(body)
         if body["next"] is None:
@@ -269,6 +279,9 @@ def test_dead_letters_page_newest_first_through_one_reader(deployment: Pipeline)
     # newest first across partitions, every committed letter once, the aborted one never, the poison message last
     assert [entry["error"] for entry in entries[:PAGED_LETTERS]] == [f"letter {number}" for number in reversed(range(PAGED_LETTERS))]
     assert [entry["reason"] for entry in entries[PAGED_LETTERS:]] == ["undecodable"]
+    hostile = {int(entry["error"].split()[-1]): entry for entry in entries if entry["error"] in {"letter 4", "letter 11"}}
+    assert (hostile[4]["key"], hostile[4]["value_decoded"]) == ("s-\\udc80", {"order_id": "s-\\udc80"})  # the escape, as text
+    assert isinstance(hostile[11]["value_decoded"], list)  # shown to MAX_VIEW_DEPTH, deeper as its JSON text
     # one consumer for every page: started once (by this or an earlier request), one read per request
     readers = [page["reader"] for page in pages]
     assert {reader["consumers_started"] for reader in readers} == {1}

@@ -326,3 +326,50 @@ def test_faust_routes_answer_a_404_naming_weirs_view(route: str, rest: str, see:
     assert problem.body == {"error": problem.body["error"], "table": table, "key": key, "see": see}
     assert problem.body["error"].startswith(f"Faust's /{route}/ views are off on weir workers")
     assert problem.body["error"].endswith(f"see {see}")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"order_id": "s-\\udc80", "items": []}',  # a lone surrogate: valid JSON text, no UTF-8 carries it
+        b"[" * 300 + b"]" * 300,  # deeper than orjson writes (254 levels)
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than Python's json reads
+    ],
+    ids=["lone-surrogate", "nested-300", "nested-100000"],
+)
+def test_a_dead_letter_of_any_json_text_renders_as_html_and_as_json(value: bytes) -> None:
+    """Each once ended the whole /weir/dead-letters/ page in HTTP 500, so no page past it could be read."""
+    from faust.utils import json as faust_json  # what the views' JSON answers are written with
+
+    raw = dead_letter_record(
+        reason="invalid",
+        error=f"bad order {value[:40]!r}",
+        agent="shop_orders",
+        step="decode",
+        attempts=1,
+        topic="shop.orders",
+        partition=0,
+        offset=1,
+        key=b"s-\\udc80",
+        value=value,
+        headers=[],
+    )
+    entry = web.decode_dead_letter(dumps(raw), topic="weir.dead-letters", partition=0, offset=1, timestamp_ms=NOW)
+    data = web.viewable({"topic": "weir.dead-letters", "worker": "w", "now_ms": NOW, "limit": 50, "dead_letters": [entry]})
+    web.render_dead_letters(data).encode()  # aiohttp writes the HTML as UTF-8
+    written = faust_json.dumps(data)
+    assert json.loads(written)["dead_letters"][0]["offset"] == 1
+
+
+def test_viewable_keeps_what_every_writer_takes_and_escapes_only_the_rest() -> None:
+    assert web.viewable({"a": ["é", 1, None, {"b": "ü"}]}) == {"a": ["é", 1, None, {"b": "ü"}]}
+    assert web.viewable("s-\udc80") == "s-\\udc80"
+    assert web.viewable({"k\ud800": ("x",)}) == {"k\\ud800": ["x"]}
+    deep: Any = "end"
+    for _ in range(web.MAX_VIEW_DEPTH + 5):
+        deep = [deep]
+    shown = web.viewable(deep)
+    for _ in range(web.MAX_VIEW_DEPTH):
+        shown = shown[0]
+    assert isinstance(shown, str)
+    assert json.loads(shown) == [[[[["end"]]]]]
