@@ -40,7 +40,7 @@ from weir.app.flows import Flow
 from weir.app.kafka_io import ensure_topics
 from weir.app.pipeline import load_processor
 from weir.app.runtime import environment
-from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES, Settings
+from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES, SettingError, Settings
 from weir.app.stages import Stage, Wiring
 from weir.app.trigger_status import StatusSource, open_status_source
 from weir.app.windows import Window, load_windows
@@ -266,7 +266,7 @@ class Application:
                 "setting WEIR_EOF_JOB is not set: the eof_* agents run the end-of-stream job(s) it names, "
                 "'module:NAME' of a tables.eof.EofJob, or 'name=module:NAME,...' for several (weir has no default job)"
             )
-            raise ValueError(message)
+            raise SettingError(message)
         return cls(
             settings,
             flows=load_flows(settings.flows_module) if "flows" in chosen else (),
@@ -358,7 +358,7 @@ class Application:
         unknown = [name for name in chosen if name not in known]
         if unknown:
             message = f"unknown agent set(s) {unknown}: expected any of {known} (weir's own, then this application's agent_sets)"
-            raise ValueError(message)
+            raise SettingError(message)
         for name in chosen:
             agent_set = self.agent_sets.get(name) or importlib.import_module(f"weir.agents.{name}").stages
             self.serve(agent_set(self))

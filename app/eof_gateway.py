@@ -30,9 +30,10 @@ from types import TracebackType
 from typing import Any
 
 from weir.app.codec import dumps
+from weir.app.edge import add_log_level, command_edge, configure_logging
 from weir.app.jsonlines import read_lines
-from weir.app.kafka_io import ReplyDesk
-from weir.app.settings import load_settings
+from weir.app.kafka_io import ReplyDesk, check_broker
+from weir.app.settings import SettingError, load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
 
 __all__ = ["Gateway", "batched", "client_messages", "delivered_message"]
@@ -152,8 +153,12 @@ def _report_of(record: Any) -> tuple[str, Any] | None:
 
 async def _main(files: list[Path], batch_size: int, job: str) -> int:
     settings = load_settings()
-    async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions, job=job) as gateway:
+    try:
         clients = {path.stem: read_lines(path) for path in files}
+    except (OSError, ValueError) as error:  # a file missing, unreadable or not UTF-8: before anything is sent
+        raise SettingError(str(error)) from None
+    await check_broker(settings.bootstrap, client_options=settings.kafka_client_options())
+    async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions, job=job) as gateway:
         reports = await asyncio.gather(*(gateway.run_client(client, lines, batch_size=batch_size) for client, lines in clients.items()))
     for report in reports:
         print(json.dumps(report, sort_keys=True))
@@ -161,12 +166,17 @@ async def _main(files: list[Path], batch_size: int, job: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run clients (one JSON-lines file each) through the EOF pipeline.")
+    parser = argparse.ArgumentParser(
+        prog="python -m app.eof_gateway", description="Run clients (one JSON-lines file each) through the EOF pipeline."
+    )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--job", default="", help="the job's name in WEIR_EOF_JOB (default: the unnamed job)")
+    add_log_level(parser, default="warning")
     arguments = parser.parse_args(argv)
-    return asyncio.run(_main(arguments.files, arguments.batch_size, arguments.job))
+    configure_logging(arguments.log_level)
+    with command_edge(parser.prog):
+        return asyncio.run(_main(arguments.files, arguments.batch_size, arguments.job))
 
 
 if __name__ == "__main__":

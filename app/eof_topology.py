@@ -16,7 +16,7 @@ from faust.types import EventT
 
 from weir.app.keyed_stage import KeyedLogic, Transition, keyed_stage
 from weir.app.runtime.keyed import Change, Output, send_checked
-from weir.app.settings import load_named
+from weir.app.settings import SettingError, load_named
 from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
 from weir.tables.eof import (
@@ -68,12 +68,12 @@ def parse_jobs(raw: str) -> list[tuple[str, str]]:
         name, _, spec = entry.rpartition("=")
         name = name.strip()
         if name and not all(char.isalnum() or char in "_-" for char in name):
-            raise ValueError(f"setting WEIR_EOF_JOB={raw!r}: job name {name!r} may hold letters, digits, '_' and '-' only")
+            raise SettingError(f"setting WEIR_EOF_JOB={raw!r}: job name {name!r} may hold letters, digits, '_' and '-' only")
         entries.append((name, spec.strip()))
     names = [name for name, _ in entries]
     twice = sorted({name or "(unnamed)" for name in names if names.count(name) > 1})
     if twice:
-        raise ValueError(f"setting WEIR_EOF_JOB={raw!r}: job(s) {twice} named twice (one unnamed job at most)")
+        raise SettingError(f"setting WEIR_EOF_JOB={raw!r}: job(s) {twice} named twice (one unnamed job at most)")
     return entries
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fit
 from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
 from weir.app.keyed_stage import KeyedLogic, handled_event, keyed_stage
 from weir.app.runtime.keyed import Change, KeyedState, Output, send_checked
+from weir.app.settings import load_declarations
 from weir.app.shell import InvalidMessage, dead_lettered, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
 from weir.app.windows import Window, WindowTopology
@@ -63,17 +63,7 @@ log = logging.getLogger(__name__)
 def load_flows(module_names: str) -> list[Flow]:
     """The ``FLOWS`` lists of the modules ``module_names`` names (``WEIR_FLOWS``: one module, or several comma separated),
     together: their flows may await each other."""
-    names = [name.strip() for name in module_names.split(",") if name.strip()]
-    if not names:
-        message = "WEIR_AGENTS includes 'flows' but WEIR_FLOWS names no module (expected e.g. 'myapp.flows' defining FLOWS)"
-        raise FlowGraphError(message)
-    found: list[Flow] = []
-    for module_name in names:
-        flows = getattr(importlib.import_module(module_name), "FLOWS", None)
-        if not isinstance(flows, list | tuple) or not all(isinstance(flow, Flow) for flow in flows):
-            message = f"WEIR_FLOWS={module_names!r}: the module {module_name!r} must define FLOWS, a list of weir Flow objects"
-            raise FlowGraphError(message)
-        found.extend(flows)
+    found: list[Flow] = load_declarations("WEIR_FLOWS", module_names, "FLOWS", Flow, "flows")
     return found  # checked together by FlowTopology (validate_flows): unique names and sources, no cycle of waits
 
 

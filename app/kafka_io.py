@@ -35,6 +35,7 @@ __all__ = [
     "delete_topics",
     "BrokerUnavailable",
     "check_broker",
+    "groups_reading",
 ]
 
 #: What a broker answers when it refuses the client's SASL user, password or mechanism.
@@ -132,6 +133,21 @@ async def check_broker(bootstrap: str, *, client_options: Mapping[str, Any] | No
             await admin.close()
         quiet.removeHandler(failures)
         quiet.propagate = propagate
+
+
+async def groups_reading(bootstrap: str, topic: str, *, client_options: Mapping[str, Any] | None = None) -> list[str] | None:
+    """The consumer groups that have committed offsets on ``topic`` (the stages reading it), or None when the broker
+    has no such topic. Asking creates nothing (a producer's first send would auto-create a mistyped topic)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
+    await admin.start()
+    try:
+        if topic not in set(await admin.list_topics()):
+            return None
+        groups = [group for group, _ in await admin.list_consumer_groups()]
+        offsets = await asyncio.gather(*(admin.list_consumer_group_offsets(group) for group in groups))
+        return sorted(group for group, committed in zip(groups, offsets, strict=True) if any(tp.topic == topic for tp in committed))
+    finally:
+        await admin.close()
 
 
 def key_partition(key: bytes, partitions: int) -> int:

@@ -9,8 +9,10 @@ runs ``faust -A <that module> worker``.
 from __future__ import annotations
 
 from weir.app.application import Application
+from weir.app.edge import command_edge
 
 __all__ = ["application", "app"]
 
-application = Application.from_env()
-app = application.serve_agents()
+with command_edge("weir worker"):  # a refused setting: one line and exit 2 (Faust's command line imports this module)
+    application = Application.from_env()
+    app = application.serve_agents()

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 from collections.abc import Sequence
 
-from weir.app.kafka_io import ensure_topics
+from weir.app.edge import add_log_level, command_edge, configure_logging
+from weir.app.kafka_io import check_broker, ensure_topics
 from weir.app.outbox import OutboxRelay, open_outbox
-from weir.app.settings import load_settings
+from weir.app.settings import SettingError, load_settings
 
 __all__ = ["main"]
 
@@ -52,11 +54,17 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=30.0,
         help="seconds a sleeping relay waits before re-checking the outbox: a safety net, not the wake mechanism (default: %(default)s)",
     )
+    add_log_level(parser)
     return parser.parse_args(argv)
 
 
 async def _run(arguments: argparse.Namespace) -> None:
-    outbox = open_outbox(arguments.db, **({"source": arguments.source} if arguments.source else {}))
+    try:
+        outbox = open_outbox(arguments.db, **({"source": arguments.source} if arguments.source else {}))
+    except Exception as error:  # sqlite3's or psycopg's, at the start: the --db (WEIR_OUTBOX_DB) to check, in one line
+        why = " ".join(str(error).split())
+        where = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", arguments.db)  # never a password
+        raise SettingError(f"cannot open the outbox {where!r} (--db, WEIR_OUTBOX_DB): {type(error).__name__}: {why}") from None
     relay = OutboxRelay(
         outbox,
         bootstrap=arguments.bootstrap,
@@ -75,6 +83,7 @@ async def _run(arguments: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.stop)
     try:
+        await check_broker(arguments.bootstrap)
         await ensure_topics(arguments.bootstrap, [arguments.topic], arguments.partitions)
         await relay.run()
     finally:
@@ -82,9 +91,10 @@ async def _run(arguments: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    arguments = _arguments(argv)
-    asyncio.run(_run(arguments))
+    with command_edge("python -m app.outbox_relay"):
+        arguments = _arguments(argv)
+        configure_logging(arguments.log_level)
+        asyncio.run(_run(arguments))
     return 0
 
 

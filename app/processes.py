@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from weir.app.kafka_io import BrokerUnavailable
+from weir.app.edge import command_edge
 
 __all__ = ["WorkerProcess", "stop_all", "run_main", "terminate", "Terminated"]
 
@@ -103,15 +103,13 @@ def terminate(signum: int, frame: Any) -> None:
 def run_main(main: Coroutine[Any, Any, int]) -> NoReturn:
     """Run a demo's coroutine and exit with its code; Ctrl-C (130) and SIGTERM (143) exit once its ``finally`` stopped the workers.
 
-    A broker that cannot be reached or refuses the client (:class:`app.kafka_io.BrokerUnavailable`) is one line on
-    stderr and exit code 2, not a traceback.
+    A setting refused or a broker that cannot be used is one line on stderr and exit code 2, not a traceback
+    (:func:`app.edge.command_edge`).
     """
     signal.signal(signal.SIGTERM, terminate)
     try:
-        sys.exit(asyncio.run(main))
-    except BrokerUnavailable as error:
-        print(f"weir: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        with command_edge():
+            sys.exit(asyncio.run(main))
     except Terminated:
         print("\nterminated: workers stopped", flush=True)
         sys.exit(143)

@@ -15,8 +15,10 @@ from weir.app.errors import RetryPolicy
 
 __all__ = [
     "Settings",
+    "SettingError",
     "load_settings",
     "load_named",
+    "load_declarations",
     "default_bootstrap",
     "default_postgres_url",
     "kafka_client_options",
@@ -25,6 +27,14 @@ __all__ = [
     "SECURITY_PROTOCOLS",
     "SASL_MECHANISMS",
 ]
+
+
+class SettingError(ValueError):
+    """A setting (a ``WEIR_*`` variable, a command's argument) that cannot be used, said in one line naming it.
+
+    Commands report it at their edge (:func:`app.processes.command_edge`) with a non-zero exit, no traceback.
+    """
+
 
 #: The agents a worker can run; ``WEIR_AGENTS`` picks a subset (default: all of them).
 AGENT_NAMES: tuple[str, ...] = ("splitter", "items", "aggregator")
@@ -58,7 +68,7 @@ def _env_int(name: str, default: int, minimum: int | None = None, maximum: int |
         value = int(raw)
     except ValueError:
         message = f"setting {name}={raw!r}: expected an integer"
-        raise ValueError(message) from None
+        raise SettingError(message) from None
     _in_range(name, raw, value, minimum, maximum)
     return value
 
@@ -72,18 +82,18 @@ def _env_float(name: str, default: float, minimum: float | None = None) -> float
         value = float(raw)
     except ValueError:
         message = f"setting {name}={raw!r}: expected a number"
-        raise ValueError(message) from None
+        raise SettingError(message) from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"setting {name}={raw!r}: expected a finite number")
+        raise SettingError(f"setting {name}={raw!r}: expected a finite number")
     _in_range(name, raw, value, minimum, None)
     return value
 
 
 def _in_range(name: str, raw: str, value: float, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
-        raise ValueError(f"setting {name}={raw!r}: must be at least {minimum:g}")
+        raise SettingError(f"setting {name}={raw!r}: must be at least {minimum:g}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"setting {name}={raw!r}: must be at most {maximum:g}")
+        raise SettingError(f"setting {name}={raw!r}: must be at most {maximum:g}")
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -95,7 +105,7 @@ def _env_bool(name: str, default: bool) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     message = f"setting {name}={raw!r}: expected 1/true/yes/on or 0/false/no/off"
-    raise ValueError(message)
+    raise SettingError(message)
 
 
 def default_bootstrap() -> str:
@@ -115,9 +125,31 @@ def load_named(setting: str, spec: str, what: str, accept: Callable[[Any], bool]
     try:
         found = getattr(importlib.import_module(module_name), name, None) if module_name and name else None
     except ImportError as error:
-        raise ValueError(f"setting {setting}={spec!r}: cannot import {module_name!r} ({error})") from None
+        raise SettingError(f"setting {setting}={spec!r}: cannot import {module_name!r} ({error})") from None
     if not accept(found):
-        raise ValueError(f"setting {setting}={spec!r}: expected 'module:NAME' naming {what}, got {type(found).__name__}")
+        raise SettingError(f"setting {setting}={spec!r}: expected 'module:NAME' naming {what}, got {type(found).__name__}")
+    return found
+
+
+def load_declarations(setting: str, module_names: str, attribute: str, kind: type, agent_set: str) -> list[Any]:
+    """The ``attribute`` lists (each a list of ``kind``) of the modules ``module_names`` names, together: the loader of
+    ``WEIR_FLOWS`` (``FLOWS``) and ``WEIR_WINDOWS`` (``WINDOWS``). One module, or several comma separated."""
+    names = [name.strip() for name in module_names.split(",") if name.strip()]
+    if not names:
+        example = f"'myapp.{agent_set}' defining {attribute}"
+        raise SettingError(f"WEIR_AGENTS includes {agent_set!r} but {setting} names no module (expected e.g. {example})")
+    found: list[Any] = []
+    for module_name in names:
+        try:
+            declared = getattr(importlib.import_module(module_name), attribute, None)
+        except ImportError as error:
+            raise SettingError(f"setting {setting}={module_names!r}: cannot import {module_name!r} ({error})") from None
+        if not isinstance(declared, list | tuple) or not all(isinstance(item, kind) for item in declared):
+            message = (
+                f"{setting}={module_names!r}: the module {module_name!r} must define {attribute}, a list of weir {kind.__name__} objects"
+            )
+            raise SettingError(message)
+        found.extend(declared)
     return found
 
 
@@ -137,7 +169,7 @@ def _agents_from_env() -> tuple[str, ...]:
             f"setting WEIR_AGENTS={raw!r}: expected 'all' or a comma list of agent set names (letters, digits, '_', '-'): "
             f"weir's {list(AGENT_NAMES + OPTIONAL_AGENT_NAMES)}, or an application's own (the worker refuses a name it does not serve)"
         )
-        raise ValueError(message)
+        raise SettingError(message)
     return chosen
 
 
@@ -354,21 +386,21 @@ def _security_from_env() -> _Security:
     protocol = _env_str("WEIR_KAFKA_SECURITY_PROTOCOL", defaults.kafka_security_protocol).upper()
     if protocol not in SECURITY_PROTOCOLS:
         message = f"setting WEIR_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected one of {list(SECURITY_PROTOCOLS)}"
-        raise ValueError(message)
+        raise SettingError(message)
     mechanism = _env_str("WEIR_KAFKA_SASL_MECHANISM", defaults.kafka_sasl_mechanism).upper()
     if mechanism not in SASL_MECHANISMS:
         message = f"setting WEIR_KAFKA_SASL_MECHANISM={mechanism!r}: expected one of {list(SASL_MECHANISMS)}"
-        raise ValueError(message)
+        raise SettingError(message)
     username = _env_str("WEIR_KAFKA_SASL_USERNAME", "")
     password = _env_str("WEIR_KAFKA_SASL_PASSWORD", "")
     if protocol.startswith("SASL_") and not (username and password):
         missing = [name for name, value in (("WEIR_KAFKA_SASL_USERNAME", username), ("WEIR_KAFKA_SASL_PASSWORD", password)) if not value]
         message = f"setting WEIR_KAFKA_SECURITY_PROTOCOL={protocol!r} needs a SASL user: {missing} not set"
-        raise ValueError(message)
+        raise SettingError(message)
     cafile = _env_str("WEIR_KAFKA_SSL_CAFILE", "")
     if cafile and not Path(cafile).is_file():
         message = f"setting WEIR_KAFKA_SSL_CAFILE={cafile!r}: no such file (expected the PEM file of the broker's CA)"
-        raise ValueError(message)
+        raise SettingError(message)
     return {
         "kafka_security_protocol": protocol,
         "kafka_sasl_mechanism": mechanism,
@@ -389,11 +421,11 @@ def load_settings() -> Settings:
     guarantee = _env_str("WEIR_GUARANTEE", defaults.processing_guarantee)
     if guarantee not in ("exactly_once", "at_least_once"):
         message = f"setting WEIR_GUARANTEE={guarantee!r}: expected 'exactly_once' or 'at_least_once'"
-        raise ValueError(message)
+        raise SettingError(message)
     transactions = _env_str("WEIR_TRANSACTIONS", defaults.transactions)
     if transactions not in ("per_partition", "per_worker"):
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
-        raise ValueError(message)
+        raise SettingError(message)
     agents = _agents_from_env()
     orphan_retention_ms = _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms, 0)
     return Settings(

@@ -14,7 +14,6 @@ walked after each record up to the partition's stream time: closing a window tou
 
 from __future__ import annotations
 
-import importlib
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from faust.types import EventT
 
 from weir.app.deadlines import DeadlineIndex
 from weir.app.runtime.keyed import Change, KeyedState, Output, Refusal, TableStore
+from weir.app.settings import load_declarations
 from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
 from weir.tables.windows import (
@@ -96,18 +96,8 @@ class Window:
 
 def load_windows(module_names: str) -> list[Window]:
     """The ``WINDOWS`` lists of the modules ``module_names`` names (``WEIR_WINDOWS``: one module, or several comma separated)."""
-    names = [name.strip() for name in module_names.split(",") if name.strip()]
-    if not names:
-        raise ValueError("WEIR_AGENTS includes 'windows' but WEIR_WINDOWS names no module (expected e.g. 'myapp.windows' defining WINDOWS)")
-    found: list[Window] = []
-    for module_name in names:
-        windows = getattr(importlib.import_module(module_name), "WINDOWS", None)
-        if not isinstance(windows, list | tuple) or not all(isinstance(window, Window) for window in windows):
-            raise ValueError(
-                f"WEIR_WINDOWS={module_names!r}: the module {module_name!r} must define WINDOWS, a list of weir Window objects"
-            )
-        found.extend(windows)
-    return found
+    windows: list[Window] = load_declarations("WEIR_WINDOWS", module_names, "WINDOWS", Window, "windows")
+    return windows
 
 
 #: What a window's result becomes: ``(window, key, result) -> Output``.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from shop.agents import agent_sets
 from shop.settings import ShopSettings
-from weir import Application
+from weir import Application, command_edge
 
 __all__ = ["application", "app"]
 
-application = Application.from_env(agent_sets=agent_sets(ShopSettings.from_env()))
-app = application.serve_agents()
+with command_edge("shop worker"):  # a refused setting: one line and exit 2 (Faust's command line imports this module)
+    application = Application.from_env(agent_sets=agent_sets(ShopSettings.from_env()))
+    app = application.serve_agents()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from weir import SettingError
+
 __all__ = ["ShopSettings", "demo_web_port"]
 
 
@@ -20,7 +22,7 @@ def _int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"setting {name}={raw!r}: expected an integer") from None
+        raise SettingError(f"setting {name}={raw!r}: expected an integer") from None
 
 
 def _float(name: str, default: float) -> float:
@@ -30,7 +32,7 @@ def _float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"setting {name}={raw!r}: expected a number") from None
+        raise SettingError(f"setting {name}={raw!r}: expected a number") from None
 
 
 def _stock_overrides(raw: str) -> tuple[tuple[str, int], ...]:
@@ -43,7 +45,7 @@ def _stock_overrides(raw: str) -> tuple[tuple[str, int], ...]:
         try:
             overrides.append((name.strip(), int(count)))
         except ValueError:
-            raise ValueError(f"setting WEIR_SHOP_STOCK_OVERRIDES={raw!r}: {count!r} is not an integer") from None
+            raise SettingError(f"setting WEIR_SHOP_STOCK_OVERRIDES={raw!r}: {count!r} is not an integer") from None
     return tuple(overrides)
 
 
@@ -52,7 +54,7 @@ def demo_web_port() -> int:
     port = _int("WEIR_DEMO_WEB_PORT", 6066)
     if not 1 <= port <= 65_000:  # room above it for every worker of a demo
         message = f"setting WEIR_DEMO_WEB_PORT={port}: expected a port from 1 to 65000 (the demos' workers take it and the next ones)"
-        raise ValueError(message)
+        raise SettingError(message)
     return port
 
 

@@ -12,11 +12,12 @@ Everything else in the repository's ``app``, ``agents`` and ``tables`` packages 
 from __future__ import annotations
 
 from weir.app.application import AgentSet, Application
+from weir.app.edge import command_edge
 from weir.app.eof_gateway import Gateway
 from weir.app.errors import attempt
 from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
 from weir.app.outbox import open_outbox, write
-from weir.app.settings import Settings
+from weir.app.settings import SettingError, Settings
 from weir.app.testing import Crashed, TestDriver, TestRecord, VirtualClock
 from weir.app.trigger_status import child_done
 from weir.app.windows import Window, count, total
@@ -39,6 +40,7 @@ __all__ = [
     "Gateway",
     "KeyExpr",
     "SessionSpec",
+    "SettingError",
     "Settings",
     "TestDriver",
     "TestRecord",
@@ -46,6 +48,7 @@ __all__ = [
     "Window",
     "WindowSpec",
     "child_done",
+    "command_edge",
     "completion_message",
     "count",
     "header",

@@ -33,9 +33,11 @@ class CheckoutNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         top, dot, _ = fullname.partition(".")
         if top not in PACKAGES or not dot:
             return None
-        if importlib.util.find_spec(f"weir.{fullname}") is None:
+        spec = importlib.util.find_spec(f"weir.{fullname}")
+        if spec is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        # the file's path as origin: ``python -m app.x`` sets sys.argv[0] from it (argparse names the command by it)
+        return importlib.util.spec_from_loader(fullname, self, origin=spec.origin)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(f"weir.{spec.name}")

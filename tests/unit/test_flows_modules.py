@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from weir import FlowGraphError, Settings, TestDriver
+from weir import FlowGraphError, SettingError, Settings, TestDriver
 from weir.app.flow_topology import load_flows
 
 
@@ -46,7 +46,7 @@ def test_two_modules_run_together_and_one_awaits_the_others_flow() -> None:
 def test_modules_that_cannot_run_together_are_refused_naming_what() -> None:
     with pytest.raises(FlowGraphError, match="flow names must be unique"):
         TestDriver(load_flows("kitchen_flows,also_kitchen"))
-    with pytest.raises(FlowGraphError, match="the module 'no_flows' must define FLOWS"):
+    with pytest.raises(SettingError, match="the module 'no_flows' must define FLOWS"):
         load_flows("kitchen_flows,no_flows")
-    with pytest.raises(FlowGraphError, match="WEIR_FLOWS names no module"):
+    with pytest.raises(SettingError, match="WEIR_FLOWS names no module"):
         load_flows(" , ")

@@ -1,0 +1,42 @@
+"""A command's edge: what every weir command does with a setting, an argument or a broker it cannot use.
+
+Each is one line on stderr naming what to change, and exit code 2, never a traceback: a ``WEIR_*`` variable or an
+argument refused (:class:`app.settings.SettingError`), a broker that cannot be reached or refuses the client
+(:class:`app.kafka_io.BrokerUnavailable`). The worker entry modules (``faust -A app.main worker``) read their settings
+at import, inside Faust's command line, and leave the same way. ``--log-level`` is every command's, as ``-l`` is the
+worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+from weir.app.kafka_io import BrokerUnavailable
+from weir.app.settings import SettingError
+
+__all__ = ["command_edge", "add_log_level", "configure_logging", "LOG_LEVELS"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@contextlib.contextmanager
+def command_edge(command: str = "weir") -> Iterator[None]:
+    """Run a command's body; a refused setting or an unusable broker ends it with one line on stderr and exit code 2."""
+    try:
+        yield
+    except (SettingError, BrokerUnavailable) as error:
+        print(f"{command}: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str = "info") -> None:
+    parser.add_argument("--log-level", "-l", choices=LOG_LEVELS, default=default, type=str.lower, help="what to log (default: %(default)s)")
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` (one of :data:`LOG_LEVELS`)."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
