@@ -183,12 +183,13 @@ def test_two_processes_and_a_sigkill_while_exchanges_wait(pipeline: Pipeline) ->
     assert counts == Counter(orders), f"lost: {sorted(set(orders) - set(counts))[:5]}, twice: {[k for k, v in counts.items() if v > 1][:5]}"
 
 
-def test_a_hundred_thousand_exchanges_wait_on_one_worker_without_tasks(pipeline: Pipeline) -> None:
-    """Waiting holds no task or thread: 100,000 exchanges wait at once, then a sample is released."""
+def test_ten_thousand_exchanges_wait_on_one_worker_without_tasks(pipeline: Pipeline) -> None:
+    """Waiting holds no task or thread: 10,000 exchanges wait at once (fifty times the tasks allowed), then a sample is
+    released. The barrier at scale is measured by ``make bench`` (bench.barrier), not here."""
     prepare(pipeline)
     worker = start_flows(pipeline, TEST_BARRIER_TIMEOUT_MS=3_600_000, TEST_STEP_LOG="")
     worker.wait_ready()
-    total = 100_000
+    total = 10_000
     send(pipeline, "dispatch-in", [dispatch(f"h-{number}") for number in range(total)])
     waiting: dict[bytes, bool] = {}
     seen: list[Any] = []
@@ -210,7 +211,7 @@ def test_a_hundred_thousand_exchanges_wait_on_one_worker_without_tasks(pipeline:
     tasks = worker.log_text().split("asyncio tasks:")[-1].count("\n--- ")
     assert threads < 20, f"{threads} threads while {total} exchanges wait"
     assert 0 < tasks < 200, f"{tasks} asyncio tasks while {total} exchanges wait"
-    sample = [f"h-{number}" for number in range(0, total, 2000)]
+    sample = [f"h-{number}" for number in range(0, total, 200)]
     send(pipeline, "kitchen", [kitchen(order_id) for order_id in sample])
     send(pipeline, "payment", [payment(order_id) for order_id in sample])
     messages = read_all(pipeline, "dispatched", expected=len(sample), timeout_s=300)
