@@ -16,6 +16,7 @@ import pytest
 from tests.integration.conftest import Pipeline
 from weir.app.control import send_force
 from weir.app.kafka_io import ensure_topics, produce_json, read_topic
+from weir.app.settings import SettingError
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +96,10 @@ def test_force_complete_of_every_open_group_and_force_discard_of_one(pipeline: P
         send_open(pipeline, group, 3)
         send_item(pipeline, group, 1, 3)
     time.sleep(3)  # the parts are merged; nothing can complete by itself
+    # a topic no stage reads is refused, nothing sent: a typo (no such topic; sending would create it), an output topic
+    for unread in (pipeline.topic("item-resluts"), pipeline.topic("aggregates")):
+        with pytest.raises(SettingError, match=r"no topic|no stage reads"):
+            asyncio.run(send_force(pipeline.bootstrap, unread, "complete"))
     assert asyncio.run(send_force(pipeline.bootstrap, pipeline.topic("item-results"), "discard", "g-0")) == 1
     assert asyncio.run(send_force(pipeline.bootstrap, pipeline.topic("item-results"), "complete")) == 4
     found = results(pipeline, expected=len(groups), timeout_s=30)
