@@ -34,10 +34,11 @@ from faust.types.auth import CredentialsT
 from weir.app import collector, engine, metrics, web
 from weir.app.codec import dumps
 from weir.app.core import handle_parts, refuse_out_of_order_agents
+from weir.app.edge import command_edge
 from weir.app.eof_topology import load_job, parse_jobs
 from weir.app.flow_topology import load_flows
 from weir.app.flows import Flow
-from weir.app.kafka_io import ensure_topics
+from weir.app.kafka_io import check_replication, ensure_topics
 from weir.app.pipeline import load_processor
 from weir.app.runtime import environment
 from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES, SettingError, Settings
@@ -83,7 +84,7 @@ def faust_app(settings: Settings) -> faust.App:
         datadir=str(settings.data_dir / settings.group_id),
         processing_guarantee=settings.processing_guarantee,
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         broker_commit_interval=settings.commit_interval,
         producer_linger=settings.producer_linger_ms / 1000,
@@ -109,7 +110,7 @@ def faust_app(settings: Settings) -> faust.App:
 def raw_topic(app: faust.App, config: Settings, *names: str) -> faust.TopicT:
     """A channel of ``app`` over the weir topics ``names`` (full names): raw bytes, partitioned like every topic weir
     declares."""
-    return app.topic(*names, partitions=config.partitions, key_serializer="raw", value_serializer="raw")
+    return app.topic(*names, partitions=config.partitions, config=config.topic_config(), key_serializer="raw", value_serializer="raw")
 
 
 class Topics:
@@ -303,6 +304,7 @@ class Application:
             changelog_topic=self.app.topic(
                 settings.topic(f"{name}-changelog"),
                 partitions=settings.partitions,
+                config=settings.topic_config(),
                 compacting=True,
                 key_serializer="json",
                 value_serializer="json",
@@ -396,16 +398,25 @@ class Application:
         names = [topic.get_topic_name() for topic in self.topics.all()]
         failure: list[BaseException] = []
 
-        def create() -> None:
+        async def create() -> dict[str, int]:
+            await check_replication(settings.bootstrap, settings.replication_factor)
+            return await ensure_topics(
+                settings.bootstrap, names, settings.partitions, replication=settings.replication_factor, config=settings.topic_config()
+            )
+
+        def run() -> None:
             try:
-                self.topic_partitions.update(asyncio.run(ensure_topics(settings.bootstrap, names, settings.partitions)))
+                self.topic_partitions.update(asyncio.run(create()))
             except BaseException as error:
                 failure.append(error)
 
-        thread = threading.Thread(target=create, name="weir-create-topics")
+        thread = threading.Thread(target=run, name="weir-create-topics")
         thread.start()
         thread.join()
         if failure:
+            with command_edge("weir worker"):  # a factor the cluster cannot hold: one line, exit 2
+                if isinstance(failure[0], SettingError):
+                    raise failure[0]
             message = f"weir: could not create topics {names} on {settings.bootstrap}: {failure[0]}"
             raise RuntimeError(message) from failure[0]
 

@@ -21,7 +21,7 @@ from aiokafka.errors import (
 from aiokafka.partitioner import murmur2
 
 from weir.app.codec import dumps
-from weir.app.settings import kafka_client_options
+from weir.app.settings import SettingError, kafka_client_options
 
 __all__ = [
     "produce",
@@ -35,6 +35,7 @@ __all__ = [
     "delete_topics",
     "BrokerUnavailable",
     "check_broker",
+    "check_replication",
     "groups_reading",
 ]
 
@@ -135,6 +136,22 @@ async def check_broker(bootstrap: str, *, client_options: Mapping[str, Any] | No
         quiet.propagate = propagate
 
 
+async def check_replication(bootstrap: str, factor: int, *, client_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse (:class:`app.settings.SettingError`, one line) a replication factor the cluster cannot hold: creating
+    a topic with more copies than brokers fails, and a worker would stop on the first topic it declares."""
+    if factor <= 1:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
+    await admin.start()
+    try:
+        brokers = len((await admin.describe_cluster())["brokers"])
+    finally:
+        await admin.close()
+    if brokers < factor:
+        message = f"setting WEIR_REPLICATION_FACTOR={factor}: the cluster at {bootstrap} has only {brokers} broker(s)"
+        raise SettingError(message)
+
+
 async def groups_reading(bootstrap: str, topic: str, *, client_options: Mapping[str, Any] | None = None) -> list[str] | None:
     """The consumer groups that have committed offsets on ``topic`` (the stages reading it), or None when the broker
     has no such topic. Asking creates nothing (a producer's first send would auto-create a mistyped topic)."""
@@ -150,31 +167,51 @@ async def groups_reading(bootstrap: str, topic: str, *, client_options: Mapping[
         await admin.close()
 
 
+#: CreateTopics' error code for a topic that exists (another worker created it meanwhile).
+TOPIC_ALREADY_EXISTS = 36
+
+
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition of a keyed record: the producers' default partitioner (murmur2 of the key's bytes)."""
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 async def ensure_topics(
-    bootstrap: str, names: Iterable[str], partitions: int, *, timeout_s: float = 30.0, client_options: Mapping[str, Any] | None = None
+    bootstrap: str,
+    names: Iterable[str],
+    partitions: int,
+    *,
+    timeout_s: float = 30.0,
+    client_options: Mapping[str, Any] | None = None,
+    replication: int = 1,
+    config: Mapping[str, str] | None = None,
 ) -> dict[str, int]:
-    """Create the topics that do not exist yet, wait until the broker lists them; their partition counts.
+    """Create the topics that do not exist yet (``replication`` copies each, topic ``config``), wait until the broker
+    lists them; their partition counts.
 
     A consumer that subscribes before its topics are in the broker's metadata is assigned nothing and
     only notices them minutes later (a just-started broker is slow to show new topics).
     """
-    wanted = list(names)
+    # once each: a request naming a topic twice is refused for that topic, and the broker's auto-creation (on
+    # the metadata request below) then made it without the replication and config asked for
+    wanted = list(dict.fromkeys(names))
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, partitions, 1) for name in wanted if name not in existing]
+        missing = [NewTopic(name, partitions, replication, topic_configs=dict(config or {})) for name in wanted if name not in existing]
         if missing:
             try:
-                await admin.create_topics(missing)
+                response = await admin.create_topics(missing)
             except Exception as error:  # created meanwhile by a worker: fine
                 if "TopicAlreadyExists" not in type(error).__name__ + str(error):
                     raise
+            else:
+                refused = [entry for entry in response.topic_errors if entry[1] not in (0, TOPIC_ALREADY_EXISTS)]
+                if refused:
+                    details = "; ".join(f"{entry[0]}: error {entry[1]} {entry[2] if len(entry) > 2 else ''}".strip() for entry in refused)
+                    message = f"the broker at {bootstrap} refused to create {details}"
+                    raise RuntimeError(message)
         deadline = time.monotonic() + timeout_s
         while True:
             described = await admin.describe_topics(wanted)

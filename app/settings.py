@@ -204,6 +204,12 @@ class Settings:
     processing_guarantee: str = "exactly_once"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
     partitions: int = 4
+    #: WEIR_REPLICATION_FACTOR: copies of every topic weir creates, the tables' changelogs included (1: one broker's
+    #: loss loses them). A worker refuses to start, in one line, when the cluster has fewer brokers.
+    replication_factor: int = 1
+    #: WEIR_MIN_INSYNC_REPLICAS: ``min.insync.replicas`` of every topic weir creates: a write (acks=all, as every
+    #: transactional one is) succeeds only while this many copies have it. At most the replication factor.
+    min_insync_replicas: int = 1
     #: WEIR_COMMIT_INTERVAL: seconds between offset commits while busy (= longest transaction under exactly_once;
     #: 0.1 s is Kafka Streams' default under exactly-once).
     commit_interval: float = 0.1
@@ -358,8 +364,20 @@ class Settings:
         # member, so processes running different agents must not share a group.
         return f"{self.app_id}-{self.stage}"
 
+    def __post_init__(self) -> None:
+        if self.min_insync_replicas > self.replication_factor:
+            message = (
+                f"setting WEIR_MIN_INSYNC_REPLICAS={self.min_insync_replicas}: must be at most WEIR_REPLICATION_FACTOR "
+                f"({self.replication_factor}), or no write would ever succeed"
+            )
+            raise SettingError(message)
+
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    def topic_config(self) -> dict[str, str]:
+        """The configuration of every topic weir creates (Kafka's topic-level names)."""
+        return {"min.insync.replicas": str(self.min_insync_replicas)}
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy of the steps (``WEIR_RETRY_ATTEMPTS``, ``WEIR_RETRY_BACKOFF_MS``, ``WEIR_RETRY_MAX_BACKOFF_MS``)."""
@@ -439,6 +457,8 @@ def load_settings() -> Settings:
         web_port=_env_int("WEIR_WEB_PORT", defaults.web_port, 0, 65535),
         processing_guarantee=guarantee,
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions, 1),
+        replication_factor=_env_int("WEIR_REPLICATION_FACTOR", defaults.replication_factor, 1, 32767),
+        min_insync_replicas=_env_int("WEIR_MIN_INSYNC_REPLICAS", defaults.min_insync_replicas, 1, 32767),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval, 0.001),
         commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms, 0),
         transactions=transactions,
