@@ -1,4 +1,4 @@
-"""The EOF gateway: sends a client's side data and its records in numbered batches, says how many, and waits for its report.
+"""The EOF gateway: sends a client's records in numbered batches, then its side data, says how many, and waits for its report.
 
 Usage as a library::
 
@@ -138,7 +138,7 @@ class Gateway:
         timeout_s: float = 300.0,
         side: Any = None,
     ) -> dict[str, Any]:
-        """One client end to end: its side data, its batches, its end, its report (the job's join of its totals with ``side``)."""
+        """One client end to end: its batches, its side data, its end, its report (the job's join of its totals with ``side``)."""
         self._desk.expect(client)
         await self.send(client, lines, batch_size=batch_size, side=side)
         return await self.report(client, timeout_s=timeout_s)

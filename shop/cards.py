@@ -20,7 +20,6 @@ from typing import Any
 
 __all__ = ["CardRef", "luhn_valid", "card_ref", "mask_card_numbers", "protect_line"]
 
-#: A run of 13 to 19 digits, each optionally followed by one space or dash: what a card number looks like in text.
 #: 13 to 19 digits, up to two separators between two of them (spaces, tabs, dashes, dots, slashes, underscores): cards
 #: are written "4111 1111 1111 1111", "4111-1111-...", "4111.1111...", with two spaces, or with slashes in a note.
 CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ \t\-./\\_]{0,2}){12,18}\d(?!\d)")

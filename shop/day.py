@@ -1,7 +1,7 @@
 """The shop's end of day as an end-of-stream job (seed 000): a screen's day is a client, its lines the batches.
 
-The screen is the gateway: it sends its side data (None: the day's report prices flavours with the catalogue),
-its lines (to the orders stage, keyed by ticket), and at its end "sent N" (N lines, batches 0..N-1). Each line's
+The screen is the gateway: it sends its lines (to the orders stage, keyed by ticket), then its side data (None:
+the day's report prices flavours with the catalogue) and "sent N" (N lines, batches 0..N-1). Each line's
 one outcome, from whichever stage decided it (orders: invalid; claims: duplicate; dispatch: ready or aborted),
 is seed 000's filter output: the outcome forwarded as batch ``<line - 1>.0`` to the group-by/aggregate stage
 and "batch <line - 1>: forwarded 1" to the controller, in one transaction (:func:`shop.state.outcome_sends`).

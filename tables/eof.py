@@ -1,7 +1,7 @@
 """End-of-stream per client: the typed values of the controller, aggregator and joiner tables and their pure cores.
 
-The protocol (seed 000). A gateway sends a client's side data to the joiner, numbers the client's batches
-0..N-1 and sends them to the filter stage, then tells the controller "sent N". Filter workers run in
+The protocol (seed 000). A gateway numbers a client's batches 0..N-1 and sends them to the filter stage,
+then the client's side data to the joiner, then tells the controller "sent N". Filter workers run in
 parallel; for every input batch they report to the controller how many batches they forwarded (0 when
 they drop it, several when they split it), with deterministic ids ``<batch>.<k>``. The controller counts
 reports *by batch id*, so a redelivered report is not counted twice. Once the reports cover batches
@@ -90,7 +90,7 @@ TOPIC_COUNTER = "eof-counter"
 TOPIC_AGGREGATE = "eof-aggregate"
 #: gateway, aggregator and controller -> joiner, keyed by client: ``side``, ``totals``, ``cleanup``, ticks
 TOPIC_JOIN = "eof-join"
-#: joiner and controller -> gateway, keyed by client: the end-of-day report
+#: joiner and controller -> gateway, keyed by client: the client's report
 TOPIC_REPORTS = "eof-reports"
 
 
@@ -837,7 +837,7 @@ class JoinTransition:
 
 
 def join_report(client: str, totals: Totals, side: Any, job: EofJob) -> dict[str, Any]:
-    """The client's end-of-day report: ``client``, ``status`` and ``batches``, then the fields of the job's
+    """The client's report: ``client``, ``status`` and ``batches``, then the fields of the job's
     ``join`` of its totals with its side data. Totals stopped by an error, or a ``join`` that raises or does
     not return an object, give a ``failed`` report with the ``error``: the client is answered all the same.
     """
