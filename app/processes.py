@@ -7,15 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from weir.app.edge import command_edge
 
-__all__ = ["WorkerProcess", "stop_all", "run_main", "terminate", "Terminated"]
+__all__ = ["WorkerProcess", "Supervisor", "announce_restart", "stop_all", "run_main", "terminate", "Terminated"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +41,8 @@ class WorkerProcess:
         faust = Path(sys.executable).parent / "faust"
         command = [str(faust), "-A", self.entry, "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
         env = {"PYTHONPATH": str(ROOT), **self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port)}
+        if self._log is not None:  # started again (Supervisor): the log goes on in the same file
+            self._log.close()
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
@@ -80,6 +83,94 @@ class WorkerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+#: The exit code of a worker that refused its settings or arguments (app.edge.command_edge): not restarted.
+REFUSED_EXIT = 2
+
+
+class Supervisor:
+    """Restarts a worker that exits on its own, in its slot, as a service manager would (systemd's
+    ``Restart=on-failure``, compose's ``restart: unless-stopped``): for the demos, the benchmarks and the tests.
+
+    A worker stops itself when going on could commit wrong work: its producer fenced (the broker aborted its
+    transaction after an outage longer than the transaction timeout), a store ahead of its changelog, an error
+    that escaped an agent's loop. Restarted on its web port, it keeps its transactional id and static-membership id
+    (``<host>-<port>``), ends what its predecessor left open and restores its tables from the committed changelog;
+    nothing is lost or repeated. An exit with code 2 (:data:`REFUSED_EXIT`: a setting or argument the worker
+    refused) is not restarted: it would refuse again. Restarts back off, from ``backoff_s`` doubling to
+    ``max_backoff_s``; a worker that stayed up ``steady_s`` starts from ``backoff_s`` again.
+    """
+
+    def __init__(
+        self,
+        workers: Iterable[WorkerProcess],
+        *,
+        on_restart: Callable[[WorkerProcess, int], None] | None = None,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        steady_s: float = 60.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.workers = list(workers)
+        self.on_restart = on_restart
+        self.backoff_s, self.max_backoff_s, self.steady_s, self.poll_s = backoff_s, max_backoff_s, steady_s, poll_s
+        #: (the worker's agents, its web port, the exit code) of each restart, in order
+        self.restarts: list[tuple[str, int, int]] = []
+        #: workers that exited with :data:`REFUSED_EXIT`, left stopped
+        self.refused: list[WorkerProcess] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Supervisor:
+        self._thread = threading.Thread(target=self._watch, name="weir-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Restart nothing more (call before stopping the workers)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Supervisor:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        started = {id(worker): time.monotonic() for worker in self.workers}
+        delay = {id(worker): self.backoff_s for worker in self.workers}
+        due: dict[int, float] = {}  # a worker that exited: when it starts again
+        while not self._stop.wait(self.poll_s):
+            for worker in self.workers:
+                key = id(worker)
+                code = worker.process.poll() if worker.process is not None else None
+                if code is None or worker in self.refused:
+                    continue
+                if code == REFUSED_EXIT:
+                    self.refused.append(worker)
+                    continue
+                now = time.monotonic()
+                if key not in due:
+                    if now - started[key] >= self.steady_s:
+                        delay[key] = self.backoff_s
+                    due[key] = now + delay[key]
+                    delay[key] = min(delay[key] * 2, self.max_backoff_s)
+                if now < due[key] or self._stop.is_set():
+                    continue
+                del due[key]
+                self.restarts.append((worker.agents, worker.web_port, code))
+                worker.start()
+                started[key] = time.monotonic()
+                if self.on_restart is not None:
+                    self.on_restart(worker, code)
+
+
+def announce_restart(worker: WorkerProcess, code: int) -> None:
+    """A demo's line for a restart (:class:`Supervisor`'s ``on_restart``)."""
+    print(f"  worker {worker.agents} (web port {worker.web_port}) exited with code {code}: restarted in its slot, log {worker.log_path}")
 
 
 def stop_all(workers: Iterable[WorkerProcess]) -> None:

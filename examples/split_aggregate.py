@@ -16,7 +16,7 @@ import orjson
 from examples.pricing import STEP as DEMO_STEP
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, ensure_topics, produce, read_topic
-from weir.app.processes import WorkerProcess, run_main
+from weir.app.processes import Supervisor, WorkerProcess, announce_restart, run_main
 from weir.app.settings import load_settings
 from weir.app.split import InvalidMessage, split_order
 
@@ -79,6 +79,9 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))
     print(f"weir demo: {len(records)} lines from {orders_path} ({len(order_ids)} orders), broker {settings.bootstrap}")
     processes = _start_workers(env, log_dir, demo_web_port())
+    # a worker that stops itself (its producer fenced after a broker outage, say) is restarted in its slot
+    supervisor = Supervisor(processes, on_restart=announce_restart)
+    supervisor.start()
     try:
         started = time.monotonic()
         await produce(settings.bootstrap, f"{prefix}orders", records)
@@ -108,6 +111,7 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
         print(f"  worker logs        {log_dir}")
         return 0 if len(completed) == len(expected) else 1
     finally:
+        supervisor.stop()
         for worker in processes:
             worker.stop()
 

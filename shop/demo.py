@@ -28,7 +28,7 @@ from shop.flows import describe as dispatch_flows
 from shop.screens import ScreenProgress, Screens, Unreadable, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
-from weir.app.processes import WorkerProcess, run_main, stop_all
+from weir.app.processes import Supervisor, WorkerProcess, announce_restart, run_main, stop_all
 from weir.app.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,15 +207,19 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
     workers = start_workers(env, log_dir, demo_web_port())
+    # a worker that stops itself (its producer fenced after a broker outage, say) is restarted in its slot
+    supervisor = Supervisor(workers, on_restart=announce_restart)
     ok = False
     try:
         for worker in workers:
             await asyncio.to_thread(worker.wait_ready, 120.0)
+        supervisor.start()
         print("workers ready; the screens open")
         result = await run_shop(screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s)
         ok = print_summary(result)
         return 0 if ok else 1
     finally:
+        supervisor.stop()
         stop_all(workers)
         if keep or not ok:
             print(f"\ntopics {prefix}* kept; worker logs in {log_dir}")

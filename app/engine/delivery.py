@@ -22,6 +22,7 @@ from faust.types.tuples import ack_lock
 from faust.utils.functional import consecutive_numbers
 from intervaltree import IntervalTree  # type: ignore[import-untyped]
 from mode import Service, ServiceT
+from mode.threads import WorkerThread
 from mode.utils.futures import notify
 
 from weir.app.engine import commit, offsets, restore
@@ -36,6 +37,21 @@ __all__ = ["WeirConsumer", "WeirConsumerThread", "first_delivery", "to_process",
 log = logging.getLogger(__name__)
 
 
+class DaemonWorkerThread(WorkerThread):
+    """The consumer's thread, as a daemon thread: a crashed worker's process exits.
+
+    A worker that crashes (its producer fenced after a broker outage, say) stops its services; stopping the
+    consumer's thread could fail ("Event loop is closed", the thread's stop scheduled on a loop already closed), and
+    its loop then ran on. The interpreter waits for every non-daemon thread at exit, so the process never exited:
+    nothing restarted it, and its partitions stayed with a group member that did nothing. Nothing is lost by not
+    waiting for this thread at exit: what the worker did is committed in Kafka or not at all.
+    """
+
+    def __init__(self, service: Any, **kwargs: Any) -> None:
+        super().__init__(service, **kwargs)
+        self.daemon = True
+
+
 class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     """Faust's consumer thread, asking the broker for the end of a changelog before restoring it.
 
@@ -44,6 +60,8 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     nothing and the new owner started from an empty table (completed groups completed again). A
     read_committed consumer's ``end_offsets`` is the last stable offset, from the broker.
     """
+
+    Worker = DaemonWorkerThread
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)

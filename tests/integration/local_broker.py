@@ -7,7 +7,9 @@ its own WEIR_STATE_DIR (data, pid file, config), and shares only the jars alread
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +60,21 @@ class BrokerInstance:
 
     def stop(self) -> None:
         self.run("stop")
+
+    def kill(self) -> None:
+        """SIGKILL the broker (no shutdown: open transactions, unflushed segments and the controller's state as they
+        are); :meth:`start` brings it back on the same data directory."""
+        pidfile = self.state_dir / "kafka.pid"
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        pidfile.unlink(missing_ok=True)
 
     def server_log(self) -> str:
         path = self.state_dir / "kafka" / "server.log"
