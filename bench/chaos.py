@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,
         "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,  # a screen's day outlasts an order's longest wait (two barriers)
+        # settled payments expire after the done retention: the audit's money check reads every payment of the run
+        "WEIR_DONE_RETENTION_MS": 6 * 3_600_000,
         "WEIR_GUARANTEE": arguments.guarantee,
         "WEIR_STATIC_MEMBERSHIP": int(arguments.static_membership),
     }

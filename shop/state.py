@@ -52,6 +52,11 @@ __all__ = [
     "Payment",
     "on_capture",
     "on_settle",
+    "FINAL_PAYMENT_STATES",
+    "late_capture",
+    "payment_due",
+    "payment_deadlines",
+    "on_payment_deadline",
     "Stock",
     "on_reserve",
     "on_release",
@@ -244,7 +249,7 @@ def order_sends(order: ShopOrder, ticket: str, screen: str, line: int, deadline_
         "order": {"order_id": order.order_id, "scoops": order.scoops, "amount_cents": order.amount_cents},
         "deadline_ms": deadline_ms,
     }
-    capture = Capture(ticket, order.amount_cents, decision_key(screen, line, order.order_id), order.card)
+    capture = Capture(ticket, order.amount_cents, decision_key(screen, line, order.order_id), order.card, deadline_ms)
     return [Send("dispatch", ticket, opened), Send("payments", ticket, capture.to_message())]
 
 
@@ -336,26 +341,35 @@ CAPTURED = "captured"
 REJECTED = "rejected"
 COMMITTED = "committed"
 VOIDED = "voided"
+#: A payment's final states: nothing changes them (a capture, commit or void seen again is absorbed), and its key goes
+#: once the done retention has passed (:func:`payment_due`). A payment still ``captured`` waits for its commit or void.
+FINAL_PAYMENT_STATES = frozenset({COMMITTED, VOIDED, REJECTED})
 
 
 @dataclass(frozen=True)
 class Capture:
-    """Phase one's request to the gateway (topic ``shop.payments``): the amount, the card's reference, and the key
-    of the gateway's seeded draw (:func:`decision_key`)."""
+    """Phase one's request to the gateway (topic ``shop.payments``): the amount, the card's reference, the key
+    of the gateway's seeded draw (:func:`decision_key`), and the order's deadline (``deadline_ms``, the open's: a
+    capture that finds no payment once that deadline and the done retention have passed is refused,
+    :func:`late_capture`; None in a capture written before it was carried, which is never refused so)."""
 
     order_id: str
     amount_cents: int
     decision_key: str
     card: CardRef
+    deadline_ms: int | None = None
 
     def to_message(self) -> dict[str, Any]:
-        return {
+        message: dict[str, Any] = {
             "kind": "capture",
             "order_id": self.order_id,
             "amount_cents": self.amount_cents,
             "decision_key": self.decision_key,
             "card": self.card.to_dict(),
         }
+        if self.deadline_ms is not None:
+            message["deadline_ms"] = self.deadline_ms
+        return message
 
     @classmethod
     def from_message(cls, raw: Mapping[str, Any]) -> Capture:
@@ -364,13 +378,17 @@ class Capture:
             raise ValueError("a capture needs 'order_id' (str), 'amount_cents' (int), 'decision_key' (str) and 'card' (object)")
         if not isinstance(card, dict):
             raise ValueError(f"a capture needs 'card' as an object (token, last4, luhn_ok), got {type(card).__name__}")
-        return cls(order_id, amount, key, CardRef.from_dict(card))
+        deadline = raw.get("deadline_ms")
+        if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool)):
+            raise ValueError(f"a capture's 'deadline_ms' must be an integer (ms) or absent, got {type(deadline).__name__}")
+        return cls(order_id, amount, key, CardRef.from_dict(card), deadline)
 
 
 @dataclass(frozen=True)
 class Payment:
     """One order's payment in table ``shop_payments``: captured, then committed or voided (or rejected, and why).
-    The card is its token and last four digits only."""
+    The card is its token and last four digits only; ``deadline_ms`` is its capture's (the order's deadline, None
+    if the capture carried none), which its key outlives (:func:`payment_due`)."""
 
     order_id: str
     amount_cents: int
@@ -379,6 +397,7 @@ class Payment:
     card_token: str = ""
     card_last4: str = ""
     reason: str | None = None
+    deadline_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -389,10 +408,12 @@ class Payment:
             "card_token": self.card_token,
             "card_last4": self.card_last4,
             "reason": self.reason,
+            "deadline_ms": self.deadline_ms,
         }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Payment:
+        deadline = raw.get("deadline_ms")
         return cls(
             str(raw["order_id"]),
             int(raw["amount_cents"]),
@@ -401,6 +422,7 @@ class Payment:
             str(raw.get("card_token") or ""),
             str(raw.get("card_last4") or ""),
             raw.get("reason"),
+            None if deadline is None else int(deadline),
         )
 
 
@@ -432,7 +454,7 @@ def on_capture(previous: Payment | None, capture: Capture, seed: int, reject_rat
     reason = gateway_decision(capture.card, capture.decision_key, seed, reject_rate)
     state = CAPTURED if reason is None else REJECTED
     card = capture.card
-    payment = Payment(capture.order_id, capture.amount_cents, state, now_ms, card.token, card.last4, reason)
+    payment = Payment(capture.order_id, capture.amount_cents, state, now_ms, card.token, card.last4, reason, capture.deadline_ms)
     return payment, [_transaction(payment, payment.state), _payment_answer(payment)]
 
 
@@ -447,6 +469,46 @@ def on_settle(previous: Payment | None, order_id: str, commit: bool, now_ms: int
         return previous, [], f"payments: order {order_id!r} is {previous.state}, it cannot become {target}"
     settled = replace(previous, state=target, updated_ms=now_ms)
     return settled, [_transaction(settled, target)], None
+
+
+def late_capture(previous: Payment | None, capture: Capture, now_ms: int, retention_ms: int) -> str | None:
+    """Why a capture is refused as late (None: it is not). A capture that finds no payment for its ticket once its
+    order's deadline and the done retention have passed captures nothing and answers nothing: the order has had its
+    outcome (the dispatch aborts an order whose capture is not answered by then), and the payment it would repeat may
+    have been settled and expired (:func:`payment_due`: a payment's key outlives its capture's deadline by the
+    retention, so the same capture delivered again after its key went is always this late). Capturing it again
+    would charge the card a second time, with nothing left to settle it."""
+    if previous is not None or capture.deadline_ms is None or now_ms < capture.deadline_ms + retention_ms:
+        return None
+    return (
+        f"payments: capture of {capture.order_id!r} came {now_ms - capture.deadline_ms} ms after its order's deadline, "
+        f"past the done retention ({retention_ms} ms), and finds no payment: nothing is captured or answered"
+    )
+
+
+def payment_due(payment: Payment, retention_ms: int) -> int | None:
+    """When a payment's key goes: a final payment (committed, voided or rejected) once the done retention has passed
+    since it became final and since its capture's deadline, whichever is later; None for a payment still ``captured``,
+    which never expires (its commit or void is still to come)."""
+    if payment.state not in FINAL_PAYMENT_STATES:
+        return None
+    deadline = payment.updated_ms if payment.deadline_ms is None else max(payment.updated_ms, payment.deadline_ms)
+    return deadline + retention_ms
+
+
+def payment_deadlines(previous: Payment | None, payment: Payment | None, retention_ms: int) -> tuple[int, ...]:
+    """The deadline a change to a payment files: its :func:`payment_due` when this change made it final (a commit or
+    void of a capture, a rejected card); nothing for a capture still open or a phase seen again."""
+    if payment is None or (previous is not None and previous.state == payment.state):
+        return ()
+    due = payment_due(payment, retention_ms)
+    return () if due is None else (due,)
+
+
+def on_payment_deadline(payment: Payment, now_ms: int, retention_ms: int) -> Payment | None:
+    """A payment's deadline came: None (its key is deleted) once it is due (:func:`payment_due`), else the payment."""
+    due = payment_due(payment, retention_ms)
+    return None if due is not None and now_ms >= due else payment
 
 
 # -------------------------------------------------------------------------------------------- stock

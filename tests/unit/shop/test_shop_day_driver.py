@@ -31,7 +31,7 @@ RETENTION_MS = 5_000
 
 def shop_driver() -> TestDriver:
     shop = ShopSettings(card_reject_rate=REJECT_RATE, seed=SEED, stock=100_000, stock_overrides=(("pistachio", SCARCE),))
-    settings = Settings(partitions=2, eof_closed_retention_ms=RETENTION_MS)
+    settings = Settings(partitions=2, eof_closed_retention_ms=RETENTION_MS, done_retention_ms=RETENTION_MS)
     return TestDriver(FLOWS, settings, eof_jobs={"": DAY}, topologies=[lambda wiring: ShopStages(wiring, shop)])
 
 
@@ -70,9 +70,11 @@ def test_a_day_at_the_shop_matches_the_sequential_reference_and_leaves_nothing_b
         assert payments["captured"] == 0, f"every capture committed or voided: {payments}"
         assert payments["committed"] == sum(report["served"] for report in reports.values())
 
-        held = {table: len(driver.table(table)) for table in ("shop_order_ids", "eof_counters", "eof_totals", "eof_joins")}
+        per_order = ("shop_order_ids", "shop_payments", "shop_kitchen_settled", "eof_counters", "eof_totals", "eof_joins")
+        held = {table: len(driver.table(table)) for table in per_order}
         assert all(held.values()), f"each table held the day before its retention: {held}"
-        driver.advance(ms=RETENTION_MS + 2 * driver.settings.tick_interval_ms + 1_000)
+        # a payment is kept for the retention after its order's deadline too (the dispatch timeout after its claim)
+        driver.advance(ms=ShopSettings().dispatch_timeout_ms + RETENTION_MS + 2 * driver.settings.tick_interval_ms + 1_000)
         left = {table: sorted(driver.table(table)) for table in held}
         assert not any(left.values()), f"keys left after the day and its tombstones' retention: {left}"
 
