@@ -53,14 +53,19 @@ __all__ = [
     "on_capture",
     "on_settle",
     "FINAL_PAYMENT_STATES",
+    "past_done_retention",
+    "done_due",
     "late_capture",
     "payment_due",
     "payment_deadlines",
     "on_payment_deadline",
     "Stock",
     "on_reserve",
+    "late_reservation",
     "on_release",
     "on_deliver",
+    "kitchen_mark",
+    "read_deadline",
     "OpenedOrder",
     "DispatchOrder",
     "is_positive_count",
@@ -346,6 +351,15 @@ VOIDED = "voided"
 FINAL_PAYMENT_STATES = frozenset({COMMITTED, VOIDED, REJECTED})
 
 
+def read_deadline(raw: Mapping[str, Any], what: str) -> int | None:
+    """The order's deadline a message carries (``deadline_ms``, an integer in ms; None when it has none, as a message
+    written before it travelled), or ValueError naming ``what`` (say "a capture") when it is something else."""
+    deadline = raw.get("deadline_ms")
+    if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool)):
+        raise ValueError(f"{what}'s 'deadline_ms' must be an integer (ms) or absent, got {type(deadline).__name__}")
+    return deadline
+
+
 @dataclass(frozen=True)
 class Capture:
     """Phase one's request to the gateway (topic ``shop.payments``): the amount, the card's reference, the key
@@ -378,10 +392,7 @@ class Capture:
             raise ValueError("a capture needs 'order_id' (str), 'amount_cents' (int), 'decision_key' (str) and 'card' (object)")
         if not isinstance(card, dict):
             raise ValueError(f"a capture needs 'card' as an object (token, last4, luhn_ok), got {type(card).__name__}")
-        deadline = raw.get("deadline_ms")
-        if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool)):
-            raise ValueError(f"a capture's 'deadline_ms' must be an integer (ms) or absent, got {type(deadline).__name__}")
-        return cls(order_id, amount, key, CardRef.from_dict(card), deadline)
+        return cls(order_id, amount, key, CardRef.from_dict(card), read_deadline(raw, "a capture"))
 
 
 @dataclass(frozen=True)
@@ -471,6 +482,21 @@ def on_settle(previous: Payment | None, order_id: str, commit: bool, now_ms: int
     return settled, [_transaction(settled, target)], None
 
 
+def past_done_retention(deadline_ms: int, now_ms: int, retention_ms: int) -> bool:
+    """Whether a message for an order comes once the order's deadline and the done retention (``WEIR_DONE_RETENTION_MS``)
+    have passed. What a stage keeps of a settled order outlives that instant (:func:`done_due`), so such a message
+    that finds nothing kept of its order is one the stage may have seen and forgotten: the rule of a late capture
+    (:func:`late_capture`) and of a late reservation (:func:`late_reservation`)."""
+    return now_ms >= deadline_ms + retention_ms
+
+
+def done_due(final_ms: int, deadline_ms: int | None, retention_ms: int) -> int:
+    """When what a stage keeps of a settled order goes: the done retention after it was settled (``final_ms``) and
+    after the order's deadline, whichever is later (after ``final_ms`` only when the order's deadline is not known).
+    Kept so, it is there for any message of the order that is not yet :func:`past_done_retention`."""
+    return (final_ms if deadline_ms is None else max(final_ms, deadline_ms)) + retention_ms
+
+
 def late_capture(previous: Payment | None, capture: Capture, now_ms: int, retention_ms: int) -> str | None:
     """Why a capture is refused as late (None: it is not). A capture that finds no payment for its ticket once its
     order's deadline and the done retention have passed captures nothing and answers nothing: the order has had its
@@ -478,7 +504,7 @@ def late_capture(previous: Payment | None, capture: Capture, now_ms: int, retent
     have been settled and expired (:func:`payment_due`: a payment's key outlives its capture's deadline by the
     retention, so the same capture delivered again after its key went is always this late). Capturing it again
     would charge the card a second time, with nothing left to settle it."""
-    if previous is not None or capture.deadline_ms is None or now_ms < capture.deadline_ms + retention_ms:
+    if previous is not None or capture.deadline_ms is None or not past_done_retention(capture.deadline_ms, now_ms, retention_ms):
         return None
     return (
         f"payments: capture of {capture.order_id!r} came {now_ms - capture.deadline_ms} ms after its order's deadline, "
@@ -492,8 +518,7 @@ def payment_due(payment: Payment, retention_ms: int) -> int | None:
     which never expires (its commit or void is still to come)."""
     if payment.state not in FINAL_PAYMENT_STATES:
         return None
-    deadline = payment.updated_ms if payment.deadline_ms is None else max(payment.updated_ms, payment.deadline_ms)
-    return deadline + retention_ms
+    return done_due(payment.updated_ms, payment.deadline_ms, retention_ms)
 
 
 def payment_deadlines(previous: Payment | None, payment: Payment | None, retention_ms: int) -> tuple[int, ...]:
@@ -553,9 +578,10 @@ def on_reserve(stock: Stock, order_id: str, scoops: int, *, settled: bool = Fals
     """Reserve ``scoops`` for an order, or refuse for lack of stock; never below zero.
 
     ``settled``: this flavour was delivered or released for the order already (the kitchen remembers it
-    for the done retention after a release or a delivery). A reservation after that is one sent again (the
-    orders stage replayed under at_least_once) or one that lost the race with a timeout's release: it
-    reserves nothing and answers nothing, as the order has its outcome.
+    for the done retention after a release or a delivery, :func:`kitchen_mark`). A reservation after that is one
+    sent again (the dispatch replayed under at_least_once) or one that lost the race with a timeout's release: it
+    reserves nothing and answers nothing, as the order has its outcome. One that comes after the mark went is
+    refused before it gets here (:func:`late_reservation`).
     """
     if settled:
         return stock, []
@@ -567,6 +593,37 @@ def on_reserve(stock: Stock, order_id: str, scoops: int, *, settled: bool = Fals
         return updated, [Send("kitchen-answers", order_id, _kitchen_answer(stock.flavour, order_id, True))]
     refused = replace(stock, refused=stock.refused | {order_id})
     return refused, [Send("kitchen-answers", order_id, _kitchen_answer(stock.flavour, order_id, False))]
+
+
+def late_reservation(stock: Stock, order_id: str, deadline_ms: int | None, now_ms: int, retention_ms: int, *, settled: bool) -> str | None:
+    """Why a reservation is refused as late (None: it is not). A reservation that finds neither its order's settled
+    mark (``settled``) nor anything of the order in the container (scoops reserved, or a refusal) once its order's
+    deadline and the done retention have passed reserves nothing and answers nothing: the order has had its outcome
+    (the dispatch aborts an order whose reservations are not answered by then), and the mark that would have
+    absorbed it may have expired (:func:`kitchen_mark`: a mark outlives its order's deadline by the retention, so
+    the same reservation delivered again after its mark went is always this late). Reserving it again would hold
+    scoops that no release or delivery will ever come for. A reservation that finds the order in the container is
+    answered again as ever (its scoops' release or delivery is still to come); one without a deadline, written before
+    reservations carried one, is taken as a first reservation."""
+    if settled or deadline_ms is None or order_id in stock.reserved or order_id in stock.refused:
+        return None
+    if not past_done_retention(deadline_ms, now_ms, retention_ms):
+        return None
+    return (
+        f"kitchen: reservation of {order_id!r} ({stock.flavour}) came {now_ms - deadline_ms} ms after its order's "
+        f"deadline, past the done retention ({retention_ms} ms), and finds no settled mark and no reservation of the "
+        f"order: nothing is reserved or answered"
+    )
+
+
+def kitchen_mark(now_ms: int, deadline_ms: int | None) -> int:
+    """The value of an order's settled mark for a flavour (table ``shop_kitchen_settled``, key ``flavour/ticket``),
+    filed at its first release or delivery: the instant its done retention counts from, that release or delivery
+    or the order's deadline if later (the release or delivery carries the deadline; without one, as in a message
+    written before it travelled, the release or delivery). The mark goes once the retention has passed since then
+    (:func:`done_due`), so it is there for any reservation of the order not yet :func:`past_done_retention`, and a
+    mark written before the deadline was carried (its value: when it was written) is read the same way."""
+    return now_ms if deadline_ms is None else max(now_ms, deadline_ms)
 
 
 def _kitchen_answer(flavour: str, order_id: str, ok: bool) -> dict[str, Any]:
@@ -625,6 +682,16 @@ class DispatchOrder:
     screen: str
     line: int
     order: OpenedOrder
+    #: the order's deadline (the open's ``deadline_ms``; None in an open written before it was carried): every
+    #: message to the kitchen carries it (:func:`late_reservation`, :func:`kitchen_mark`)
+    deadline_ms: int | None = None
+
+    def kitchen(self, kind: str, flavour: str, **fields: Any) -> Send:
+        """A reservation, release or delivery of one flavour of this order, keyed by flavour, with its deadline."""
+        message: dict[str, Any] = {"kind": kind, "order_id": self.ticket, "flavour": flavour, **fields}
+        if self.deadline_ms is not None:
+            message["deadline_ms"] = self.deadline_ms
+        return Send("kitchen", flavour, message)
 
     @classmethod
     def from_open(cls, raw: Any) -> DispatchOrder:
@@ -640,7 +707,8 @@ class DispatchOrder:
             raise ValueError("shop dispatch: an open needs 'ticket' (str), 'screen' (str), 'line' (int), 'order.amount_cents' (int)")
         if not scoops or not all(map(is_positive_count, scoops.values())):
             raise ValueError(f"shop dispatch: open of {ticket!r}: 'order.scoops' must map flavours to positive integers")
-        return cls(ticket, screen, line, OpenedOrder(ticket, scoops, amount))
+        deadline = read_deadline(raw, f"shop dispatch: open of {ticket!r}: an open")
+        return cls(ticket, screen, line, OpenedOrder(ticket, scoops, amount), deadline)
 
 
 def read_answer(raw: Any, *, kitchen: bool) -> dict[str, Any]:
@@ -667,14 +735,12 @@ class WaitEnd:
 
 def reservations(order: DispatchOrder, payment: WaitEnd) -> list[Send]:
     """Phase one's second half, after the payment's wait: a captured order's reservations, one per flavour, keyed by
-    flavour. A rejected card (or no answer) reserves nothing: the kitchen never hears of the order."""
+    flavour, each with the order's deadline (:func:`late_reservation`). A rejected card (or no answer) reserves
+    nothing: the kitchen never hears of the order."""
     captured = payment.status == WAIT_COMPLETED and bool(payment.answers) and payment.answers[0].get("ok") is True
     if not captured:
         return []
-    return [
-        Send("kitchen", flavour, {"kind": "reserve", "order_id": order.ticket, "flavour": flavour, "scoops": scoops})
-        for flavour, scoops in sorted(order.order.scoops.items())
-    ]
+    return [order.kitchen("reserve", flavour, scoops=scoops) for flavour, scoops in sorted(order.order.scoops.items())]
 
 
 def dispatch_outcome(order: DispatchOrder, status: str, reason: str | None) -> list[Send]:
@@ -715,7 +781,7 @@ def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Sen
     answered = {str(item["flavour"]) for item in kitchen.answers}
     if kitchen.status == WAIT_COMPLETED and not refused and answered >= set(flavours):
         sends = [Send("payments", ticket, {"kind": "commit", "order_id": ticket})]
-        sends += [Send("kitchen", flavour, {"kind": "deliver", "order_id": ticket, "flavour": flavour}) for flavour in flavours]
+        sends += [order.kitchen("deliver", flavour) for flavour in flavours]
         return sends + dispatch_outcome(order, READY, None)
     if refused:
         reason = "; ".join(f"out of stock: {flavour}" for flavour in refused)
@@ -724,7 +790,7 @@ def settle(order: DispatchOrder, payment: WaitEnd, kitchen: WaitEnd) -> list[Sen
     else:
         reason = f"kitchen failed: {kitchen.error}"
     # Every flavour gets a release, answered or not: a reservation still on its way is released when it lands.
-    releases = [Send("kitchen", flavour, {"kind": "release", "order_id": ticket, "flavour": flavour}) for flavour in flavours]
+    releases = [order.kitchen("release", flavour) for flavour in flavours]
     return [void, *releases, *dispatch_outcome(order, ABORTED, reason)]
 
 

@@ -69,6 +69,9 @@ def test_a_day_at_the_shop_matches_the_sequential_reference_and_leaves_nothing_b
         payments = Counter(payment["state"] for payment in driver.table("shop_payments").values())
         assert payments["captured"] == 0, f"every capture committed or voided: {payments}"
         assert payments["committed"] == sum(report["served"] for report in reports.values())
+        assert all("deadline_ms" in message for message in driver.values("shop.kitchen")), "every kitchen message has its deadline"
+        late = [letter["reason"] for letter in driver.dead_letters() if letter["reason"] in ("late-capture", "late-reservation")]
+        assert late == [], "no capture or reservation in time is refused as late"
 
         per_order = ("shop_order_ids", "shop_payments", "shop_kitchen_settled", "eof_counters", "eof_totals", "eof_joins")
         held = {table: len(driver.table(table)) for table in per_order}
