@@ -38,7 +38,7 @@ from weir.app.edge import command_edge
 from weir.app.eof_topology import load_job, parse_jobs
 from weir.app.flow_topology import load_flows
 from weir.app.flows import Flow
-from weir.app.kafka_io import check_replication, ensure_topics
+from weir.app.kafka_io import ensure_topics
 from weir.app.pipeline import load_processor
 from weir.app.runtime import environment
 from weir.app.settings import AGENT_NAMES, OPTIONAL_AGENT_NAMES, SettingError, Settings
@@ -399,7 +399,6 @@ class Application:
         failure: list[BaseException] = []
 
         async def create() -> dict[str, int]:
-            await check_replication(settings.bootstrap, settings.replication_factor)
             return await ensure_topics(
                 settings.bootstrap, names, settings.partitions, replication=settings.replication_factor, config=settings.topic_config()
             )

@@ -35,7 +35,6 @@ __all__ = [
     "delete_topics",
     "BrokerUnavailable",
     "check_broker",
-    "check_replication",
     "groups_reading",
 ]
 
@@ -136,19 +135,16 @@ async def check_broker(bootstrap: str, *, client_options: Mapping[str, Any] | No
         quiet.propagate = propagate
 
 
-async def check_replication(bootstrap: str, factor: int, *, client_options: Mapping[str, Any] | None = None) -> None:
-    """Refuse (:class:`app.settings.SettingError`, one line) a replication factor the cluster cannot hold: creating
-    a topic with more copies than brokers fails, and a worker would stop on the first topic it declares."""
-    if factor <= 1:
-        return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options_or_env(client_options))
-    await admin.start()
-    try:
-        brokers = len((await admin.describe_cluster())["brokers"])
-    finally:
-        await admin.close()
+async def _refuse_replication_beyond(admin: AIOKafkaAdminClient, bootstrap: str, factor: int, names: list[str]) -> None:
+    """Refuse (:class:`app.settings.SettingError`, one line) to create ``names`` with more copies than live brokers:
+    Kafka would refuse each topic. Asked only when topics are to be created: a broker down for a while must not
+    stop a worker whose topics exist (a restart during a broker's outage went on refusing)."""
+    brokers = len((await admin.describe_cluster())["brokers"])
     if brokers < factor:
-        message = f"setting WEIR_REPLICATION_FACTOR={factor}: the cluster at {bootstrap} has only {brokers} broker(s)"
+        message = (
+            f"setting WEIR_REPLICATION_FACTOR={factor}: the cluster at {bootstrap} has only {brokers} live broker(s) "
+            f"to create {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+        )
         raise SettingError(message)
 
 
@@ -200,6 +196,8 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [NewTopic(name, partitions, replication, topic_configs=dict(config or {})) for name in wanted if name not in existing]
+        if missing and replication > 1:
+            await _refuse_replication_beyond(admin, bootstrap, replication, [topic.name for topic in missing])
         if missing:
             try:
                 response = await admin.create_topics(missing)

@@ -16,6 +16,12 @@
 # password), owner-only. The CA's key is deleted once it has signed. Clients then need
 # WEIR_KAFKA_SECURITY_PROTOCOL=SSL (or SASL_SSL and the user) and WEIR_KAFKA_SSL_CAFILE=<that ca.pem>.
 # The controller listener stays PLAINTEXT on 127.0.0.1 whatever these say.
+# WEIR_KAFKA_NODES=3: a cluster of that many KRaft nodes on this machine, each broker and controller (a static
+# quorum of all of them), node i listening on WEIR_KAFKA_PORT + 10*(i-1) and WEIR_KAFKA_CONTROLLER_PORT + 10*(i-1)
+# (or the i-th of the comma-separated WEIR_KAFKA_PORTS / WEIR_KAFKA_CONTROLLER_PORTS), its data, config, log and
+# pid file in $WEIR_STATE_DIR/kafka-<i>. Internal topics are replicated min(3, nodes) times with
+# min.insync.replicas one less (at least 1). start, stop, status and wipe act on every node; start-node,
+# stop-node and kill-node (SIGKILL) on node N alone: scripts/broker.sh kill-node 2. Not with SASL or TLS.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -36,8 +42,37 @@ ca_file="$tls_dir/ca.pem"
 keystore="$tls_dir/broker.p12"
 keystore_password_file="$tls_dir/keystore.password"
 tls_days=825
+nodes="${WEIR_KAFKA_NODES:-1}"
+base_port="$port"
+base_controller_port="$controller_port"
+node_id=1
+log_dir="$state_dir/kafka"
 
 die() { echo "broker: $*" >&2; exit 1; }
+
+# The i-th of a comma-separated list, or base + 10*(i-1).
+nth_port() { local list="$1" base="$2" i="$3"; if [ -n "$list" ]; then echo "$list" | cut -d, -f"$i"; else echo $((base + 10 * (i - 1))); fi; }
+
+# Points the per-node globals (ports, data, config, logs, pid file) at node $1 of a cluster (WEIR_KAFKA_NODES > 1).
+select_node() {
+  node_id="$1"
+  [ "$node_id" -ge 1 ] && [ "$node_id" -le "$nodes" ] 2>/dev/null || die "no node $node_id: WEIR_KAFKA_NODES=$nodes"
+  port="$(nth_port "${WEIR_KAFKA_PORTS:-}" "$base_port" "$node_id")"
+  controller_port="$(nth_port "${WEIR_KAFKA_CONTROLLER_PORTS:-}" "$base_controller_port" "$node_id")"
+  log_dir="$state_dir/kafka-$node_id"
+  data="$log_dir/data"
+  pidfile="$log_dir/kafka.pid"
+  config="$log_dir/server.properties"
+}
+
+# The static quorum of a cluster: every node is a voter.
+quorum_voters() {
+  local i voters=""
+  for i in $(seq 1 "$nodes"); do
+    voters="$voters${voters:+,}$i@127.0.0.1:$(nth_port "${WEIR_KAFKA_CONTROLLER_PORTS:-}" "$base_controller_port" "$i")"
+  done
+  echo "$voters"
+}
 
 # Whether a missing prerequisite may be installed here: as root on a Debian-like system (as scripts/chromium.sh
 # does for Chromium). Elsewhere the script stops with one line naming what to install.
@@ -182,25 +217,32 @@ PROPS
 
 write_config() {
   mkdir -p "$(dirname "$config")"
-  local listeners
+  local listeners quorum replicas=1 min_isr=1
   listeners="$(listener_config)"
+  if [ "$nodes" -gt 1 ]; then
+    quorum="controller.quorum.voters=$(quorum_voters)"
+    replicas=$((nodes < 3 ? nodes : 3))
+    min_isr=$((replicas > 1 ? replicas - 1 : 1))
+  else
+    quorum="controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
+  fi
   # the file may hold the SASL password and the keystore's: readable by its owner only
   (umask 077; cat >"$config" <<PROPS
 process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:$controller_port
+node.id=$node_id
+$quorum
 $listeners
 log.dirs=$data
 num.partitions=4
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
+default.replication.factor=$replicas
+min.insync.replicas=$min_isr
+offsets.topic.replication.factor=$replicas
 offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$min_isr
 transaction.state.log.num.partitions=8
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$replicas
+share.coordinator.state.topic.min.isr=$min_isr
 group.initial.rebalance.delay.ms=0
 group.consumer.session.timeout.ms=45000
 group.min.session.timeout.ms=1000
@@ -228,6 +270,39 @@ tls_note() {
   fi
 }
 
+# Formats the current node's log dir once (a cluster's nodes with one cluster id), then starts its JVM.
+launch() {
+  local opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+              "-Dlog4j2.configurationFile=$root/broker/log4j2.properties" "-Dweir.log.dir=$log_dir")
+  write_config
+  if [ ! -f "$data/meta.properties" ]; then
+    mkdir -p "$data"
+    local format=(--standalone) cluster_id
+    if [ "$nodes" -gt 1 ]; then
+      format=()
+      [ -s "$state_dir/cluster.id" ] || java -cp "$(classpath)" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1 >"$state_dir/cluster.id"
+      cluster_id="$(cat "$state_dir/cluster.id")"
+    else
+      cluster_id="$(java -cp "$(classpath)" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+    fi
+    java "${opts[@]}" -cp "$(classpath)" kafka.tools.StorageTool format "${format[@]}" -t "$cluster_id" -c "$config" \
+        >"$log_dir/format.log" 2>&1 \
+      || { cat "$log_dir/format.log" >&2; die "formatting the KRaft log dir of node $node_id failed"; }
+  fi
+  nohup java "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$config" >"$log_dir/stdout.log" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+}
+
+# Waits until the current node serves clients.
+wait_ready() {
+  local waited=0
+  until port_open && grep -q "Kafka Server started" "$log_dir/server.log" 2>/dev/null; do
+    if ! is_running; then tail -40 "$log_dir/stdout.log" "$log_dir/server.log" >&2 2>/dev/null || true; die "Kafka node $node_id exited during start"; fi
+    sleep 0.5; waited=$((waited + 1))
+    [ "$waited" -lt $((ready_timeout * 2)) ] || die "Kafka node $node_id not ready after ${ready_timeout}s (logs in $log_dir)"
+  done
+}
+
 start() {
   if [ -n "${KAFKA_BOOTSTRAP:-}" ]; then echo "broker: KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP set, using that broker"; return 0; fi
   mkdir -p "$state_dir"
@@ -236,38 +311,74 @@ start() {
   need_java
   fetch_jars
   if [ "$tls" = "1" ]; then ensure_tls; fi
-  write_config
-  local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
-                   "-Dlog4j2.configurationFile=$root/broker/log4j2.properties" "-Dweir.log.dir=$state_dir/kafka")
-  if [ ! -f "$data/meta.properties" ]; then
-    mkdir -p "$data"
-    java "${java_opts[@]}" -cp "$(classpath)" kafka.tools.StorageTool format --standalone \
-        -t "$(java -cp "$(classpath)" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)" \
-        -c "$config" >"$state_dir/kafka/format.log" 2>&1 \
-      || { cat "$state_dir/kafka/format.log" >&2; die "formatting the KRaft log dir failed"; }
-  fi
-  nohup java "${java_opts[@]}" -cp "$(classpath)" kafka.Kafka "$config" \
-      >"$state_dir/kafka/stdout.log" 2>&1 </dev/null &
-  echo $! >"$pidfile"
-  local waited=0
-  until port_open && grep -q "Kafka Server started" "$state_dir/kafka/server.log" 2>/dev/null; do
-    if ! is_running; then tail -40 "$state_dir/kafka/stdout.log" "$state_dir/kafka/server.log" >&2 2>/dev/null || true; die "Kafka exited during start"; fi
-    sleep 0.5; waited=$((waited + 1))
-    [ "$waited" -lt $((ready_timeout * 2)) ] || die "Kafka not ready after ${ready_timeout}s (logs in $state_dir/kafka)"
-  done
+  launch
+  wait_ready
   echo "broker: Apache Kafka ready on 127.0.0.1:$port (pid $(cat "$pidfile"), data in $data)"
   tls_note
+}
+
+# The cluster's bootstrap servers: every node's client listener.
+cluster_bootstrap() {
+  local i servers=""
+  for i in $(seq 1 "$nodes"); do servers="$servers${servers:+,}127.0.0.1:$(nth_port "${WEIR_KAFKA_PORTS:-}" "$base_port" "$i")"; done
+  echo "$servers"
+}
+
+# Starts the given nodes of the cluster (all by default) and waits until each serves clients: a static quorum
+# elects its leader once a majority of the voters is up, so the nodes start side by side.
+cluster_start() {
+  [ -z "${KAFKA_BOOTSTRAP:-}" ] || { echo "broker: KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP set, using that broker"; return 0; }
+  [ "$sasl" != "1" ] && [ "$tls" != "1" ] || die "WEIR_KAFKA_NODES>1 runs without SASL and TLS"
+  mkdir -p "$state_dir"
+  need_java
+  fetch_jars
+  local i started=()
+  for i in "$@"; do
+    select_node "$i"
+    if is_running; then continue; fi
+    if port_open; then die "port $port (node $i) is taken by another process"; fi
+    launch
+    started+=("$i")
+  done
+  for i in "${started[@]}"; do select_node "$i"; wait_ready; done
+  local up="$*"
+  echo "broker: Apache Kafka cluster of $nodes nodes on $(cluster_bootstrap) (node(s) ${up// /,} up, data in $state_dir/kafka-<node>)"
 }
 
 stop() {
   if ! is_running; then rm -f "$pidfile"; echo "broker: not running"; return 0; fi
   local pid; pid="$(cat "$pidfile")"
-  kill "$pid" 2>/dev/null || true
+  kill "-${1:-TERM}" "$pid" 2>/dev/null || true
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$pidfile"
   echo "broker: stopped"
 }
+
+all_nodes() { seq 1 "$nodes"; }
+
+if [ "$nodes" -gt 1 ]; then
+  node_arg="${2:-}"
+  case "${1:-}" in
+    start) cluster_start $(all_nodes) ;;
+    stop) for i in $(all_nodes); do select_node "$i"; echo -n "node $i: "; stop; done ;;
+    status)
+      down=0
+      for i in $(all_nodes); do
+        select_node "$i"
+        if is_running; then echo "broker: node $i running (pid $(cat "$pidfile")) on 127.0.0.1:$port"; else echo "broker: node $i stopped"; down=1; fi
+      done
+      exit "$down" ;;
+    start-node) [ -n "$node_arg" ] || die "usage: $0 start-node N"; cluster_start "$node_arg" ;;
+    stop-node) [ -n "$node_arg" ] || die "usage: $0 stop-node N"; select_node "$node_arg"; stop ;;
+    kill-node) [ -n "$node_arg" ] || die "usage: $0 kill-node N"; select_node "$node_arg"; stop KILL ;;
+    bootstrap) echo "$(cluster_bootstrap)" ;;
+    jars) need_java; mkdir -p "$state_dir"; fetch_jars ;;
+    wipe) for i in $(all_nodes); do select_node "$i"; stop; rm -rf "$data"; done; rm -f "$state_dir/cluster.id"; echo "broker: data wiped" ;;
+    *) echo "usage: $0 start|stop|status|start-node N|stop-node N|kill-node N|bootstrap|jars|wipe" >&2; exit 2 ;;
+  esac
+  exit 0
+fi
 
 case "${1:-}" in
   start) start ;;

@@ -79,3 +79,70 @@ class BrokerInstance:
     def server_log(self) -> str:
         path = self.state_dir / "kafka" / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+@dataclass
+class ClusterInstance:
+    """A cluster of ``nodes`` KRaft nodes (each broker and controller) started with scripts/broker.sh
+    (``WEIR_KAFKA_NODES``) under its own state dir and ports: replication 3, ``min.insync.replicas`` 2."""
+
+    state_dir: Path
+    nodes: int = 3
+    ports: list[int] = field(default_factory=list)
+    controller_ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ports = self.ports or [free_port() for _ in range(self.nodes)]
+        self.controller_ports = self.controller_ports or [free_port() for _ in range(self.nodes)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def env(self) -> dict[str, str]:
+        env = BrokerInstance(self.state_dir, port=self.ports[0], controller_port=self.controller_ports[0]).env()
+        env.update(
+            {
+                "WEIR_KAFKA_NODES": str(self.nodes),
+                "WEIR_KAFKA_PORTS": ",".join(map(str, self.ports)),
+                "WEIR_KAFKA_CONTROLLER_PORTS": ",".join(map(str, self.controller_ports)),
+            }
+        )
+        return env
+
+    def run(self, *command: str) -> str:
+        script = str(ROOT / "scripts" / "broker.sh")
+        result = subprocess.run([script, *command], env=self.env(), capture_output=True, text=True, timeout=180)
+        if result.returncode != 0 and command[0] != "status":
+            message = f"scripts/broker.sh {' '.join(command)} for {self.state_dir} failed:\n{result.stdout}\n{result.stderr}"
+            raise RuntimeError(message)
+        return result.stdout
+
+    def start(self) -> ClusterInstance:
+        self.run("start")
+        return self
+
+    def stop(self) -> None:
+        self.run("stop")
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL node ``node`` (1-based): no shutdown, no leadership handed over."""
+        self.run("kill-node", str(node))
+
+    def start_node(self, node: int) -> None:
+        """Start node ``node`` again on its data directory; returns once it serves clients."""
+        self.run("start-node", str(node))
+
+    def server_log(self, node: int) -> str:
+        path = self.state_dir / f"kafka-{node}" / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def active_controller(self) -> int:
+        """The node that last became the quorum's leader (the active controller), from the nodes' logs."""
+        latest: dict[int, str] = {}
+        for node in range(1, self.nodes + 1):
+            stamps = [line[1:24] for line in self.server_log(node).splitlines() if "Completed transition to Leader" in line]
+            if stamps:
+                latest[node] = stamps[-1]
+        assert latest, "no node has led the quorum yet"
+        return max(latest, key=lambda node: latest[node])

@@ -15,6 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.integration.conftest import Pipeline
 from weir.app.kafka_io import ensure_topics
+from weir.app.settings import SettingError
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_a_replication_factor_above_the_brokers_is_refused_in_one_line(pipeline:
     assert worker.process is not None
     assert worker.process.wait(90) == 2, worker.log_text()[-3000:]
     log = worker.log_text()
-    assert f"setting WEIR_REPLICATION_FACTOR=2: the cluster at {pipeline.bootstrap} has only 1 broker(s)" in log
+    assert f"setting WEIR_REPLICATION_FACTOR=2: the cluster at {pipeline.bootstrap} has only 1 live broker(s) to create" in log
     assert "Traceback" not in log
     assert asyncio.run(topics_with_prefix(pipeline.bootstrap, pipeline.prefix)) == [], "refused before any topic is created"
 
@@ -70,9 +71,11 @@ def test_every_topic_a_worker_creates_carries_min_insync_replicas(pipeline: Pipe
 def test_a_topic_the_broker_refuses_is_an_error_not_an_auto_created_default(pipeline: Pipeline) -> None:
     """Once, a topic named twice in one request was refused and the broker's auto-creation (on the next metadata
     request) made it with its own defaults; a refusal now ends the call, and the topic is not made."""
-    name = pipeline.topic("three-copies")
-    with pytest.raises(RuntimeError, match=rf"refused to create {re.escape(name)}: error 38"):
-        asyncio.run(ensure_topics(pipeline.bootstrap, [name], 2, replication=3))
+    name = pipeline.topic("bad-policy")
+    with pytest.raises(RuntimeError, match=rf"refused to create {re.escape(name)}: error 40"):  # INVALID_CONFIG
+        asyncio.run(ensure_topics(pipeline.bootstrap, [name], 2, config={"cleanup.policy": "keep-forever"}))
+    with pytest.raises(SettingError, match="has only 1 live broker"):  # asked only when a topic is to be created
+        asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic("three-copies")], 2, replication=3))
     assert asyncio.run(topics_with_prefix(pipeline.bootstrap, pipeline.prefix)) == []
     twice = [pipeline.topic("a"), pipeline.topic("b"), pipeline.topic("a")]
     assert asyncio.run(ensure_topics(pipeline.bootstrap, twice, 2, config={"min.insync.replicas": "1"})) == dict.fromkeys(twice, 2)

@@ -350,3 +350,44 @@ def test_a_failing_apt_get_stops_with_its_log(tmp_path: Path) -> None:
     assert "E: Unable to locate package" in result.stderr
     assert "apt-get could not install openjdk-17-jre-headless" in result.stderr
     assert _apt_calls(tmp_path) == ["update -qq"]
+
+
+def test_a_three_node_cluster_writes_one_config_per_node_with_one_static_quorum(tmp_path: Path) -> None:
+    ports = [_free_port() for _ in range(3)]
+    controllers = [_free_port() for _ in range(3)]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cut").symlink_to(shutil.which("cut") or "/usr/bin/cut")
+    result = _start_with_fake_java(
+        tmp_path,
+        with_openssl=False,
+        WEIR_KAFKA_NODES="3",
+        WEIR_KAFKA_PORTS=",".join(map(str, ports)),
+        WEIR_KAFKA_CONTROLLER_PORTS=",".join(map(str, controllers)),
+    )
+    assert result.returncode != 0, "the stand-in java exits at once: no node starts"
+    voters = ",".join(f"{node}@127.0.0.1:{controllers[node - 1]}" for node in (1, 2, 3))
+    for node in (1, 2, 3):
+        lines = (tmp_path / "state" / f"kafka-{node}" / "server.properties").read_text().splitlines()
+        assert f"node.id={node}" in lines
+        assert f"controller.quorum.voters={voters}" in lines
+        assert not any(line.startswith("controller.quorum.bootstrap.servers=") for line in lines)
+        assert f"listeners=PLAINTEXT://127.0.0.1:{ports[node - 1]},CONTROLLER://127.0.0.1:{controllers[node - 1]}" in lines
+        assert f"log.dirs={tmp_path / 'state' / f'kafka-{node}' / 'data'}" in lines
+        for setting in ("default.replication.factor", "offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
+            assert f"{setting}=3" in lines
+        for setting in ("min.insync.replicas", "transaction.state.log.min.isr"):
+            assert f"{setting}=2" in lines
+    assert (tmp_path / "state" / "cluster.id").read_text().strip() == "q1Sh-9_ISia_zwGINzRvyQ", "one cluster id for every node"
+
+
+def test_a_cluster_refuses_sasl_and_tls_and_a_node_it_does_not_have(tmp_path: Path) -> None:
+    refused = _run(tmp_path, "start", START_TOOLS, {"WEIR_KAFKA_NODES": "3", "WEIR_KAFKA_SASL": "1"})
+    assert refused.returncode != 0
+    assert "runs without SASL and TLS" in refused.stderr
+    env = {"PATH": str(tmp_path / "bin"), "WEIR_STATE_DIR": str(tmp_path / "state"), "WEIR_KAFKA_NODES": "3"}
+    done = subprocess.run(
+        [str(tmp_path / "bin" / "bash"), str(SCRIPT), "kill-node", "4"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode != 0
+    assert "no node 4: WEIR_KAFKA_NODES=3" in done.stderr
