@@ -22,6 +22,9 @@
 # pid file in $WEIR_STATE_DIR/kafka-<i>. Internal topics are replicated min(3, nodes) times with
 # min.insync.replicas one less (at least 1). start, stop, status and wipe act on every node; start-node,
 # stop-node and kill-node (SIGKILL) on node N alone: scripts/broker.sh kill-node 2. Not with SASL or TLS.
+# WEIR_KAFKA_PROXY_PORT (with WEIR_KAFKA_PROXIED_PORT): a second listener on 127.0.0.1:$WEIR_KAFKA_PROXIED_PORT,
+# advertised as 127.0.0.1:$WEIR_KAFKA_PROXY_PORT, where a proxy forwards to it (the tests' fault proxy): clients
+# that bootstrap there reach the broker only through the proxy. One PLAINTEXT node only.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -187,6 +190,19 @@ listener_config() {
   if [ "$sasl" = "1" ]; then
     case "$sasl_user$sasl_password" in *'"'*|*'\\'*|*';'*) die "WEIR_KAFKA_SASL_USERNAME/PASSWORD must not contain '\"', '\\' or ';' (JAAS syntax)" ;; esac
     [ -n "$sasl_user" ] && [ -n "$sasl_password" ] || die "WEIR_KAFKA_SASL=1 needs a non-empty user and password"
+  fi
+  if [ -n "${WEIR_KAFKA_PROXY_PORT:-}" ]; then
+    # a second listener, advertised on a proxy's port: its clients reach the broker only through the proxy
+    [ "$protocol" = PLAINTEXT ] && [ "$nodes" = 1 ] || die "WEIR_KAFKA_PROXY_PORT runs with one PLAINTEXT node only"
+    [ -n "${WEIR_KAFKA_PROXIED_PORT:-}" ] || die "WEIR_KAFKA_PROXY_PORT needs WEIR_KAFKA_PROXIED_PORT (the port the proxy forwards to)"
+    cat <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$port,PROXIED://127.0.0.1:$WEIR_KAFKA_PROXIED_PORT,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,PROXIED://127.0.0.1:$WEIR_KAFKA_PROXY_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT
+PROPS
+    return 0
   fi
   cat <<PROPS
 listeners=$protocol://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port

@@ -35,8 +35,8 @@ from tests.integration.test_shop import (
 from weir.app.kafka_io import read_to_end
 from weir.app.processes import Supervisor
 
-#: the shop's workers load the 2 cores: in the shop's group, one after another
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
+#: the broker-fault runs go one after another, beside the shop's group on the other test process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]
 
 ORDERS_PER_SCREEN = 40
 BROKER_KILLS = 2

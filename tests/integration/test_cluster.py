@@ -39,8 +39,9 @@ from tests.integration.test_shop import (
 from weir.app.kafka_io import read_to_end
 from weir.app.processes import Supervisor
 
-#: three JVMs and the shop's seven workers load the 2 cores: in the shop's group, one after another
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shop")]
+#: the broker-fault runs go one after another (three JVMs and the shop's seven workers load the 2 cores), beside the
+#: shop's group on the other test process
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]
 
 DOWNTIME_S = 5.0
 
@@ -51,7 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[ClusterInstance]:
     try:
         yield instance
     finally:
-        instance.stop()
+        instance.kill()
 
 
 async def under_replicated(bootstrap: str) -> list[str]:
@@ -73,7 +74,7 @@ async def under_replicated(bootstrap: str) -> list[str]:
 def test_the_shop_keeps_its_books_while_each_of_three_brokers_is_sigkilled_in_turn(cluster: ClusterInstance, tmp_path: Path) -> None:
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=cluster.bootstrap, tmp=tmp_path, prefix=f"c{unique}.", app_id=f"c{unique}")
-    screens = make_screens(int(os.environ.get("SHOP_CLUSTER_ORDERS", "120")) // 3, seed=13)
+    screens = make_screens(int(os.environ.get("SHOP_CLUSTER_ORDERS", "90")) // 3, seed=13)
     total = sum(len(lines) for lines in screens.values())
     env = {
         "WEIR_REPLICATION_FACTOR": 3,

@@ -391,3 +391,20 @@ def test_a_cluster_refuses_sasl_and_tls_and_a_node_it_does_not_have(tmp_path: Pa
     )
     assert done.returncode != 0
     assert "no node 4: WEIR_KAFKA_NODES=3" in done.stderr
+
+
+def test_a_proxied_listener_is_advertised_on_the_proxy_s_port(tmp_path: Path) -> None:
+    port, controller, proxy, proxied = (_free_port() for _ in range(4))
+    _start_with_fake_java(
+        tmp_path,
+        with_openssl=False,
+        WEIR_KAFKA_PORT=str(port),
+        WEIR_KAFKA_CONTROLLER_PORT=str(controller),
+        WEIR_KAFKA_PROXY_PORT=str(proxy),
+        WEIR_KAFKA_PROXIED_PORT=str(proxied),
+    )
+    lines = _config(tmp_path).splitlines()
+    assert f"listeners=PLAINTEXT://127.0.0.1:{port},PROXIED://127.0.0.1:{proxied},CONTROLLER://127.0.0.1:{controller}" in lines
+    assert f"advertised.listeners=PLAINTEXT://127.0.0.1:{port},PROXIED://127.0.0.1:{proxy}" in lines
+    assert "inter.broker.listener.name=PLAINTEXT" in lines, "the broker's own traffic does not go through the proxy"
+    assert "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT" in lines

@@ -17,7 +17,8 @@ SCRIPT = """
 import sys, time, pathlib
 runs = pathlib.Path(sys.argv[1]); codes = [int(code) for code in sys.argv[2].split(",") if code]
 run = int(runs.read_text()) if runs.exists() else 0
-runs.write_text(str(run + 1))
+(runs.parent / (runs.name + ".new")).write_text(str(run + 1))
+(runs.parent / (runs.name + ".new")).replace(runs)  # whole, never half-written: the test reads it meanwhile
 if run < len(codes):
     sys.exit(codes[run])
 time.sleep(60)
