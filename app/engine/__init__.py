@@ -113,7 +113,12 @@ aiokafka:
     producer's buffer and its task, callbacks) cost more than the write.
 
 mode: ``Service.task``, ``wait_first``, ``wait_for_stopped``, ``itertimer`` and the private ``_stopped`` event of
-the consumer and the fetcher (:mod:`~app.engine.delivery`).
+the consumer and the fetcher (:mod:`~app.engine.delivery`); the consumer's ``WorkerThread`` is a daemon thread
+(``DaemonWorkerThread``). Why: a failed stop of that thread kept a crashed worker's process alive for good.
+
+18. ``faust.app.base.App.crash`` is wrapped (:mod:`~app.engine.exits`): a crash arms a timer that ends the process
+    if it is still alive 15 s later. Why: a crash during a rebalance after a broker outage left the worker running,
+    its commits refused, holding its partitions for good.
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ from collections.abc import Callable, Mapping
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from weir.app.engine import config as _config
-from weir.app.engine import fetcher, kip447, restore
+from weir.app.engine import exits, fetcher, kip447, restore
 from weir.app.engine.commit import observe_aborts, observe_commits
 from weir.app.engine.config import EngineConfig, worker_slot
 from weir.app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
@@ -207,3 +212,4 @@ def install(config: EngineConfig) -> None:
     restore.end_restores_at_markers()
     restore.time_restores()
     restore.start_tables_at_once()
+    exits.exit_after_crash()
