@@ -12,7 +12,7 @@ ORDERS ?=
 TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install broker broker-stop broker-wipe demo demo-split chaos test test-unit test-integration lint format bench clean compose-check
+.PHONY: help install broker broker-stop broker-wipe demo demo-split chaos chaos-faults test test-unit test-integration lint format bench clean compose-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -89,9 +89,15 @@ bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Str
 	$(BIN)/python -m bench.charts bench/results.json --out bench/charts
 	$(BIN)/python -m bench.barrier
 
-chaos: $(STAMP) ## long shop run: a worker of every stage SIGKILLed and restarted in turn, bad inputs, exactly-once audit (ORDERS_N=2000 KILL_EVERY=5 VICTIMS=all)
+chaos: $(STAMP) ## long shop runs: a worker of every stage SIGKILLed in turn with bad inputs (ORDERS_N=2000 KILL_EVERY=5 VICTIMS=all), then the broker faults' long forms (FAULT_ORDERS=600)
 	scripts/broker.sh start
 	$(BIN)/python -m bench.chaos --orders $(or $(ORDERS_N),2000) --kill-every $(or $(KILL_EVERY),5) --victims $(or $(VICTIMS),all)
+	$(MAKE) --no-print-directory chaos-faults
+
+chaos-faults: $(STAMP) ## the broker faults' long forms: the broker SIGKILLed, a 3-node cluster's nodes SIGKILLed in turn, network faults (FAULT_ORDERS=600)
+	scripts/broker.sh start
+	SHOP_FAULT_ORDERS=$(or $(FAULT_ORDERS),600) SHOP_CLUSTER_ORDERS=$(or $(FAULT_ORDERS),600) $(BIN)/pytest -s \
+	    tests/integration/test_broker_kill_shop.py tests/integration/test_cluster.py tests/integration/test_network_faults.py
 
 compose-check: $(STAMP) ## parse docker/compose.yaml without a Docker engine
 	$(BIN)/python scripts/check_compose.py docker/compose.yaml

@@ -13,6 +13,7 @@ Runs on a private broker instance (own ports and state dir): the shared broker i
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -55,7 +56,7 @@ def own_broker(tmp_path: Path) -> Iterator[BrokerInstance]:
 def test_the_shop_keeps_its_books_when_the_broker_is_sigkilled_twice_mid_day(own_broker: BrokerInstance, tmp_path: Path) -> None:
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=own_broker.bootstrap, tmp=tmp_path, prefix=f"k{unique}.", app_id=f"k{unique}")
-    screens = make_screens(ORDERS_PER_SCREEN, seed=11)
+    screens = make_screens(int(os.environ.get("SHOP_FAULT_ORDERS", str(3 * ORDERS_PER_SCREEN))) // 3, seed=11)
     total = sum(len(lines) for lines in screens.values())
     # no order may time out at a barrier, nor the day be abandoned, while the broker is away
     env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000}
