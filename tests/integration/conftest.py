@@ -48,6 +48,29 @@ def free_port() -> int:
     raise RuntimeError("no free port in 20000-32000")
 
 
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive free ports below the ephemeral range (a demo's workers take base + N)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randint(20_000, 32_000 - count)
+        ports = range(base, base + count)
+        if any(port in _HANDED_OUT for port in ports):
+            continue
+        free = True
+        for port in ports:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            _HANDED_OUT.update(ports)
+            return base
+    message = f"no {count} consecutive free ports in 20000-32000"
+    raise RuntimeError(message)
+
+
 @dataclass
 class Pipeline:
     """A private weir deployment for one test: its own topic prefix, app id, data dir and workers."""

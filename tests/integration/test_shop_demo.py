@@ -30,7 +30,9 @@ import orjson
 import pytest
 
 from scripts.make_shop_orders import order_lines
+from shop.demo import STAGES
 from tests.conftest import ROOT
+from tests.integration.conftest import free_port_block
 from weir.app.kafka_io import delete_topics, read_to_end
 
 #: the shop's and the chaos run's workers load the 2 cores: these modules run one after another in one pytest process
@@ -76,6 +78,9 @@ def demo(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     )
     (orders / "terrace.jsonl").write_text(_line("o-1", "mint") + "\n")
     env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "PYTHONPATH": str(ROOT), "WEIR_SHOP_CARD_REJECT_RATE": "0"}
+    # web ports of its own: the demo's default (6066 and up) was taken once by the same demo run in the other test
+    # process (pytest 9.2 ignores xdist's loadgroup: a module's tests may run in both processes, each with its fixture)
+    env["WEIR_DEMO_WEB_PORT"] = str(free_port_block(len(STAGES)))
     done = subprocess.run(
         [sys.executable, "-m", "shop.demo", "--orders", str(orders), "--timeout", "60", "--keep"],
         cwd=ROOT,
