@@ -15,8 +15,8 @@ A short form for ``make test``; a longer run with more orders: ``SHOP_CLUSTER_OR
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,19 +25,10 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from shop.demo import run_shop
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import ClusterInstance
-from tests.integration.test_shop import (
-    assert_invariants,
-    assert_outcomes_once_on_the_topic,
-    comparable,
-    make_screens,
-    reference_reports,
-    start_shop,
-)
-from weir.app.kafka_io import read_to_end
-from weir.app.processes import Supervisor
+from tests.integration.shop_faults import run_day_with_faults
+from tests.integration.test_shop import make_screens
 
 #: the broker-fault runs go one after another (three JVMs and the shop's seven workers load the 2 cores), beside the
 #: shop's group on the other test process
@@ -75,67 +66,24 @@ def test_the_shop_keeps_its_books_while_each_of_three_brokers_is_sigkilled_in_tu
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=cluster.bootstrap, tmp=tmp_path, prefix=f"c{unique}.", app_id=f"c{unique}")
     screens = make_screens(int(os.environ.get("SHOP_CLUSTER_ORDERS", "90")) // 3, seed=13)
-    total = sum(len(lines) for lines in screens.values())
     env = {
         "WEIR_REPLICATION_FACTOR": 3,
         "WEIR_MIN_INSYNC_REPLICAS": 2,
         "WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000,  # no order times out at a barrier while a leader moves
         "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000,
     }
-    killed: list[int] = []
-    killed_at_ms: list[int] = []
-    failures: list[BaseException] = []
 
-    def outcomes_out() -> int:
-        try:
-            return len(asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("shop.outcomes"))))
-        except Exception:  # a leader is moving
-            return -1
+    def outage(node: int) -> None:
+        cluster.kill_node(node)
+        time.sleep(DOWNTIME_S)
+        cluster.start_node(node)
+        deadline = time.monotonic() + 120
+        while lagging := asyncio.run(under_replicated(pipeline.bootstrap)):
+            assert time.monotonic() < deadline, f"node {node} not back in the in-sync replicas of {lagging[:5]}"
+            time.sleep(0.5)
 
-    def chaos() -> None:
-        try:
-            first = cluster.active_controller()
-            order = [first] + [node for node in range(1, cluster.nodes + 1) if node != first]
-            for turn, node in enumerate(order):
-                due = total * (turn + 1) // (len(order) + 1)
-                deadline = time.monotonic() + 240
-                while outcomes_out() < due:
-                    assert time.monotonic() < deadline, f"only {outcomes_out()} of {due} outcomes before node {node}'s kill"
-                    time.sleep(0.2)
-                killed_at_ms.append(int(time.time() * 1000))
-                cluster.kill_node(node)
-                killed.append(node)
-                time.sleep(DOWNTIME_S)
-                cluster.start_node(node)
-                deadline = time.monotonic() + 120
-                while lagging := asyncio.run(under_replicated(pipeline.bootstrap)):
-                    assert time.monotonic() < deadline, f"node {node} not back in the in-sync replicas of {lagging[:5]}"
-                    time.sleep(0.5)
-        except BaseException as error:
-            failures.append(error)
-
-    try:
-        workers = [worker for group in start_shop(pipeline, **env).values() for worker in group]
-        killer = threading.Thread(target=chaos, daemon=True)
-        started = time.monotonic()
-        with Supervisor(workers) as supervisor:
-            killer.start()
-            try:
-                result = asyncio.run(run_shop(screens, bootstrap=pipeline.bootstrap, topic_prefix=pipeline.prefix, timeout_s=300))
-            finally:
-                killer.join(400)
-        elapsed = time.monotonic() - started
-        print(
-            f"\n{total} orders on 3 brokers, nodes SIGKILLed in turn {killed} (the active controller first) for {DOWNTIME_S:.0f}s "
-            f"each, in {elapsed:.1f}s; workers restarted: {len(supervisor.restarts)} {supervisor.restarts}"
-        )
-        assert not failures, failures
-        assert sorted(killed) == [1, 2, 3], "every node killed once"
-        assert supervisor.refused == []
-        stopped = [worker.log_path.name for worker in workers if worker.process is None or worker.process.poll() is not None]
-        assert stopped == [], f"workers not running at the end: {stopped}"
-        assert_outcomes_once_on_the_topic(pipeline, screens, killed_at_ms)
-        assert_invariants(result, screens)
-        assert comparable(result["reports"]) == reference_reports(screens)
-    finally:
-        pipeline.stop_all()
+    first = cluster.active_controller()
+    order = [first] + [node for node in range(1, cluster.nodes + 1) if node != first]
+    plan = [(f"node {node} SIGKILL for {DOWNTIME_S:.0f}s", functools.partial(outage, node)) for node in order]
+    run_day_with_faults(pipeline, screens, env, plan)
+    assert sorted(order) == [1, 2, 3], "every node killed once, the active controller first"

@@ -13,31 +13,20 @@ A short form for ``make test``; a longer run with more orders: ``SHOP_FAULT_ORDE
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shop.demo import run_shop
 from tests.integration.conftest import Pipeline, free_port
 from tests.integration.fault_proxy import FaultProxy
 from tests.integration.local_broker import BrokerInstance
-from tests.integration.test_shop import (
-    assert_invariants,
-    assert_outcomes_once_on_the_topic,
-    comparable,
-    make_screens,
-    reference_reports,
-    start_shop,
-)
-from weir.app.kafka_io import read_to_end
-from weir.app.processes import Supervisor
+from tests.integration.shop_faults import Fault, run_day_with_faults
+from tests.integration.test_shop import make_screens
 
 #: the broker-fault runs go one after another, beside the shop's group on the other test process
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]
@@ -68,14 +57,7 @@ def test_the_shop_keeps_its_books_through_latency_cut_connections_and_a_partitio
     workers_side = Pipeline(bootstrap=f"127.0.0.1:{proxy.listen_port}", tmp=tmp_path, prefix=f"n{unique}.", app_id=f"n{unique}")
     direct = dataclasses.replace(workers_side, bootstrap=broker.bootstrap, workers=[])
     screens = make_screens(int(os.environ.get("SHOP_FAULT_ORDERS", "120")) // 3, seed=17)
-    total = sum(len(lines) for lines in screens.values())
     env = {"WEIR_SHOP_DISPATCH_TIMEOUT_MS": 600_000, "WEIR_EOF_IDLE_TIMEOUT_MS": 1_800_000}
-    faults: list[str] = []
-    faulted_at_ms: list[int] = []
-    failures: list[BaseException] = []
-
-    def outcomes_out() -> int:
-        return len(asyncio.run(read_to_end(direct.bootstrap, direct.topic("shop.outcomes"))))
 
     def latency() -> None:
         proxy.latency_ms = 100.0
@@ -92,49 +74,10 @@ def test_the_shop_keeps_its_books_through_latency_cut_connections_and_a_partitio
         time.sleep(PARTITION_S)
         proxy.heal()
 
-    plan: list[tuple[str, Callable[[], None]]] = [
+    plan: list[Fault] = [
         ("latency 100 ms", latency),
         ("connections cut twice", cuts),
         (f"partition {PARTITION_S:.0f}s", partition),
     ]
-
-    def chaos() -> None:
-        try:
-            for turn, (name, fault) in enumerate(plan):
-                due = total * (turn + 1) // (len(plan) + 1)
-                deadline = time.monotonic() + 240
-                while outcomes_out() < due:
-                    assert time.monotonic() < deadline, f"only {outcomes_out()} of {due} outcomes before the {name}"
-                    time.sleep(0.2)
-                faulted_at_ms.append(int(time.time() * 1000))
-                fault()
-                faults.append(name)
-        except BaseException as error:
-            failures.append(error)
-
-    try:
-        workers = [worker for group in start_shop(workers_side, **env).values() for worker in group]
-        killer = threading.Thread(target=chaos, daemon=True)
-        started = time.monotonic()
-        with Supervisor(workers) as supervisor:
-            killer.start()
-            try:
-                result = asyncio.run(run_shop(screens, bootstrap=direct.bootstrap, topic_prefix=direct.prefix, timeout_s=300))
-            finally:
-                killer.join(300)
-        elapsed = time.monotonic() - started
-        print(
-            f"\n{total} orders through the fault proxy, faults {faults}, {proxy.accepted} connections, {proxy.cuts} cuts, "
-            f"in {elapsed:.1f}s; "
-            f"workers restarted: {len(supervisor.restarts)} {supervisor.restarts}"
-        )
-        assert not failures, failures
-        assert len(faults) == len(plan)
-        assert supervisor.refused == []
-        stopped = [worker.log_path.name for worker in workers if worker.process is None or worker.process.poll() is not None]
-        assert stopped == [], f"workers not running at the end: {stopped}"
-        assert_outcomes_once_on_the_topic(direct, screens, faulted_at_ms)
-        assert_invariants(result, screens)
-        assert comparable(result["reports"]) == reference_reports(screens)
-    finally:
-        workers_side.stop_all()
+    run_day_with_faults(workers_side, screens, env, plan, audit=direct)
+    print(f"through the fault proxy: {proxy.accepted} connections, {proxy.cuts} cuts")

@@ -1,0 +1,95 @@
+"""A shop's day with faults injected while it runs, and its audit: what the broker-fault tests share
+(``test_broker_kill_shop.py``, ``test_cluster.py``, ``test_network_faults.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shop.demo import run_shop
+from tests.integration.conftest import Pipeline
+from tests.integration.test_shop import (
+    assert_invariants,
+    assert_outcomes_once_on_the_topic,
+    comparable,
+    reference_reports,
+    start_shop,
+)
+from weir.app.kafka_io import read_to_end
+from weir.app.processes import Supervisor
+
+#: A fault: its name, and what injects it (returns once the fault is over).
+Fault = tuple[str, Callable[[], None]]
+
+
+@dataclass
+class FaultyDay:
+    result: dict[str, Any]
+    supervisor: Supervisor
+    elapsed_s: float
+    #: the faults injected, in order, and when each began
+    injected: list[str] = field(default_factory=list)
+    injected_at_ms: list[int] = field(default_factory=list)
+
+
+def run_day_with_faults(
+    workers_side: Pipeline, screens: dict[str, list[str]], env: dict[str, Any], plan: list[Fault], *, audit: Pipeline | None = None
+) -> FaultyDay:
+    """Start the shop's workers on ``workers_side`` under a :class:`Supervisor`, serve ``screens`` through ``audit``'s
+    bootstrap (default: the workers'), inject fault k of ``plan`` once (k + 1) / (len(plan) + 1) of the outcomes are
+    out, then audit the day: every fault injected while work was in flight, no worker refused or stopped, every line
+    one outcome on the read_committed topic and none twice, payments and stock balanced, reports equal to the
+    sequential reference. The workers are stopped at the end, whatever happened."""
+    audit = audit or workers_side
+    total = sum(len(lines) for lines in screens.values())
+    failures: list[BaseException] = []
+    day_started = time.monotonic()
+    day = FaultyDay(result={}, supervisor=Supervisor([]), elapsed_s=0.0)
+
+    def outcomes_out() -> int:
+        try:
+            return len(asyncio.run(read_to_end(audit.bootstrap, audit.topic("shop.outcomes"))))
+        except Exception:  # the broker is still coming back
+            return -1
+
+    def chaos() -> None:
+        try:
+            for turn, (name, inject) in enumerate(plan):
+                due = total * (turn + 1) // (len(plan) + 1)
+                deadline = time.monotonic() + 240
+                while outcomes_out() < due:
+                    assert time.monotonic() < deadline, f"only {outcomes_out()} of {due} outcomes before the {name}"
+                    time.sleep(0.2)
+                day.injected_at_ms.append(int(time.time() * 1000))
+                inject()
+                day.injected.append(name)
+        except BaseException as error:
+            failures.append(error)
+
+    try:
+        workers = [worker for group in start_shop(workers_side, **env).values() for worker in group]
+        killer = threading.Thread(target=chaos, daemon=True)
+        day_started = time.monotonic()
+        with Supervisor(workers) as day.supervisor:
+            killer.start()
+            try:
+                day.result = asyncio.run(run_shop(screens, bootstrap=audit.bootstrap, topic_prefix=audit.prefix, timeout_s=300))
+            finally:
+                killer.join(400)
+        day.elapsed_s = time.monotonic() - day_started
+        print(f"\n{total} orders, faults {day.injected}, in {day.elapsed_s:.1f}s; workers restarted: {day.supervisor.restarts}")
+        assert not failures, failures
+        assert day.injected == [name for name, _ in plan], "every fault injected"
+        assert day.supervisor.refused == []
+        stopped = [worker.log_path.name for worker in workers if worker.process is None or worker.process.poll() is not None]
+        assert stopped == [], f"workers not running at the end: {stopped}"
+        assert_outcomes_once_on_the_topic(audit, screens, day.injected_at_ms)
+        assert_invariants(day.result, screens)
+        assert comparable(day.result["reports"]) == reference_reports(screens)
+    finally:
+        workers_side.stop_all()
+    return day
