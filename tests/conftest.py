@@ -48,8 +48,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("weir_group_lost"):
-        pytest.fail("--dist loadgroup ignores this test's xdist_group: pytest and pytest-xdist disagree on the node id "
-                    "(pytest 9.2 with pytest-xdist 3.8); pin the versions in pyproject.toml", pytrace=False)
+        pytest.fail(
+            "--dist loadgroup ignores this test's xdist_group: pytest and pytest-xdist disagree on the node id "
+            "(pytest 9.2 with pytest-xdist 3.8); pin the versions in pyproject.toml",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)
