@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     each other, a module fixture started twice). The pin in pyproject.toml avoids that; this check says so if a
     later upgrade brings it back.
     """
-    if not config.getvalue("loadgroup") or not getattr(config, "workerinput", None):
+    if not config.getoption("loadgroup", default=False) or not getattr(config, "workerinput", None):
         return
     lost = [item for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     for item in lost:
