@@ -1,6 +1,6 @@
 """Counter triggers and their safety sweep (:class:`app.trigger_topology.TriggerTopology`); the sweep reads the children's
-statuses from the application's ``trigger_status`` (on the command line ``WEIR_TRIGGER_STATUS_DB``; none: the sweep fires
-nothing)."""
+statuses from the application's ``trigger_status`` (by default the outbox's database; on the command line
+``WEIR_TRIGGER_STATUS_DB``, ``none``: the sweep fires nothing)."""
 
 from __future__ import annotations
 

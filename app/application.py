@@ -188,7 +188,8 @@ class Application:
     ``flows`` and ``windows``: what the ``flows`` and ``windows`` agents run; ``eof_jobs``: the end-of-stream jobs
     of the ``eof_*`` agents, by name (``""``: the unnamed job); ``item_processor``: the split/aggregate pipeline's
     item step (default: the settings' ``WEIR_ITEM_PROCESSOR``); ``trigger_status``: opens the children's status
-    store the trigger's safety sweep reads (None: the sweep fires nothing); ``agent_sets``: the application's own
+    store the trigger's safety sweep reads (default: the settings' ``trigger_status_location``, the outbox's database
+    unless named; ``lambda: None``: the sweep fires nothing); ``agent_sets``: the application's own
     agent sets, by the name ``WEIR_AGENTS`` takes; ``clock``: the time every stage reads and waits on (default: the
     machine's; the test driver runs the same stages on a virtual one).
     """
@@ -210,6 +211,9 @@ class Application:
         self.windows = list(windows)
         self.eof_jobs = dict(eof_jobs or {})
         self.item_processor = item_processor
+        if trigger_status is None:
+            location, query = settings.trigger_status_location, settings.trigger_status_query or None
+            trigger_status = (lambda: open_status_source(location, query=query)) if location else (lambda: None)
         self.trigger_status = trigger_status
         self.agent_sets = dict(agent_sets or {})
         clashes = sorted(set(self.agent_sets) & set(AGENT_NAMES + OPTIONAL_AGENT_NAMES))
@@ -256,11 +260,10 @@ class Application:
     @classmethod
     def from_env(cls, *, agent_sets: Mapping[str, AgentSet] | None = None, settings: Settings | None = None) -> Application:
         """The application the command line describes: the settings from the ``WEIR_*`` variables, and the user code
-        they name (``WEIR_FLOWS``, ``WEIR_WINDOWS``, ``WEIR_EOF_JOB``, ``WEIR_ITEM_PROCESSOR``, ``WEIR_TRIGGER_STATUS_DB``),
+        they name (``WEIR_FLOWS``, ``WEIR_WINDOWS``, ``WEIR_EOF_JOB``, ``WEIR_ITEM_PROCESSOR``),
         loaded only for the agents ``WEIR_AGENTS`` chooses."""
         settings = settings if settings is not None else Settings.from_env()
         chosen = set(settings.agents)
-        status_db = settings.trigger_status_db
         jobs = parse_jobs(settings.eof_job) if chosen & EOF_AGENTS else []
         if chosen & EOF_AGENTS and not jobs:
             message = (
@@ -274,7 +277,6 @@ class Application:
             windows=load_windows(settings.windows_module) if "windows" in chosen else (),
             eof_jobs={name: load_job(spec) for name, spec in jobs},
             item_processor=load_processor(settings.item_processor) if chosen & PIPELINE_AGENTS else None,
-            trigger_status=(lambda: open_status_source(status_db)) if status_db else None,
             agent_sets=agent_sets,
         )
 

@@ -312,9 +312,14 @@ class Settings:
     #: children never all end); then it goes to the dead letters (``orphan-completions``, ``never-fired``).
     trigger_orphan_retention_ms: int = 3_600_000
     #: WEIR_TRIGGER_STATUS_DB: the database whose table ``weir_trigger_status`` holds the children's final statuses,
-    #: committed with their work (app/trigger_status.py): a SQLite path or a postgresql:// URL, usually the children's
-    #: outbox (WEIR_OUTBOX_DB). The safety sweep's source of truth; empty: no source, the sweep fires nothing.
+    #: committed with their work (app/trigger_status.py): a SQLite path or a postgresql:// URL. The safety sweep's
+    #: source of truth; empty: the outbox's database (WEIR_OUTBOX_DB, where ``child_done`` writes them), so the sweep
+    #: is on by default; ``none``: no source, the sweep fires nothing.
     trigger_status_db: str = ""
+    #: WEIR_TRIGGER_STATUS_QUERY: the sweep's check as a query over the user's own tables in that database instead of
+    #: ``weir_trigger_status``: selects (parent id, child id, outcome) of the children that ended, of the parents
+    #: listed where it says ``{parents}``. Empty: weir's table.
+    trigger_status_query: str = ""
     #: WEIR_SWEEP_QUERY_TIMEOUT_MS: how long one sweep step waits for the status source's answer; a step without it
     #: fires nothing and looks at its triggers again later.
     sweep_query_timeout_ms: int = 5_000
@@ -374,6 +379,13 @@ class Settings:
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    @property
+    def trigger_status_location(self) -> str | None:
+        """Where the safety sweep reads the children's statuses: WEIR_TRIGGER_STATUS_DB, by default the outbox's
+        database; None when it is ``none`` (the sweep fires nothing)."""
+        location = self.trigger_status_db or self.outbox_db
+        return None if location.strip().lower() == "none" else location
 
     def topic_config(self) -> dict[str, str]:
         """The configuration of every topic weir creates (Kafka's topic-level names)."""
@@ -502,6 +514,7 @@ def load_settings() -> Settings:
         sweep_page_size=_env_int("WEIR_SWEEP_PAGE_SIZE", defaults.sweep_page_size, 1),
         trigger_orphan_retention_ms=orphan_retention_ms,
         trigger_status_db=_env_str("WEIR_TRIGGER_STATUS_DB", defaults.trigger_status_db),
+        trigger_status_query=_env_str("WEIR_TRIGGER_STATUS_QUERY", defaults.trigger_status_query),
         sweep_query_timeout_ms=_env_int("WEIR_SWEEP_QUERY_TIMEOUT_MS", defaults.sweep_query_timeout_ms, 1),
         trigger_status_retention_ms=_env_int("WEIR_TRIGGER_STATUS_RETENTION_MS", 2 * orphan_retention_ms, 0),
         outbox_db=_env_str("WEIR_OUTBOX_DB", defaults.outbox_db),

@@ -429,7 +429,9 @@ def completion_message(parent_id: str, child_id: str, outcome: str = OK) -> Mess
 
     Send it in the transaction that commits the child's work: a weir agent's Kafka transaction, or the child's
     database transaction through the outbox (:func:`app.trigger_status.child_done`, which also records the status
-    the sweep reads). One published after a commit elsewhere may be lost, and the sweep cannot see that child.
+    the sweep reads), or straight after that transaction committed a status row
+    (:func:`app.trigger_status.record_status`, then :class:`app.trigger_status.CompletionPublisher`). One published
+    after a commit that recorded no status may be lost, and the sweep cannot see that child.
     """
     return parent_id, {"kind": "completion", "parent_id": parent_id, "child_id": child_id, "outcome": outcome}
 

@@ -19,7 +19,7 @@ from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGrap
 from weir.app.outbox import open_outbox, write
 from weir.app.settings import SettingError, Settings
 from weir.app.testing import Crashed, TestDriver, TestRecord, VirtualClock
-from weir.app.trigger_status import child_done
+from weir.app.trigger_status import CompletionPublisher, child_done, open_status_source, record_status
 from weir.app.windows import Window, count, total
 from weir.tables.eof import Dropped, EofJob
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
@@ -27,6 +27,7 @@ from weir.tables.windows import SessionSpec, WindowSpec
 
 __all__ = [
     "AgentSet",
+    "CompletionPublisher",
     "Application",
     "attempt",
     "Await",
@@ -53,8 +54,10 @@ __all__ = [
     "count",
     "header",
     "open_outbox",
+    "open_status_source",
     "payload",
     "publish_trigger_messages",
+    "record_status",
     "registration_message",
     "total",
     "write",

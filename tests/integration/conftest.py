@@ -97,6 +97,8 @@ class Pipeline:
                 "WEIR_REBALANCE_TIMEOUT": "10",
                 "WEIR_RETRY_BACKOFF_MS": "20",
                 "PYTHONPATH": str(ROOT),
+                # each test its own outbox database, hence its own default status store for the triggers' sweep
+                "WEIR_OUTBOX_DB": str(self.tmp / "outbox.sqlite"),
             }
         )
         env.update({key: str(value) for key, value in overrides.items()})

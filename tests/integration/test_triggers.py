@@ -23,7 +23,7 @@ import pytest
 from tests.integration.conftest import Pipeline
 from weir.app.kafka_io import ensure_topics, read_to_end, read_topic
 from weir.app.outbox import OutboxRelay, open_outbox, write
-from weir.app.trigger_status import child_done
+from weir.app.trigger_status import CompletionPublisher, child_done, record_status
 from weir.tables.triggers import (
     DEFAULT_WAKE_TOPIC,
     OK,
@@ -205,7 +205,7 @@ def test_a_sigkill_of_a_trigger_worker_mid_run_wakes_every_parent_once(pipeline:
 CHILD = """
 import sys, time
 from weir.app.outbox import open_outbox, write
-from weir.app.trigger_status import child_done
+from weir.app.trigger_status import CompletionPublisher, child_done, record_status
 location, prefix, parent_id, child_id = sys.argv[1:5]
 outbox = open_outbox(location)
 mark = "%s" if location.startswith("postgres") else "?"
@@ -240,9 +240,8 @@ def fired_marker(pipeline: Pipeline, parent_id: str) -> dict[str, Any] | None:
 def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_parent_once(pipeline: Pipeline, children_db: str) -> None:
     create_topics(pipeline)
     interval_ms, grace_ms = 1000, 2000
-    worker = pipeline.start_worker(
-        "triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_TRIGGER_STATUS_DB=children_db
-    )
+    # No WEIR_TRIGGER_STATUS_DB: the sweep reads the outbox's database by default, where child_done writes.
+    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_OUTBOX_DB=children_db)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, children_db, pipeline.prefix, "parent", "killed"],
         env=pipeline.env(),
@@ -298,6 +297,54 @@ def test_a_child_killed_after_its_commit_and_before_publishing_still_wakes_its_p
         assert not dead_letters(pipeline)
     finally:
         outbox.close()
+
+
+def test_children_that_publish_straight_after_their_commit_and_one_that_dies_first_wake_their_parents_once(
+    pipeline: Pipeline, children_db: str
+) -> None:
+    """The seed's own path, without an outbox: each child commits its work and its status row in its database, then
+    publishes its completion straight to the broker; a child that dies between the two is found by the sweep. The
+    worker names no status database: it reads the outbox's, the default, which is the children's here."""
+    create_topics(pipeline)
+    interval_ms, grace_ms = 500, 1500
+    worker = pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=interval_ms, WEIR_SWEEP_GRACE_MS=grace_ms, WEIR_OUTBOX_DB=children_db)
+    parents = make_parents(30, seed=41)
+    dies = {parent: sorted(children)[0] for number, (parent, children) in enumerate(parents.items()) if number % 3 == 0}
+    postgres = children_db.startswith("postgres")
+    connect: Any
+    if postgres:
+        import psycopg
+
+        connect = lambda: psycopg.connect(children_db)  # noqa: E731
+        mark = "%s"
+    else:
+        import sqlite3
+
+        connect = lambda: sqlite3.connect(children_db)  # noqa: E731
+        mark = "?"
+    with connect() as connection:
+        connection.execute("CREATE TABLE IF NOT EXISTS child_work (child_id TEXT PRIMARY KEY)")
+
+    async def children() -> None:
+        async with CompletionPublisher(pipeline.bootstrap, topic_prefix=pipeline.prefix) as completions:
+            for parent, outcomes in parents.items():
+                for child, outcome in outcomes.items():
+                    connection = connect()
+                    with connection:  # the child's own transaction: its work and its status
+                        connection.execute(f"INSERT INTO child_work VALUES ({mark})", (child,))
+                        record_status(connection, parent, child, outcome)
+                    connection.close()
+                    if dies.get(parent) != child:  # the dying child is gone before it publishes
+                        await completions.done(parent, child, outcome)
+
+    worker.wait_ready()
+    publish(pipeline, [registration(parent, outcomes) for parent, outcomes in parents.items()])
+    asyncio.run(children())
+    wakes = read_wakes(pipeline, expected=len(parents), timeout_s=60, settle_s=2 * (interval_ms + grace_ms) / 1000)
+    assert_woken_once(wakes, parents, pipeline)
+    fired_by = {wake["parent_id"]: wake["fired_by"] for wake in wakes}
+    assert {parent for parent, by in fired_by.items() if by == "sweep"} >= set(dies), "a parent whose child died before publishing is swept"
+    assert any(by != "sweep" for by in fired_by.values()), "the published completions fire the others"
 
 
 def test_a_triggers_worker_deletes_status_rows_past_their_retention(pipeline: Pipeline, tmp_path: Path) -> None:

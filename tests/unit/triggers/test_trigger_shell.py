@@ -138,6 +138,38 @@ def test_the_sweep_wakes_a_parent_from_the_childrens_committed_statuses_once(tmp
         outbox.close()
 
 
+def test_the_sweep_reads_the_users_own_tables_through_a_query(tmp_path: Path) -> None:
+    """The seed's "check the condition with a join": no weir status table, the user's own rows say which children ended."""
+    import sqlite3
+
+    database = tmp_path / "jobs.sqlite"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE tasks (job_id TEXT, task_id TEXT, state TEXT)")
+        connection.executemany("INSERT INTO tasks VALUES (?, ?, ?)", [("p", "a", "ok"), ("p", "b", "running"), ("p", "c", "ok")])
+        connection.execute("INSERT INTO tasks VALUES ('other', 'z', 'ok')")
+    query = "SELECT job_id, task_id, state FROM tasks WHERE state IN ('ok', 'failed') AND job_id IN ({parents})"
+    source = SQLiteStatusSource(database, query=query)
+    shell = Shell(source)
+    try:
+        shell.send(registration_message("p", 3), registration_message("other", 2))  # no completion is ever published
+        shell.tick(shell.now + CONFIG.sweep_grace_ms + 500)
+        assert not shell.wakes, "b is still running: p waits"
+        with sqlite3.connect(database) as connection:
+            connection.execute("UPDATE tasks SET state = 'failed' WHERE task_id = 'b'")
+        shell.tick(shell.now + CONFIG.sweep_grace_ms + 500)
+        [(key, wake)] = shell.wakes
+        assert (key, wake["fired_by"], wake["summary"]["failed"]) == ("p", "sweep", ["b"])
+        assert set(shell.keys_of("other")) == {"states"}, "one of other's two children: it waits"
+        assert source.purge(recorded_before_ms=2**62) == 0, "weir never deletes the user's rows"
+        with sqlite3.connect(database) as connection:
+            assert connection.execute("SELECT count(*) FROM tasks").fetchone() == (4,)
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"tasks"}, "weir created no table of its own there"
+    finally:
+        shell.driver.close()
+        source.close()
+
+
 def test_a_status_message_is_no_longer_a_source_of_truth_but_a_dead_letter(shell: Shell) -> None:
     shell.send(registration_message("p", 1), ("p", {"kind": "status", "parent_id": "p", "child_id": "a", "outcome": "ok"}))
     shell.tick(shell.now + 2 * CONFIG.sweep_grace_ms)

@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from weir import Application, Settings
 from weir.app.outbox import SQLiteOutbox, write
-from weir.app.trigger_status import SQLiteStatusSource, child_done, open_status_source
+from weir.app.trigger_status import SQLiteStatusSource, child_done, open_status_source, record_status
 
 
 def test_a_status_commits_with_the_work_and_its_completion_or_not_at_all(tmp_path: Path) -> None:
@@ -58,7 +59,60 @@ def test_the_first_final_status_stays_and_many_parents_are_read_at_once(tmp_path
 def test_a_child_done_names_its_parent_child_and_outcome(tmp_path: Path) -> None:
     outbox = SQLiteOutbox(tmp_path / "app.sqlite")
     try:
-        with pytest.raises(ValueError, match="must be non-empty"), write(outbox, notify=lambda _: None) as tx:
+        with pytest.raises(ValueError, match="non-empty"), write(outbox, notify=lambda _: None) as tx:
             child_done(tx, "p", "", topic_prefix="weir.")
     finally:
         outbox.close()
+
+
+def test_a_status_recorded_without_an_outbox_commits_with_the_work_alone(tmp_path: Path) -> None:
+    """The seed's path: the status row in the child's own transaction, no outbox row (the child publishes itself)."""
+    import sqlite3
+
+    source = open_status_source(str(tmp_path / "own.sqlite"))
+    connection = sqlite3.connect(tmp_path / "own.sqlite")
+    try:
+        with connection:
+            connection.execute("CREATE TABLE work (id TEXT)")
+            connection.execute("INSERT INTO work VALUES ('w-1')")
+            record_status(connection, "p", "c1", "failed")
+        with contextlib.suppress(ZeroDivisionError), connection:
+            record_status(connection, "p", "c2")
+            _ = 1 / 0
+        assert asyncio.run(source.statuses(["p"])) == {"p": {"c1": "failed"}}
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"work", "weir_trigger_status"}, "no outbox table"
+        with pytest.raises(ValueError, match="non-empty"):
+            record_status(connection, "p", "", "ok")
+    finally:
+        connection.close()
+        source.close()
+
+
+def test_a_status_query_takes_the_parents_once() -> None:
+    with pytest.raises(ValueError, match="parents"):
+        SQLiteStatusSource("x.sqlite", query="SELECT job_id, task_id, state FROM tasks")
+    with pytest.raises(ValueError, match="parents"):
+        open_status_source("postgresql://nowhere/db", query="SELECT 1 WHERE a IN ({parents}) OR b IN ({parents})")
+
+
+def test_the_sweep_reads_the_outbox_database_unless_told_otherwise(tmp_path: Path) -> None:
+    """On by default: the status store is the outbox's database, where child_done writes; ``none`` turns it off."""
+    outbox = str(tmp_path / "state" / "outbox.sqlite")
+    assert Settings(outbox_db=outbox).trigger_status_location == outbox
+    assert Settings(outbox_db=outbox, trigger_status_db="postgresql://h/db").trigger_status_location == "postgresql://h/db"
+    assert Settings(outbox_db=outbox, trigger_status_db="none").trigger_status_location is None
+    source = Application(Settings(outbox_db=outbox)).trigger_status()
+    assert isinstance(source, SQLiteStatusSource)
+    try:
+        assert source.name == outbox
+        assert asyncio.run(source.statuses(["p"])) == {}, "the embedded store is made on first use, its folder too"
+        assert (tmp_path / "state" / "outbox.sqlite").exists()
+    finally:
+        source.close()
+    assert Application(Settings(trigger_status_db="none")).trigger_status() is None
+    query = "SELECT a, b, c FROM t WHERE a IN ({parents})"
+    queried = Application(Settings(outbox_db=outbox, trigger_status_query=query)).trigger_status()
+    assert isinstance(queried, SQLiteStatusSource)
+    assert queried.query == query
+    queried.close()
