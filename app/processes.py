@@ -26,7 +26,8 @@ class WorkerProcess:
     """One worker running the agents ``agents`` with ``env``; its output goes to ``log_path``.
 
     ``entry`` is the worker's entry module (``faust -A <entry> worker``): ``app.main``, or that of a package built on
-    weir that builds its own :class:`app.application.Application` with agent sets of its own.
+    weir that builds its own :class:`app.application.Application` with agent sets of its own. ``web_host``: the host
+    name the worker advertises to its peers (``--web-host``); it binds to ``WEIR_WEB_HOST`` (127.0.0.1 by default).
     """
 
     agents: str
@@ -34,12 +35,13 @@ class WorkerProcess:
     log_path: Path
     web_port: int
     entry: str = "app.main"
+    web_host: str = "127.0.0.1"
     process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> WorkerProcess:
         faust = Path(sys.executable).parent / "faust"
-        command = [str(faust), "-A", self.entry, "worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", str(self.web_port)]
+        command = [str(faust), "-A", self.entry, "worker", "-l", "info", "--web-host", self.web_host, "--web-port", str(self.web_port)]
         env = {"PYTHONPATH": str(ROOT), **self.env, "WEIR_AGENTS": self.agents, "WEIR_WEB_PORT": str(self.web_port)}
         if self._log is not None:  # started again (Supervisor): the log goes on in the same file
             self._log.close()

@@ -2,14 +2,18 @@
 
     python scripts/check_compose.py [docker/compose.yaml]
 
-Checks what would otherwise only fail at ``docker compose up``: every service has an image or a build whose
+First the compose specification's own JSON schema (docker/compose-spec.json, the schema Docker Compose validates
+with, from compose-spec/compose-go), checked by the ``jsonschema`` package. Then weir's rules, what would
+otherwise only fail at ``docker compose up`` or quietly misbehave: every service has an image or a build whose
 context and Dockerfile exist, ``depends_on`` names services that exist (with a healthcheck where it waits
-for health), one service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent, ``WEIR_AGENTS``
-naming agents the service's entry module knows (weir's, or those a package's application serves, e.g. ``shop.main``),
-``flows`` only with its ``WEIR_FLOWS`` (``windows`` with its ``WEIR_WINDOWS``), a ``kafka`` service, published
-ports bound to the loopback address only, named volumes declared, relative bind mounts (``./prometheus.yml``)
-naming files or folders that exist. Prints ``compose ok: N services`` or one line per problem, and exits 1 on
-problems.
+for health), a service per agent of ``app.settings.AGENT_NAMES`` running exactly that agent (named after it, or
+``<agent>_<n>`` for several), ``WEIR_AGENTS`` naming agents the service's entry module knows (weir's, or those a
+package's application serves, e.g. ``shop.main``), ``flows`` only with its ``WEIR_FLOWS`` (``windows`` with its
+``WEIR_WINDOWS``), a ``kafka`` service; every worker advertises its own address (``--web-host`` its service name,
+``--web-port`` a port no other service takes, equal to its ``WEIR_WEB_PORT``, published as the same port on
+127.0.0.1, its ``hostname`` the service name, no replicas); published ports bound to the loopback address only,
+named volumes declared, relative bind mounts (``./prometheus.yml``) naming files or folders that exist. Prints
+``compose ok: N services`` or one line per problem, and exits 1 on problems.
 """
 
 from __future__ import annotations
@@ -26,11 +30,17 @@ try:
     import yaml
 except ImportError:  # pragma: no cover - reported by main()
     yaml = None
+try:
+    import jsonschema
+except ImportError:  # pragma: no cover - reported by check_config()
+    jsonschema = None
 
 __all__ = ["check_compose", "check_config", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_COMPOSE = ROOT / "docker" / "compose.yaml"
+#: The compose specification's JSON schema, as compose-spec/compose-go v2.17.0 ships it (schema/compose-spec.json).
+COMPOSE_SCHEMA = ROOT / "docker" / "compose-spec.json"
 BROKER_SERVICE = "kafka"
 _DEPENDS_CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
 
@@ -56,12 +66,8 @@ def _agent_names() -> tuple[str, ...]:
 
 def _entry(service: Mapping[str, Any]) -> str:
     """The worker entry module a service runs: the ``-A`` of its command, else the image's (``app.main``)."""
-    command = service.get("command")
-    words = command.split() if isinstance(command, str) else [str(word) for word in command] if isinstance(command, list) else []
-    for flag, value in itertools.pairwise(words):
-        if flag in ("-A", "--app"):
-            return value
-    return "app.main"
+    words = _command_words(service)
+    return _option(words, "-A") or _option(words, "--app") or "app.main"
 
 
 def _entry_agent_sets(entry: str) -> tuple[str, ...] | None:
@@ -107,24 +113,94 @@ def check_config(config: Any, *, base_dir: Path, agent_names: Iterable[str] | No
         return ["top-level 'volumes' is not a mapping"]
     agents = tuple(agent_names) if agent_names is not None else _agent_names()
 
-    errors: list[str] = []
+    errors: list[str] = _check_schema(config)
     for name, service in services.items():
         if not isinstance(service, Mapping):
             errors.append(f"service {name}: not a mapping")
             continue
         errors += [f"service {name}: {problem}" for problem in _check_service(service, services, declared_volumes, base_dir)]
         errors += [f"service {name}: {problem}" for problem in _check_weir_env(service, agents)]
+    errors += _check_addresses(services)
 
     if BROKER_SERVICE not in services:
         errors.append(f"no '{BROKER_SERVICE}' service (the broker the workers' KAFKA_BOOTSTRAP points to)")
     for agent in agents:
-        service = services.get(agent)
-        if not isinstance(service, Mapping):
-            errors.append(f"no service for agent '{agent}' (expected a service named '{agent}' with WEIR_AGENTS={agent})")
+        named = [name for name in services if name == agent or _is_numbered(str(name), agent)]
+        if not named:
+            errors.append(
+                f"no service for agent '{agent}' (expected a service named '{agent}', or '{agent}_1'..., with WEIR_AGENTS={agent})"
+            )
+        for name in named:
+            service = services[name]
+            value = _environment(service).get("WEIR_AGENTS") if isinstance(service, Mapping) else None
+            if value != agent:
+                errors.append(f"service {name}: WEIR_AGENTS is {value!r}, expected {agent!r}")
+    return errors
+
+
+def _is_numbered(name: str, agent: str) -> bool:
+    """``<agent>_<n>``: one of several services of one agent."""
+    prefix, _, number = name.rpartition("_")
+    return prefix == agent and number.isdigit()
+
+
+def _check_schema(config: Mapping[str, Any]) -> list[str]:
+    """The compose specification's schema, by a maintained JSON Schema validator (what ``docker compose config``
+    checks first)."""
+    if jsonschema is None:
+        return ["cannot check the compose specification's schema: pip install jsonschema"]
+    import json
+
+    schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = []
+    for error in sorted(validator.iter_errors(config), key=lambda error: list(map(str, error.absolute_path))):
+        where = "/".join(str(part) for part in error.absolute_path) or "(top)"
+        problems.append(f"schema: {where}: {error.message}")
+    return problems
+
+
+def _command_words(service: Mapping[str, Any]) -> list[str]:
+    command = service.get("command")
+    return command.split() if isinstance(command, str) else [str(word) for word in command] if isinstance(command, list) else []
+
+
+def _option(words: list[str], flag: str) -> str | None:
+    for option, value in itertools.pairwise(words):
+        if option == flag:
+            return value
+    return None
+
+
+def _check_addresses(services: Mapping[str, Any]) -> list[str]:
+    """Every worker advertises an address of its own: the table views send a key's request to the worker whose
+    advertised address owns it, and a worker's transactional id and static membership are ``<host>-<port>``."""
+    errors: list[str] = []
+    owners: dict[str, str] = {}
+    for name, service in services.items():
+        if not isinstance(service, Mapping) or "WEIR_AGENTS" not in _environment(service):
             continue
-        value = _environment(service).get("WEIR_AGENTS")
-        if value != agent:
-            errors.append(f"service {agent}: WEIR_AGENTS is {value!r}, expected {agent!r}")
+        words = _command_words(service)
+        host, port = _option(words, "--web-host"), _option(words, "--web-port")
+        if host != name:
+            errors.append(f"service {name}: advertises --web-host {host!r}: give it its service name ({name!r}), reachable by the others")
+        if port is None or not port.isdigit():
+            errors.append(f"service {name}: no --web-port of its own in its command")
+            continue
+        if port in owners:
+            errors.append(f"service {name}: web port {port} is service {owners[port]}'s too")
+        owners[port] = str(name)
+        env_port = _environment(service).get("WEIR_WEB_PORT")
+        if env_port is not None and env_port != port:
+            errors.append(f"service {name}: WEIR_WEB_PORT={env_port} but --web-port {port}")
+        if f"127.0.0.1:{port}:{port}" not in [str(entry) for entry in service.get("ports") or []]:
+            errors.append(f"service {name}: web port {port} not published as '127.0.0.1:{port}:{port}'")
+        if service.get("hostname") != name:
+            errors.append(
+                f"service {name}: hostname {service.get('hostname')!r}: set it to {name!r} (its transactional id is <host>-<port>)"
+            )
+        if _replicas(service) > 1:
+            errors.append(f"service {name}: {_replicas(service)} replicas would advertise one address: one service per worker")
     return errors
 
 

@@ -133,7 +133,13 @@ async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict
 
 
 async def run_shop(
-    screens: dict[str, list[str | Unreadable]], *, bootstrap: str, topic_prefix: str, timeout_s: float, settle_timeout_s: float = 60.0
+    screens: dict[str, list[str | Unreadable]],
+    *,
+    bootstrap: str,
+    topic_prefix: str,
+    timeout_s: float,
+    settle_timeout_s: float = 60.0,
+    partitions: int = 4,
 ) -> dict[str, Any]:
     """Serve every screen's lines and gather the reports, the stock, the payments and the dead letters."""
 
@@ -143,7 +149,7 @@ async def run_shop(
     progress = {name: ScreenProgress(name, len(lines)) for name, lines in screens.items()}
     stop = asyncio.Event()
     started = time.monotonic()
-    async with Screens(bootstrap, topic) as shop:
+    async with Screens(bootstrap, topic, partitions=partitions) as shop:
         reporter = asyncio.create_task(_progress(progress, stop))
         try:
             runs = [shop.run_screen(name, lines, progress=progress[name], timeout_s=timeout_s) for name, lines in screens.items()]
@@ -215,7 +221,9 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
             await asyncio.to_thread(worker.wait_ready, 120.0)
         supervisor.start()
         print("workers ready; the screens open")
-        result = await run_shop(screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s)
+        result = await run_shop(
+            screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s, partitions=settings.partitions
+        )
         ok = print_summary(result)
         return 0 if ok else 1
     finally:
@@ -228,13 +236,40 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
             shutil.rmtree(log_dir, ignore_errors=True)
 
 
+async def _attach(orders_dir: Path, timeout_s: float) -> int:
+    """The screens alone, against a shop whose workers run elsewhere (the compose file's ``shop_screens``): its
+    broker, topic prefix and partitions from the settings (``KAFKA_BOOTSTRAP``, ``WEIR_TOPIC_PREFIX``,
+    ``WEIR_PARTITIONS``). Starts and deletes nothing; a line sent before its stage's workers joined waits in its topic
+    (they read new groups from the beginning)."""
+    try:
+        screens = read_screens(orders_dir)
+    except (OSError, ValueError) as error:
+        print(f"weir ice-cream shop: {error}", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    await check_broker(settings.bootstrap)
+    print(f"weir ice-cream shop: screens from {orders_dir}, the shop at {settings.bootstrap}, topics {settings.topic_prefix}*")
+    result = await run_shop(
+        screens, bootstrap=settings.bootstrap, topic_prefix=settings.topic_prefix, timeout_s=timeout_s, partitions=settings.partitions
+    )
+    return 0 if print_summary(result) else 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="folder of JSON-lines order files, one per screen")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a customer waits for an outcome before giving up")
     parser.add_argument("--keep", action="store_true", help="keep the run's topics and worker logs (kept anyway when the run fails)")
+    parser.add_argument(
+        "--attach",
+        action="store_true",
+        help="run the screens only, against the shop's workers already running (WEIR_TOPIC_PREFIX): start and delete nothing",
+    )
     arguments = parser.parse_args()
-    run_main(_main(arguments.orders, arguments.timeout, keep=arguments.keep))
+    if arguments.attach:
+        run_main(_attach(arguments.orders, arguments.timeout))
+    else:
+        run_main(_main(arguments.orders, arguments.timeout, keep=arguments.keep))
 
 
 if __name__ == "__main__":

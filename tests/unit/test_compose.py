@@ -59,13 +59,62 @@ def test_real_compose_file_passes() -> None:
     assert checker.check_compose(COMPOSE) == []
 
 
-def test_real_compose_file_has_one_service_per_agent_and_a_healthy_broker() -> None:
+def test_real_compose_file_has_a_service_per_agent_and_a_healthy_broker_and_database() -> None:
     services = _real()["services"]
     for agent in AGENT_NAMES:
-        assert checker._environment(services[agent])["WEIR_AGENTS"] == agent
-        assert services[agent]["depends_on"] == {"kafka": {"condition": "service_healthy"}}
-    assert services["items"]["deploy"]["replicas"] == 2
+        named = [name for name in services if name == agent or name.rpartition("_")[0] == agent]
+        assert named, agent
+        for name in named:
+            assert checker._environment(services[name])["WEIR_AGENTS"] == agent
+            assert services[name]["depends_on"] == {"kafka": {"condition": "service_healthy"}, "postgres": {"condition": "service_healthy"}}
+    assert {"items_1", "items_2", "shop_payments_1", "shop_payments_2", "shop_kitchen_1", "shop_kitchen_2"} <= set(services)
     assert services["kafka"]["image"] == "apache/kafka:4.1.1"
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"][1]
+
+
+def test_the_whole_system_runs_the_relay_the_screens_and_one_database_for_outbox_and_sweep() -> None:
+    services = _real()["services"]
+    assert services["outbox_relay"]["command"][:3] == ["python", "-m", "app.outbox_relay"]
+    assert services["shop_screens"]["command"][:4] == ["python", "-m", "shop.demo", "--attach"]
+    screens_wait_for = set(services["shop_screens"]["depends_on"])
+    assert {name for name in services if name.startswith("shop_") and name != "shop_screens"} <= screens_wait_for
+    databases = {checker._environment(service).get("WEIR_OUTBOX_DB") for service in services.values() if "build" in service}
+    assert databases == {"postgresql://weir@postgres:5432/weir"}, "the relay, the triggers' sweep and every worker: one outbox"
+
+
+def test_every_worker_advertises_its_service_name_and_a_port_of_its_own() -> None:
+    services = _real()["services"]
+    ports = {}
+    for name, service in services.items():
+        if "WEIR_AGENTS" not in checker._environment(service):
+            continue
+        command = service["command"]
+        assert command[command.index("--web-host") + 1] == name
+        ports[name] = command[command.index("--web-port") + 1]
+        assert service["ports"] == [f"127.0.0.1:{ports[name]}:{ports[name]}"]
+    assert len(ports) == 18
+    assert len(set(ports.values())) == len(ports)
+
+
+def test_a_document_the_compose_schema_refuses_is_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["splitter"]["restart"] = 5
+    data["services"]["aggregator"]["healthcheck"] = {"tset": ["CMD", "true"]}
+    errors = _check_copy(tmp_path, data)
+    assert any(error.startswith("schema: services/splitter/restart: 5 is not of type 'string'") for error in errors), errors
+    assert any(error.startswith("schema: services/aggregator/healthcheck") and "tset" in error for error in errors), errors
+
+
+def test_two_workers_on_one_address_are_reported(tmp_path: Path) -> None:
+    data = _real()
+    data["services"]["items_2"]["command"][-1] = "6067"  # items_1's port
+    data["services"]["items_1"]["command"][data["services"]["items_1"]["command"].index("--web-host") + 1] = "0.0.0.0"
+    data["services"]["shop_kitchen_1"]["deploy"] = {"replicas": 2}
+    errors = _check_copy(tmp_path, data)
+    assert any("service items_2: web port 6067 is service items_1's too" in error for error in errors), errors
+    assert any("service items_2: WEIR_WEB_PORT=6068 but --web-port 6067" in error for error in errors), errors
+    assert any("service items_1: advertises --web-host '0.0.0.0'" in error for error in errors), errors
+    assert any("service shop_kitchen_1: 2 replicas would advertise one address" in error for error in errors), errors
 
 
 def test_main_prints_ok(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +124,8 @@ def test_main_prints_ok(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_missing_agent_service_is_reported(tmp_path: Path) -> None:
     data = _real()
-    del data["services"]["items"]
+    del data["services"]["items_1"]
+    del data["services"]["items_2"]
     errors = _check_copy(tmp_path, data)
     assert any("no service for agent 'items'" in error for error in errors), errors
 
@@ -95,12 +145,12 @@ def test_unknown_depends_on_is_reported(tmp_path: Path) -> None:
 
 
 def test_port_on_every_interface_is_reported(tmp_path: Path) -> None:
-    errors = _check_text(tmp_path, '"127.0.0.1:6066:6066"', '"0.0.0.0:6066:6066"')
-    assert any("service aggregator: port '0.0.0.0:6066:6066' is published on 0.0.0.0" in error for error in errors), errors
+    errors = _check_text(tmp_path, '"127.0.0.1:6069:6069"', '"0.0.0.0:6069:6069"')
+    assert any("service aggregator: port '0.0.0.0:6069:6069' is published on 0.0.0.0" in error for error in errors), errors
 
 
 def test_port_without_host_address_is_reported(tmp_path: Path) -> None:
-    errors = _check_text(tmp_path, '"127.0.0.1:6066:6066"', '"6066:6066"')
+    errors = _check_text(tmp_path, '"127.0.0.1:6069:6069"', '"6069:6069"')
     assert any("published on every interface" in error for error in errors), errors
 
 
@@ -154,9 +204,9 @@ def test_real_compose_file_publishes_prometheus_and_grafana_on_loopback() -> Non
 def test_a_shop_service_without_the_shops_entry_module_is_reported(tmp_path: Path) -> None:
     """The shop's agent sets exist only in a worker its entry module (shop.main) starts."""
     data = _real()
-    del data["services"]["shop_kitchen"]["command"]
+    del data["services"]["shop_kitchen_1"]["command"]
     errors = _check_copy(tmp_path, data)
-    unknown = "service shop_kitchen: WEIR_AGENTS='shop_kitchen' names unknown agent(s) ['shop_kitchen']"
+    unknown = "service shop_kitchen_1: WEIR_AGENTS='shop_kitchen' names unknown agent(s) ['shop_kitchen']"
     assert any(unknown in error for error in errors), errors
 
 

@@ -98,13 +98,6 @@ def _worker_services() -> dict[str, dict[str, Any]]:
     return {name: service for name, service in services.items() if "WEIR_AGENTS" in (service.get("environment") or {})}
 
 
-def _container_web_port() -> int:
-    """The web port every worker container listens on: docker/Dockerfile's ``--web-port``."""
-    found = re.search(r'"--web-port",\s*"(\d+)"', (DOCKER / "Dockerfile").read_text(encoding="utf-8"))
-    assert found, "docker/Dockerfile's CMD no longer names --web-port; update the test"
-    return int(found.group(1))
-
-
 def test_dashboard_parses_with_unique_panel_ids_and_the_provisioned_datasource() -> None:
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     datasource_uid = _load_yaml(DATASOURCES)["datasources"][0]["uid"]
@@ -152,27 +145,28 @@ def test_metric_check_catches_a_name_app_metrics_does_not_register() -> None:
     assert "agent" not in _exported()["weir_commits_total"]
 
 
-def test_prometheus_scrapes_every_worker_service_on_its_web_port() -> None:
+def test_prometheus_scrapes_every_worker_service_and_the_relay_on_its_own_port() -> None:
     config = _load_yaml(PROMETHEUS)
-    port = _container_web_port()
     scraped: dict[str, int] = {}
+    labels: dict[str, str] = {}
     for job in config["scrape_configs"]:
         assert job.get("metrics_path", "/metrics") == "/metrics"
-        for discovery in job.get("dns_sd_configs", []):
-            scraped.update(dict.fromkeys(discovery["names"], discovery["port"]))
         for static in job.get("static_configs", []):
             for target in static["targets"]:
                 host, _, target_port = target.rpartition(":")
                 scraped[host] = int(target_port)
-    workers = _worker_services()
-    assert workers, "no worker service in docker/compose.yaml"
-    for name, service in workers.items():
-        # the shop's services run its entry module (faust -A shop.main worker ...), on the Dockerfile's web port
-        command = [str(word) for word in service.get("command", [])]
-        if command:
-            assert "--web-port" in command, f"service {name} overrides the Dockerfile's command without its --web-port"
-            assert int(command[command.index("--web-port") + 1]) == port, f"service {name}: another web port than {port}"
-    assert scraped == dict.fromkeys(workers, port)
+                labels[host] = static.get("labels", {}).get("service")
+    services: dict[str, dict[str, Any]] = _load_yaml(COMPOSE)["services"]
+    expected: dict[str, int] = {}
+    for name, service in services.items():
+        command = [str(word) for word in service.get("command") or []]
+        if name in _worker_services():
+            expected[name] = int(command[command.index("--web-port") + 1])
+        elif "app.outbox_relay" in command:
+            expected[name] = int(command[command.index("--metrics-port") + 1])
+    assert len(expected) > 10, "the compose file's workers and relay"
+    assert scraped == expected
+    assert labels == {name: name for name in expected}, "each target labelled with its service, as the panels group by it"
 
 
 def test_compose_mounts_the_files_prometheus_and_grafana_read() -> None:
