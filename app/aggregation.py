@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -79,6 +81,8 @@ from weir.tables.aggregates import (
     on_open,
     on_part,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "split_messages",
@@ -229,6 +233,7 @@ class ItemWorker:
         bundle: int = 1,
         in_place: Callable[[Any], Any] | None = None,
         policy: RetryPolicy | None = None,
+        blocking_s: float | None = None,
     ) -> None:
         self.agent = agent
         #: the retries of ``in_place`` after its first attempt failed (``step`` retries itself)
@@ -243,6 +248,20 @@ class ItemWorker:
         #: run the items of a message at once (an async step may wait on I/O), up to ``concurrency`` per worker
         self.concurrent = concurrent
         self._running = asyncio.Semaphore(max(1, concurrency))
+        #: ``in_place`` runs until one call of it takes longer than this; then ``step`` (a thread pool's, a message's
+        #: items at once) runs every item from the next one on: a step that blocks neither serialises an order's items
+        #: nor holds the event loop, a short one keeps the in-place call's low cost (None: never switch)
+        self.blocking_s = blocking_s if in_place is not None and not concurrent else None
+
+    def _to_the_pool(self, took_s: float) -> None:
+        log.info(
+            "%s: the item step took %.0f ms in the event loop (over %.0f ms): from now on it runs in its thread pool, a message's items at once",
+            self.agent,
+            took_s * 1000,
+            (self.blocking_s or 0) * 1000,
+        )
+        self.in_place = None
+        self.concurrent = True
 
     async def _run(self, payload: Any, index: int, message: dict[str, Any]) -> StepOutcome:
         async with self._running if self.concurrent else contextlib.nullcontext():
@@ -301,12 +320,21 @@ class ItemWorker:
             outcomes = list(await asyncio.gather(*(self._run(payload, index, message) for index, _, payload in items)))
         elif self.in_place is not None:
             outcomes = []
-            for _, _, payload in items:
+            for position, (_, _, payload) in enumerate(items):
+                in_place = self.in_place
+                if in_place is None:  # it blocked on an earlier item of this message: the rest at once, in the pool
+                    rest = items[position:]
+                    outcomes += await asyncio.gather(*(self._run(later, index, message) for index, _, later in rest))
+                    break
+                started = time.perf_counter()
                 try:
-                    outcome = StepOutcome(ok=True, value=self.in_place(payload), error=None, attempts=1)
+                    outcome = StepOutcome(ok=True, value=in_place(payload), error=None, attempts=1)
                 except Exception as error:  # a user step may raise anything: the retry policy decides what follows
-                    outcome = await run_with_retry(self.policy, functools.partial(self.in_place, payload), failed=error)
+                    outcome = await run_with_retry(self.policy, functools.partial(in_place, payload), failed=error)
                 outcomes.append(outcome)
+                took_s = time.perf_counter() - started
+                if self.blocking_s is not None and took_s > self.blocking_s:
+                    self._to_the_pool(took_s)
         else:
             outcomes = [await self._run(payload, index, message) for index, _, payload in items]
         for (index, last, payload), outcome in zip(items, outcomes, strict=True):

@@ -74,7 +74,9 @@ def make_step(process: Callable[[Any], Any], *, threads: int, policy: RetryPolic
     An async ``process`` runs in the event loop, its items at once (it may wait on I/O). A sync one runs in
     the event loop, one item after the other, when ``threads`` is 0 (the cheapest for a short step: no
     hand-off); else in a pool of ``threads`` threads, its items at once, so that a slow or blocking sync step
-    neither serialises a message's items nor stalls the worker's event loop (heartbeats, commits).
+    neither serialises a message's items nor stalls the worker's event loop (heartbeats, commits). The
+    pipeline's items stage tries a sync step in place first and takes this pool once a call blocked
+    (``WEIR_ITEM_BLOCKING_MS``, :class:`app.aggregation.ItemWorker`).
     """
     retries = policy if policy is not None else Settings().retry_policy()
     if asyncio.iscoroutinefunction(process) or threads <= 0:
@@ -115,20 +117,25 @@ class PipelineTopology:
         self.config = aggregator_config(settings)
         self.policy = settings.retry_policy()
         self.step, self.runs_at_once = make_step(process, threads=settings.item_threads, policy=self.policy)
-        #: the step's plain function when it runs in the event loop, one item after the other (sync, no threads): an
-        #: ItemWorker tries it in place first, and retries through ``step`` only when it raised
-        self.in_place = None if asyncio.iscoroutinefunction(process) or settings.item_threads > 0 else process
+        sync = not asyncio.iscoroutinefunction(process)
+        #: a sync step with a pool starts in the event loop and moves to the pool once a call blocks for longer than
+        #: WEIR_ITEM_BLOCKING_MS (:class:`ItemWorker`); with WEIR_ITEM_BLOCKING_MS=0 it always runs in the pool
+        self.adaptive = sync and settings.item_threads > 0 and settings.item_blocking_ms > 0
+        #: the step's plain function when it runs in the event loop, one item after the other: an ItemWorker tries it
+        #: in place first, and retries through ``step`` only when it raised
+        self.in_place = process if sync and (settings.item_threads == 0 or self.adaptive) else None
 
     def _worker(self, agent: str, results: Any) -> ItemWorker:
         return ItemWorker(
             agent=agent,
             step=self.step,
             results=results,
-            concurrent=self.runs_at_once,
+            concurrent=self.runs_at_once and not self.adaptive,
             concurrency=self.settings.item_concurrency,
             bundle=self.settings.bundle,
             in_place=self.in_place,
             policy=self.policy,
+            blocking_s=self.settings.item_blocking_ms / 1000 if self.adaptive else None,
         )
 
     @functools.cached_property

@@ -258,8 +258,12 @@ class Settings:
     done_retention_ms: int = 600_000
     #: WEIR_ITEM_CONCURRENCY: items an async item step runs on at once, per items worker (a batch's items run together).
     item_concurrency: int = 100
-    #: WEIR_ITEM_THREADS: a sync item step runs in a pool of this many threads, a message's items at once (0: in the event loop, in turn).
-    item_threads: int = 0
+    #: WEIR_ITEM_THREADS: the thread pool of a sync item step that blocks: there a message's items run at once, off the
+    #: event loop (0: no pool, a sync step always runs in the event loop, one item after the other).
+    item_threads: int = 16
+    #: WEIR_ITEM_BLOCKING_MS: a sync item step runs in the event loop (the cheapest for a short step) until one call takes
+    #: longer than this; from then on it runs in the pool of WEIR_ITEM_THREADS (0: always in the pool).
+    item_blocking_ms: int = 20
     #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
     split_chunk: int = 10
     #: WEIR_BUNDLE: messages of one batch put in one record per destination partition (a ``bundle``): the
@@ -491,6 +495,7 @@ def load_settings() -> Settings:
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms, 0),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency, 1),
         item_threads=_env_int("WEIR_ITEM_THREADS", defaults.item_threads, 0),
+        item_blocking_ms=_env_int("WEIR_ITEM_BLOCKING_MS", defaults.item_blocking_ms, 0),
         split_chunk=_env_int("WEIR_SPLIT_CHUNK", defaults.split_chunk, 1),
         bundle=_env_int("WEIR_BUNDLE", defaults.bundle, 1),
         items_inline=_env_bool("WEIR_ITEMS_INLINE", defaults.items_inline),

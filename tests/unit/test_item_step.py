@@ -1,4 +1,4 @@
-"""The item step (app.pipeline.make_step): async steps and, with WEIR_ITEM_THREADS, sync steps run a message's items at once.
+"""The item step (app.pipeline.make_step): async steps, and sync steps once they block, run a message's items at once.
 
 "At once" is shown by a barrier of ten parties that each item waits at: items run one after the other never
 get past it (its timeout breaks it, and the item fails).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -135,3 +136,82 @@ def test_a_sync_step_tried_in_place_that_raises_is_retried_by_the_policy_from_it
         assert (item["status"], item["error"]) == ("failed", "ValueError: call 3 of 7")
         assert [(letter["reason"], letter["attempts"]) for letter in driver.dead_letters()] == [("failed", 3)], "dead-lettered alone"
     assert always.calls == {7: 3}, "the policy's three attempts in all, the first in place"
+
+
+def _message(payloads: list[Any], correlation_id: str = "o-1") -> dict[str, Any]:
+    return {
+        "kind": "items",
+        "correlation_id": correlation_id,
+        "total": len(payloads),
+        "items": [{"index": index, "last": index == len(payloads) - 1, "payload": payload} for index, payload in enumerate(payloads)],
+    }
+
+
+def test_a_sync_step_that_blocks_moves_to_the_pool_and_the_rest_of_the_order_runs_at_once() -> None:
+    """Seed 003's "ten items of one second in about one second", by default: the first call blocks the event loop
+    once; the order's nine other items then meet at a barrier of nine in the pool, and every later order's ten."""
+    from weir.app.aggregation import ItemWorker
+
+    rest = threading.Barrier(9, timeout=10)
+    later = threading.Barrier(10, timeout=10)
+    threads: list[str] = []
+
+    def step(payload: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if payload == ("o-1", 0):
+            time.sleep(0.05)  # blocks: over the 20 ms of WEIR_ITEM_BLOCKING_MS
+        else:
+            (rest if payload[0] == "o-1" else later).wait()
+        return payload[1]
+
+    pooled, _ = make_step(step, threads=16)
+    worker = ItemWorker(agent="items", step=pooled, results=None, concurrent=False, concurrency=100, in_place=step, blocking_s=0.02)  # type: ignore[arg-type]
+
+    async def run(correlation_id: str) -> list[Any]:
+        _, outcomes = await worker.outcomes(None, _message([(correlation_id, index) for index in range(10)], correlation_id))  # type: ignore[arg-type]
+        return [(item["ok"], item["result"]) for item in outcomes["items"]]
+
+    assert asyncio.run(run("o-1")) == [(True, index) for index in range(10)], "the nine after the first met at once"
+    assert threads[0] == threading.main_thread().name
+    assert all(name.startswith("weir-item-step") for name in threads[1:])
+    assert worker.concurrent
+    assert asyncio.run(run("o-2")) == [(True, index) for index in range(10)], "a later order's ten met at once"
+
+
+def test_a_short_sync_step_stays_in_the_event_loop() -> None:
+    from weir.app.aggregation import ItemWorker
+
+    threads: set[str] = set()
+
+    def step(payload: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        return payload
+
+    pooled, _ = make_step(step, threads=16)
+    worker = ItemWorker(agent="items", step=pooled, results=None, concurrent=False, concurrency=100, in_place=step, blocking_s=0.02)  # type: ignore[arg-type]
+    for number in range(20):
+        asyncio.run(worker.outcomes(None, _message(list(range(10)), f"o-{number}")))  # type: ignore[arg-type]
+    assert threads == {threading.main_thread().name}
+    assert not worker.concurrent
+
+
+def test_by_default_an_orders_blocking_items_run_at_once_on_the_driver() -> None:
+    """The pipeline as a worker runs it, with weir's default settings but one partition: no WEIR_ITEM_THREADS to set."""
+    from weir import Settings, TestDriver
+
+    settings = Settings(partitions=1)
+    assert settings.item_threads > 0
+    assert settings.item_blocking_ms > 0
+    meet = threading.Barrier(9, timeout=10)
+
+    def step(payload: Any) -> Any:
+        if payload == 0:
+            time.sleep(0.05)
+        else:
+            meet.wait()
+        return payload * 10
+
+    with TestDriver(settings=settings, item_step=step) as driver:
+        driver.pipe("orders", {"order_id": "o-1", "items": list(range(10))}, key="o-1")
+        [result] = driver.values("aggregates")
+    assert [(item["status"], item["result"]) for item in result["items"]] == [("ok", index * 10) for index in range(10)]
