@@ -255,7 +255,8 @@ class ItemWorker:
 
     def _to_the_pool(self, took_s: float) -> None:
         log.info(
-            "%s: the item step took %.0f ms in the event loop (over %.0f ms): from now on it runs in its thread pool, a message's items at once",
+            "%s: the item step took %.0f ms in the event loop (over %.0f ms): from now on it runs in its thread pool, "
+            "a message's items at once",
             self.agent,
             took_s * 1000,
             (self.blocking_s or 0) * 1000,
