@@ -12,7 +12,7 @@ ORDERS ?=
 TEST_PROCESSES ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install broker broker-stop broker-wipe demo demo-split chaos chaos-faults test test-unit test-integration lint format bench clean compose-check
+.PHONY: help install broker broker-stop broker-wipe demo demo-split demo-eof chaos chaos-faults test test-unit test-integration lint format bench clean compose-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -47,6 +47,12 @@ demo-split: $(STAMP) ## run the split/aggregate pipeline on demo/orders.jsonl (O
 	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
 	scripts/broker.sh start || exit 1; \
 	$(BIN)/python -m examples.split_aggregate $(if $(ORDERS),--orders $(ORDERS),); rc=$$?; \
+	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
+
+demo-eof: $(STAMP) ## seed 000's deployment: two end-of-stream tasks at once on shared stages, both reports per client
+	@if scripts/broker.sh status >/dev/null 2>&1 || [ -n "$$KAFKA_BOOTSTRAP" ]; then started=no; else started=yes; fi; \
+	scripts/broker.sh start || exit 1; \
+	$(BIN)/python -m examples.eof_tasks; rc=$$?; \
 	if [ $$started = yes ]; then scripts/broker.sh stop; fi; exit $$rc
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict on weir (weir, app, agents, tables), the shop and the examples

@@ -34,7 +34,7 @@ from weir.app.edge import add_log_level, command_edge, configure_logging
 from weir.app.jsonlines import read_lines
 from weir.app.kafka_io import ReplyDesk, check_broker
 from weir.app.settings import SettingError, load_settings
-from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, topic_base
+from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS, ReportDesk, topic_base
 
 __all__ = ["Gateway", "batched", "client_messages", "delivered_message"]
 
@@ -90,7 +90,13 @@ class Gateway:
         self._topic: Callable[[str], str] = lambda name: topic(topic_base(job, name))
         self._partitions = partitions
         # reports are filed by client; one that arrives before anyone waits is kept (a client run again after a restart)
-        self._desk = ReplyDesk(bootstrap, _report_of, linger_ms=5, client_options=client_options)
+        self._desk = ReplyDesk(bootstrap, self._report_of, linger_ms=5, client_options=client_options)
+        #: a job answered by its filter (seed 000's task 1): its parts and end become the client's report here
+        self._reports = ReportDesk()
+
+    def _report_of(self, record: Any) -> tuple[str, Any] | None:
+        """A client's report, filed by client (:class:`tables.eof.ReportDesk`)."""
+        return self._reports.take(json.loads(record.value) if record.value else None)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -142,13 +148,6 @@ class Gateway:
         self._desk.expect(client)
         await self.send(client, lines, batch_size=batch_size, side=side)
         return await self.report(client, timeout_s=timeout_s)
-
-
-def _report_of(record: Any) -> tuple[str, Any] | None:
-    report = json.loads(record.value) if record.value else None
-    if not isinstance(report, dict) or "client" not in report:
-        return None
-    return str(report["client"]), report
 
 
 async def _main(files: list[Path], batch_size: int, job: str) -> int:

@@ -20,6 +20,7 @@ from weir.app.settings import SettingError, load_named
 from weir.app.shell import InvalidMessage
 from weir.app.stages import Stage, Wiring, per_event
 from weir.tables.eof import (
+    ANSWERS_FILTER,
     TOPIC_AGGREGATE,
     TOPIC_BATCHES,
     TOPIC_COUNTER,
@@ -186,6 +187,8 @@ class EofTopology:
         return [self.batches, self.counter, self.aggregate, self.join, self.reports]
 
     def stages(self) -> list[Stage]:
+        if self.job.answers == ANSWERS_FILTER:  # seed 000's task 1: the filter answers the gateway
+            return [self.filter_stage(), self.controller_stage()]
         return [self.filter_stage(), self.controller_stage(), self.aggregator_stage(), self.joiner_stage()]
 
     # -- filter: runs the job's select on each record, forwards, splits or drops each batch, reports what it forwarded
@@ -202,8 +205,10 @@ class EofTopology:
         async def handle(event: EventT[bytes], message: Any) -> None:
             client, batch_id, lines = _parse_batch(message)
             outcome = filter_batch(batch_id, lines, self.job, self.settings.eof_max_batch_orders)
+            # forwarded to the group-by/aggregate stage, or, when the filter answers, straight to the gateway
+            to, kind = (self.reports, "part") if self.job.answers == ANSWERS_FILTER else (self.aggregate, "batch")
             batches = [
-                Output(self.aggregate, client, {"kind": "batch", "client": client, "batch_id": out_id, "records": records})
+                Output(to, client, {"kind": kind, "client": client, "batch_id": out_id, "records": records})
                 for out_id, records in outcome.forwarded
             ]
             # A forwarded batch too large for a record is dead-lettered here and not counted as forwarded: the
@@ -228,10 +233,11 @@ class EofTopology:
         job = self.job
 
         def sent(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
-            return on_sent(previous, client, _count(message, "batches", client), now)
+            return on_sent(previous, client, _count(message, "batches", client), now, answers=job.answers)
 
         def filtered(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
-            return on_report(previous, client, _count(message, "batch_id", client), _count(message, "forwarded", client), now)
+            batch_id, forwarded = _count(message, "batch_id", client), _count(message, "forwarded", client)
+            return on_report(previous, client, batch_id, forwarded, now, answers=job.answers)
 
         def delivered(previous: Any, client: str, message: dict[str, Any], now: int) -> Any:
             return on_delivered(previous, client, now, job)

@@ -40,7 +40,7 @@ from weir.app.stages import Stage, Wiring
 from weir.app.trigger_status import StatusSource
 from weir.app.trigger_topology import TriggerTopology
 from weir.app.windows import Window, WindowTopology
-from weir.tables.eof import TOPIC_REPORTS, EofJob
+from weir.tables.eof import TOPIC_REPORTS, EofJob, ReportDesk
 
 __all__ = ["TestDriver", "TestRecord", "VirtualClock", "Crashed"]
 
@@ -318,7 +318,9 @@ class TestDriver:
         batches, side_data, end = client_messages(client, records, batch_size=batch_size, side=side)
         for topic, key, value in [*batches, side_data, end]:
             self.pipe(topic_base(job, topic), value, key=key)
-        reports = [record.value for record in self.read(topic_base(job, TOPIC_REPORTS)) if record.key == client]
+        desk = ReportDesk()  # as the gateway reads them: a job answered by its filter sends parts and an end
+        taken = [desk.take(record.value) for record in self.read(topic_base(job, TOPIC_REPORTS))]
+        reports = [report for found in taken if found is not None for name, report in [found] if name == client]
         if not reports:
             return None
         topic, key, value = delivered_message(client)

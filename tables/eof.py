@@ -40,6 +40,10 @@ __all__ = [
     "TOPIC_REPORTS",
     "topic_base",
     "CLIENT_STATE_STAGES",
+    "ANSWERS_JOINER",
+    "ANSWERS_FILTER",
+    "assemble_parts",
+    "ReportDesk",
     "STATUS_COMPLETE",
     "STATUS_ABANDONED",
     "STATUS_EXPIRED",
@@ -104,6 +108,10 @@ def topic_base(job_name: str, base: str) -> str:
 #: the cleanup is broadcast to each of them. Every one keys its table by client, like its input topic, so
 #: the one message keyed by the client reaches the one partition that may hold the client's state.
 CLIENT_STATE_STAGES: tuple[str, ...] = ("aggregate", "join")
+#: :attr:`EofJob.answers`: the joiner sends the report (filter -> group-by/aggregate -> joiner -> gateway)
+ANSWERS_JOINER = "joiner"
+#: :attr:`EofJob.answers`: the filter sends what it keeps straight to the gateway (seed 000's task 1)
+ANSWERS_FILTER = "filter"
 
 STATUS_COMPLETE = "complete"
 STATUS_ABANDONED = "abandoned"
@@ -149,6 +157,30 @@ class EofJob:
     join: Callable[[str, Any, Any], Mapping[str, Any]]
     cleanup_topics: tuple[str, ...] = ()
     cleanups: Callable[[str], Sequence[tuple[str, str]]] | None = None
+    #: who answers the gateway: ``"joiner"`` (filter -> group-by/aggregate -> joiner), or ``"filter"``: the seed's
+    #: task 1, where the filter sends what it keeps straight to the gateway (:meth:`answered_by_filter`)
+    answers: str = ANSWERS_JOINER
+
+    def __post_init__(self) -> None:
+        if self.answers not in (ANSWERS_JOINER, ANSWERS_FILTER):
+            raise ValueError(f"EofJob {self.name!r}: answers must be {ANSWERS_JOINER!r} or {ANSWERS_FILTER!r}, got {self.answers!r}")
+
+    @classmethod
+    def answered_by_filter(cls, name: str, select: Callable[[Any], Any]) -> EofJob:
+        """A job whose filter answers the gateway (seed 000's task 1): the records ``select`` keeps go straight to the
+        gateway as parts (``{"kind": "part", "batch_id", "records"}``), and the controller, once the count is final,
+        tells the gateway how many parts to expect (``{"kind": "end", "expected"}``); the gateway's report holds every
+        kept record, in batch order. No group-by, aggregate or joiner stage runs for it."""
+
+        def unused(*_: Any) -> Any:
+            raise RuntimeError(f"EofJob {name!r} is answered by its filter: it has no aggregate or join")
+
+        return cls(name, select, unused, unused, unused, answers=ANSWERS_FILTER)
+
+    @property
+    def pipeline_stages(self) -> tuple[str, ...]:
+        """The stages after the filter that keep per-client state (the cleanup goes to each)."""
+        return CLIENT_STATE_STAGES if self.answers == ANSWERS_JOINER else ()
 
 
 # --------------------------------------------------------------------------------------------- filter
@@ -504,14 +536,20 @@ def _fresh(previous: ControllerState | None, client: str, now_ms: int) -> Contro
     return previous if previous is not None else ControllerState(client=client, last_activity_ms=now_ms)
 
 
-def _maybe_finish(state: ControllerState) -> ControllerTransition:
+def _maybe_finish(state: ControllerState, answers: str) -> ControllerTransition:
+    """Once the reports cover every batch sent: the count is final. The aggregator is told how many batches to
+    merge (``finish``), or, when the filter answers the gateway, the gateway how many parts to expect (``end``)."""
     if state.finish_sent or state.sent_total is None or len(state.reported) < state.sent_total:
         return ControllerTransition(state)
-    finish = {"kind": "finish", "client": state.client, "expected": state.forwarded_total, "batches_sent": state.sent_total}
-    return ControllerTransition(replace(state, finish_sent=True), [Emit("aggregate", finish)])
+    counts = {"client": state.client, "expected": state.forwarded_total, "batches_sent": state.sent_total}
+    if answers == ANSWERS_FILTER:
+        return ControllerTransition(replace(state, finish_sent=True), [Emit("reports", {"kind": "end", **counts})])
+    return ControllerTransition(replace(state, finish_sent=True), [Emit("aggregate", {"kind": "finish", **counts})])
 
 
-def on_sent(previous: ControllerState | None, client: str, total: int, now_ms: int) -> ControllerTransition:
+def on_sent(
+    previous: ControllerState | None, client: str, total: int, now_ms: int, *, answers: str = ANSWERS_JOINER
+) -> ControllerTransition:
     """The gateway's end of a client: it sent ``total`` batches, numbered 0..total-1."""
     if previous is not None and previous.closed_ms is not None:
         return ControllerTransition(previous)  # late duplicate of a finished client
@@ -523,10 +561,12 @@ def on_sent(previous: ControllerState | None, client: str, total: int, now_ms: i
     if beyond is not None:
         error = f"eof controller: client {client!r} sent {total} batches (0..{total - 1}) but batch {beyond} was reported"
         return ControllerTransition(state, rejected=error)
-    return _maybe_finish(replace(state, sent_total=total, last_activity_ms=max(state.last_activity_ms, now_ms)))
+    return _maybe_finish(replace(state, sent_total=total, last_activity_ms=max(state.last_activity_ms, now_ms)), answers)
 
 
-def on_report(previous: ControllerState | None, client: str, batch_id: int, forwarded: int, now_ms: int) -> ControllerTransition:
+def on_report(
+    previous: ControllerState | None, client: str, batch_id: int, forwarded: int, now_ms: int, *, answers: str = ANSWERS_JOINER
+) -> ControllerTransition:
     """A filter processed batch ``batch_id`` and forwarded ``forwarded`` batches for it."""
     if previous is not None and previous.closed_ms is not None:
         return ControllerTransition(previous)
@@ -541,7 +581,7 @@ def on_report(previous: ControllerState | None, client: str, batch_id: int, forw
         error = f"eof controller: report of batch {batch_id} (forwarded {forwarded}) for client {client!r} is outside 0..{state.sent_total}"
         return ControllerTransition(state, rejected=error)
     reported = state.reported.with_count(batch_id, forwarded)
-    return _maybe_finish(replace(state, reported=reported, last_activity_ms=max(state.last_activity_ms, now_ms)))
+    return _maybe_finish(replace(state, reported=reported, last_activity_ms=max(state.last_activity_ms, now_ms)), answers)
 
 
 def _close(state: ControllerState, now_ms: int, outcome: str) -> ControllerState:
@@ -552,7 +592,7 @@ def _close(state: ControllerState, now_ms: int, outcome: str) -> ControllerState
 def cleanup_emits(client: str, job: EofJob | None = None) -> list[Emit]:
     """The cleanup broadcast: one ``cleanup`` to every stage that keeps state per client, the job's own included."""
     cleanup = {"kind": "cleanup", "client": client}
-    emits = [Emit(stage, cleanup) for stage in CLIENT_STATE_STAGES]
+    emits = [Emit(stage, cleanup) for stage in (job.pipeline_stages if job is not None else CLIENT_STATE_STAGES)]
     if job is not None and job.cleanups is not None:
         emits += [Emit(topic, cleanup, key=key) for topic, key in job.cleanups(client)]
     return emits
@@ -915,3 +955,58 @@ def reference_report(client: str, records: Iterable[Any], job: EofJob, side: Any
     report = join_report(client, Totals(0, count, totals), side, job)
     del report["batches"]
     return report
+
+
+def assemble_parts(client: str, parts: Mapping[str, Sequence[Any]], end: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The report of a client whose filter answers the gateway (:meth:`EofJob.answered_by_filter`), once the parts
+    ``end`` announces are all in: every kept record, in batch order (``<batch>.<k>`` numerically); None while parts
+    are missing. Parts are held by batch id, so a redelivered one counts once."""
+    expected = end.get("expected")
+    if not isinstance(expected, int) or len(parts) < expected:
+        return None
+
+    def order(batch_id: str) -> tuple[int, int, str]:
+        split = _split_id(batch_id)
+        return (split[0], split[1], "") if split is not None else (math.inf, 0, batch_id)  # type: ignore[return-value]
+
+    records = [record for batch_id in sorted(parts, key=order) for record in parts[batch_id]]
+    return {
+        "client": client,
+        "status": STATUS_COMPLETE,
+        "records": records,
+        "record_count": len(records),
+        "batches_sent": end.get("batches_sent"),
+        "batches_forwarded": expected,
+    }
+
+
+class ReportDesk:
+    """What a gateway reads on a job's reports topic, as client reports: the joiner's report (or the controller's
+    ``abandoned``) as it comes; for a job answered by its filter, the filter's parts and the controller's end, held
+    per client until :func:`assemble_parts` has them all. Shared by :class:`app.eof_gateway.Gateway` and the test
+    driver."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[str, list[Any]]] = {}
+        self._ends: dict[str, dict[str, Any]] = {}
+
+    def take(self, message: Any) -> tuple[str, dict[str, Any]] | None:
+        """(client, report) once ``message`` completes a client's report; None otherwise (or for a stray message)."""
+        if not isinstance(message, dict) or not isinstance(message.get("client"), str):
+            return None
+        client, kind = message["client"], message.get("kind")
+        if kind is None:
+            return client, message
+        if kind == "part" and isinstance(message.get("batch_id"), str) and isinstance(message.get("records"), list):
+            self._parts.setdefault(client, {})[message["batch_id"]] = message["records"]
+        elif kind == "end":
+            self._ends[client] = message
+        else:
+            return None
+        end = self._ends.get(client)
+        report = assemble_parts(client, self._parts.get(client, {}), end) if end is not None else None
+        if report is None:
+            return None
+        del self._ends[client]
+        self._parts.pop(client, None)
+        return client, report

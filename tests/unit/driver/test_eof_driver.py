@@ -113,3 +113,39 @@ def test_a_batch_that_is_not_an_object_is_dead_lettered_and_still_reported_to_th
         assert (letter["agent"], letter["reason"]) == ("eof_filter", "invalid")
         [report] = driver.values("eof-reports")
         assert (report["status"], report["words"]) == ("complete", {"one": 1, "word": 1})
+
+
+#: Seed 000's task 1: the filter answers the gateway; the report holds every kept record, in batch order.
+LONG_WORDS = EofJob.answered_by_filter(
+    "long-words", select=lambda record: record if isinstance(record, str) and len(record) > 5 else _drop(record)
+)
+
+
+def test_a_job_answered_by_its_filter_reports_every_kept_record_in_order_and_runs_no_aggregate() -> None:
+    lines = ["a", "cathedral", "longer one", "b", "x", "y", "splendid", "zz", "wonderful day", "elephant"]
+    with TestDriver(settings=SETTINGS, eof_jobs={"long": LONG_WORDS, "words": WORDS}) as driver:
+        report = driver.eof_client("c-1", lines, job="long", batch_size=2)
+        words = driver.eof_client("c-1", LINES, job="words", batch_size=2)
+        assert report is not None
+        assert words is not None
+        assert report["status"] == "complete"
+        assert report["records"] == ["cathedral", "longer one", "splendid", "wonderful day", "elephant"]
+        assert (report["batches_sent"], report["batches_forwarded"]) == (5, 4)  # batch 2 ("x", "y") forwarded nothing
+        assert words["words"]["the"] == 4, "the other task, on the same stages, is untouched"
+        kinds = [record.value.get("kind") for record in driver.read("long.eof-reports")]
+        assert sorted(kinds) == ["end"] + ["part"] * 4
+        assert not any(name.startswith("long-eof_totals") or name.startswith("long-eof_joins") for name in driver.tables())
+        driver.advance(seconds=12)
+        assert {name: table for name, table in _nonempty(driver).items() if name.startswith("long")} == {}
+
+
+def test_a_job_answered_by_its_filter_gives_the_same_report_through_crashes() -> None:
+    lines = [f"record-{number:03}" if number % 3 else "x" for number in range(40)]
+    with TestDriver(settings=SETTINGS, eof_jobs={"long": LONG_WORDS}) as reference:
+        expected = reference.eof_client("c-1", lines, job="long", batch_size=3)
+    assert expected is not None
+    for every in (1, 3, 7):
+        with TestDriver(settings=SETTINGS, eof_jobs={"long": LONG_WORDS}) as driver:
+            driver.crash_after(every)
+            report = driver.eof_client("c-1", lines, job="long", batch_size=3)
+            assert report == expected, f"a crash every {every} events"

@@ -631,3 +631,21 @@ def test_batch_counts_added_one_at_a_time_are_the_dict_of_them_stored_as_before(
     for probe in (0, 1, 40, 80, 81):
         assert held.get(probe) == counts.get(probe)
         assert held.first_from(probe) == min((batch for batch in counts if batch >= probe), default=None)
+
+
+@given(st.data())
+def test_a_report_desk_assembles_a_filter_answered_client_once_whatever_the_order_and_redeliveries(data: st.DataObject) -> None:
+    """Parts (by batch id) and the end in any order, each possibly twice (at_least_once): one report, the same records."""
+    from weir.tables.eof import ReportDesk
+
+    parts = [(f"{batch}.{k}", [f"r{batch}-{k}-{n}" for n in range(2)]) for batch in range(4) for k in range(2) if (batch + k) % 3]
+    messages = [{"kind": "part", "client": "c", "batch_id": batch_id, "records": records} for batch_id, records in parts]
+    messages.append({"kind": "end", "client": "c", "expected": len(parts), "batches_sent": 4})
+    messages += data.draw(st.lists(st.sampled_from(messages), max_size=6))  # redelivered
+    shuffled = data.draw(st.permutations(messages))
+    desk = ReportDesk()
+    reports = [found for message in shuffled if (found := desk.take(message)) is not None]
+    expected = [record for _, records in parts for record in records]
+    assert reports
+    assert all(report["records"] == expected for _, report in reports)
+    assert reports[0][1]["batches_forwarded"] == len(parts)
