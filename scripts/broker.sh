@@ -24,7 +24,9 @@
 # stop-node and kill-node (SIGKILL) on node N alone: scripts/broker.sh kill-node 2. Not with SASL or TLS.
 # WEIR_KAFKA_PROXY_PORT (with WEIR_KAFKA_PROXIED_PORT): a second listener on 127.0.0.1:$WEIR_KAFKA_PROXIED_PORT,
 # advertised as 127.0.0.1:$WEIR_KAFKA_PROXY_PORT, where a proxy forwards to it (the tests' fault proxy): clients
-# that bootstrap there reach the broker only through the proxy. One PLAINTEXT node only.
+# that bootstrap there reach the broker only through the proxy. Comma-separated lists of as many ports each give a
+# listener per pair (PROXIED1, PROXIED2, ...), so that each client, behind a proxy of its own, can be cut off alone.
+# One PLAINTEXT node only.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -195,12 +197,27 @@ listener_config() {
     # a second listener, advertised on a proxy's port: its clients reach the broker only through the proxy
     [ "$protocol" = PLAINTEXT ] && [ "$nodes" = 1 ] || die "WEIR_KAFKA_PROXY_PORT runs with one PLAINTEXT node only"
     [ -n "${WEIR_KAFKA_PROXIED_PORT:-}" ] || die "WEIR_KAFKA_PROXY_PORT needs WEIR_KAFKA_PROXIED_PORT (the port the proxy forwards to)"
+    local proxy_ports proxied_ports listeners advertised map i
+    IFS=, read -r -a proxy_ports <<<"$WEIR_KAFKA_PROXY_PORT"
+    IFS=, read -r -a proxied_ports <<<"$WEIR_KAFKA_PROXIED_PORT"
+    [ "${#proxy_ports[@]}" = "${#proxied_ports[@]}" ] || die "WEIR_KAFKA_PROXY_PORT and WEIR_KAFKA_PROXIED_PORT must list as many ports"
+    listeners="PLAINTEXT://127.0.0.1:$port"
+    advertised="PLAINTEXT://127.0.0.1:$port"
+    map="PLAINTEXT:PLAINTEXT"
+    for i in "${!proxy_ports[@]}"; do
+      # one listener: PROXIED (as before); several: PROXIED1, PROXIED2, ...
+      local name="PROXIED"
+      [ "${#proxy_ports[@]}" = 1 ] || name="PROXIED$((i + 1))"
+      listeners="$listeners,$name://127.0.0.1:${proxied_ports[$i]}"
+      advertised="$advertised,$name://127.0.0.1:${proxy_ports[$i]}"
+      map="$map,$name:PLAINTEXT"
+    done
     cat <<PROPS
-listeners=PLAINTEXT://127.0.0.1:$port,PROXIED://127.0.0.1:$WEIR_KAFKA_PROXIED_PORT,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,PROXIED://127.0.0.1:$WEIR_KAFKA_PROXY_PORT
+listeners=$listeners,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$map,CONTROLLER:PLAINTEXT
 PROPS
     return 0
   fi

@@ -1,5 +1,6 @@
 """The shop's day while the network between its workers and the broker misbehaves (issue 37): added latency, every
-connection cut (twice), and a partition longer than the session and transaction timeouts, then healed.
+connection cut (twice), and a partition longer than the session and transaction timeouts, then healed. And one worker
+of two partitioned alone, behind a proxy of its own, while its peer goes on.
 
 The workers reach the broker through a fault proxy (the broker advertises the proxy's port on a listener of its
 own); the screens and the audit use the broker's own port, so only the workers see the faults. A worker cut off
@@ -22,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import test_split_aggregate as split
 from tests.integration.conftest import Pipeline, free_port
 from tests.integration.fault_proxy import FaultProxy
 from tests.integration.local_broker import BrokerInstance
 from tests.integration.shop_faults import Fault, run_day_with_faults
 from tests.integration.test_shop import make_screens
+from weir.app.processes import Supervisor
 
 #: the broker-fault runs go one after another, beside the shop's group on the other test process
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]
@@ -81,3 +84,60 @@ def test_the_shop_keeps_its_books_through_latency_cut_connections_and_a_partitio
     ]
     run_day_with_faults(workers_side, screens, env, plan, audit=direct)
     print(f"through the fault proxy: {proxy.accepted} connections, {proxy.cuts} cuts")
+
+
+@pytest.fixture
+def two_listeners(tmp_path: Path) -> Iterator[tuple[BrokerInstance, FaultProxy, FaultProxy]]:
+    """A broker with a proxied listener per worker (scripts/broker.sh's port lists), each behind a fault proxy."""
+    proxies, proxied = [free_port(), free_port()], [free_port(), free_port()]
+    broker = BrokerInstance(
+        tmp_path / "broker",
+        extra_env={"WEIR_KAFKA_PROXY_PORT": ",".join(map(str, proxies)), "WEIR_KAFKA_PROXIED_PORT": ",".join(map(str, proxied))},
+    )
+    broker.start()
+    first, second = (FaultProxy(listen, target).start() for listen, target in zip(proxies, proxied, strict=True))
+    try:
+        yield broker, first, second
+    finally:
+        first.stop()
+        second.stop()
+        broker.stop()
+
+
+def test_one_worker_partitioned_alone_past_its_timeouts_loses_nothing_and_commits_nothing_twice(
+    two_listeners: tuple[BrokerInstance, FaultProxy, FaultProxy], tmp_path: Path
+) -> None:
+    """Two workers of the split/aggregate pipeline (every agent each), each reaching the broker through a proxy of its
+    own; the second is cut off alone for longer than the session and transaction timeouts while orders flow. Its peer
+    takes its partitions (and restores their tables) and goes on; the broker aborts the zombie's open transaction, and
+    when the network heals the zombie commits nothing a read_committed reader sees: it stops and is restarted in its
+    slot. Every order completes once, with every item, and every item message and outcome is committed once."""
+    broker, first_proxy, second_proxy = two_listeners
+    unique = uuid.uuid4().hex[:8]
+    pipeline = Pipeline(bootstrap=broker.bootstrap, tmp=tmp_path, prefix=f"p{unique}.", app_id=f"p{unique}")
+    split.create_topics(pipeline)
+    orders = split.make_orders(400, seed=29, max_items=10, sleep_s=0.01)
+    settings = {"WEIR_AGGREGATE_TIMEOUT_MS": 300_000}
+    first = pipeline.start_worker("all", KAFKA_BOOTSTRAP=f"127.0.0.1:{first_proxy.listen_port}", **settings)
+    second = pipeline.start_worker("all", KAFKA_BOOTSTRAP=f"127.0.0.1:{second_proxy.listen_port}", **settings)
+    first.wait_ready()
+    second.wait_ready()
+    supervisor = Supervisor([first, second]).start()
+    try:
+        split.send_orders(pipeline, orders)
+        before = split.read_json(pipeline, "aggregates", expected=60, timeout_s=120)
+        second_proxy.partition()
+        time.sleep(PARTITION_S)
+        during = len(split.read_json(pipeline, "aggregates", expected=len(orders) + 1, timeout_s=3))  # what is there now
+        second_proxy.heal()
+        results = split.read_json(pipeline, "aggregates", expected=len(orders), timeout_s=300, settle_s=3)
+    finally:
+        supervisor.stop()
+        pipeline.stop_all()
+    assert during > len(before), "the peer went on while the second worker was cut off"
+    split.assert_complete_once(results, orders)
+    split.assert_committed_once_below_the_results(pipeline, orders)
+    print(
+        f"one worker cut off {PARTITION_S:.0f}s: {len(before)} results before, {during} by the heal, {len(results)} at the end; "
+        f"restarts {supervisor.restarts}; connections through its proxy {second_proxy.accepted}"
+    )

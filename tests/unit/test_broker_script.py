@@ -408,3 +408,21 @@ def test_a_proxied_listener_is_advertised_on_the_proxy_s_port(tmp_path: Path) ->
     assert f"advertised.listeners=PLAINTEXT://127.0.0.1:{port},PROXIED://127.0.0.1:{proxy}" in lines
     assert "inter.broker.listener.name=PLAINTEXT" in lines, "the broker's own traffic does not go through the proxy"
     assert "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT" in lines
+
+
+def test_several_proxied_listeners_each_advertise_their_own_proxy(tmp_path: Path) -> None:
+    """A listener per worker: each behind a proxy of its own, so that one of them can be cut off alone."""
+    port, controller, proxy_1, proxied_1, proxy_2, proxied_2 = (_free_port() for _ in range(6))
+    _start_with_fake_java(
+        tmp_path,
+        with_openssl=False,
+        WEIR_KAFKA_PORT=str(port),
+        WEIR_KAFKA_CONTROLLER_PORT=str(controller),
+        WEIR_KAFKA_PROXY_PORT=f"{proxy_1},{proxy_2}",
+        WEIR_KAFKA_PROXIED_PORT=f"{proxied_1},{proxied_2}",
+    )
+    lines = _config(tmp_path).splitlines()
+    listeners = f"PLAINTEXT://127.0.0.1:{port},PROXIED1://127.0.0.1:{proxied_1},PROXIED2://127.0.0.1:{proxied_2}"
+    assert f"listeners={listeners},CONTROLLER://127.0.0.1:{controller}" in lines
+    assert f"advertised.listeners=PLAINTEXT://127.0.0.1:{port},PROXIED1://127.0.0.1:{proxy_1},PROXIED2://127.0.0.1:{proxy_2}" in lines
+    assert "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED1:PLAINTEXT,PROXIED2:PLAINTEXT,CONTROLLER:PLAINTEXT" in lines
