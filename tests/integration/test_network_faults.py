@@ -116,25 +116,29 @@ def test_one_worker_partitioned_alone_past_its_timeouts_loses_nothing_and_commit
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=broker.bootstrap, tmp=tmp_path, prefix=f"p{unique}.", app_id=f"p{unique}")
     split.create_topics(pipeline)
-    orders = split.make_orders(400, seed=29, max_items=10, sleep_s=0.01)
-    settings = {"WEIR_AGGREGATE_TIMEOUT_MS": 300_000}
+    # items of 20 ms, one at a time: about a minute of item work, so that the partition comes mid-run; more orders after the heal
+    orders = split.make_orders(500, seed=29, max_items=10, sleep_s=0.02)
+    first_part = dict(list(orders.items())[:400])
+    second_part = dict(list(orders.items())[400:])
+    settings = {"WEIR_AGGREGATE_TIMEOUT_MS": 300_000, "WEIR_ITEM_CONCURRENCY": 1}  # one item at a time per worker
     first = pipeline.start_worker("all", KAFKA_BOOTSTRAP=f"127.0.0.1:{first_proxy.listen_port}", **settings)
     second = pipeline.start_worker("all", KAFKA_BOOTSTRAP=f"127.0.0.1:{second_proxy.listen_port}", **settings)
     first.wait_ready()
     second.wait_ready()
     supervisor = Supervisor([first, second]).start()
     try:
-        split.send_orders(pipeline, orders)
+        split.send_orders(pipeline, first_part)
         before = split.read_json(pipeline, "aggregates", expected=60, timeout_s=120)
         second_proxy.partition()
         time.sleep(PARTITION_S)
         during = len(split.read_json(pipeline, "aggregates", expected=len(orders) + 1, timeout_s=3))  # what is there now
         second_proxy.heal()
+        split.send_orders(pipeline, second_part)  # the healed worker (or its restart) takes part again
         results = split.read_json(pipeline, "aggregates", expected=len(orders), timeout_s=300, settle_s=3)
     finally:
         supervisor.stop()
         pipeline.stop_all()
-    assert during > len(before), "the peer went on while the second worker was cut off"
+    assert len(before) < during < len(first_part), f"the peer went on while the second worker was cut off ({during})"
     split.assert_complete_once(results, orders)
     split.assert_committed_once_below_the_results(pipeline, orders)
     print(
