@@ -330,10 +330,11 @@ class ItemWorker:
                 started = time.perf_counter()
                 try:
                     outcome = StepOutcome(ok=True, value=in_place(payload), error=None, attempts=1)
+                    took_s = time.perf_counter() - started  # the call alone: a retry's backoff is not the step blocking
                 except Exception as error:  # a user step may raise anything: the retry policy decides what follows
+                    took_s = time.perf_counter() - started
                     outcome = await run_with_retry(self.policy, functools.partial(in_place, payload), failed=error)
                 outcomes.append(outcome)
-                took_s = time.perf_counter() - started
                 if self.blocking_s is not None and took_s > self.blocking_s:
                     self._to_the_pool(took_s)
         else:

@@ -222,7 +222,9 @@ class PipelineTopology:
         async def handle_part(part: Sequence[EventT[bytes]]) -> None:
             await worker.handle_part(part, what="items: item")
 
-        return Stage("items", (self.items,), handle_part, concurrent_parts=worker.concurrent)
+        # a step that may move to its pool (adaptive) runs partitions' parts at once as a pooled step does: before the
+        # move its sync calls do not yield, so the parts still run one after the other
+        return Stage("items", (self.items,), handle_part, concurrent_parts=worker.concurrent or self.adaptive)
 
     def aggregator_stage(self) -> Stage:
         """Reads 'open', 'item', 'items' (a chunk's outcomes) and 'tick' messages keyed by correlation id; completes a

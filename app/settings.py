@@ -374,6 +374,12 @@ class Settings:
         return f"{self.app_id}-{self.stage}"
 
     def __post_init__(self) -> None:
+        if self.trigger_status_query and self.trigger_status_query.count("{parents}") != 1:
+            message = (
+                f"setting WEIR_TRIGGER_STATUS_QUERY={self.trigger_status_query!r:.200}: the query takes the waiting parents' ids "
+                "where it says {parents}, once"
+            )
+            raise SettingError(message)
         if self.min_insync_replicas > self.replication_factor:
             message = (
                 f"setting WEIR_MIN_INSYNC_REPLICAS={self.min_insync_replicas}: must be at most WEIR_REPLICATION_FACTOR "

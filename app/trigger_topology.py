@@ -505,7 +505,11 @@ class TriggerTopology:
         retention after its last change; the default retention is twice that. Every triggers worker purges (a
         DELETE by age: doing it twice changes nothing). A database away: the next period tries again.
         """
-        source = self.status_source()
+        try:
+            source = self.status_source()
+        except Exception as error:  # a source that cannot be opened: the sweep says so too; try again next period
+            log.warning("triggers: the status source could not be opened: %s", describe_error(error))
+            return
         if source is None:
             return
         try:

@@ -116,7 +116,7 @@ def read_screens(orders_dir: Path) -> dict[str, list[str | Unreadable]]:
     return {path.stem: read_screen_lines(path) for path in files}
 
 
-async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+async def settled(bootstrap: str, topic: Any, *, timeout_s: float, day: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """Stock and payments once the last commits and deliveries are through (every outcome is out before its
     settlement reaches the kitchen and the payment gateway; after a crash, a peer finishes them).
 
@@ -125,7 +125,9 @@ async def settled(bootstrap: str, topic: Any, *, timeout_s: float) -> tuple[dict
     deadline = time.monotonic() + timeout_s
     while True:
         stock = await stock_left(bootstrap, topic)
-        payments = await payments_by_state(bootstrap, topic)
+        # this day's payments only (tickets are <day>/<screen>/<line>): a shop that served another day, within the
+        # payments' retention, still holds that day's
+        payments = {ticket: payment for ticket, payment in (await payments_by_state(bootstrap, topic)).items() if ticket.startswith(day)}
         busy = any(container["reserved"] for container in stock.values()) or any(p["state"] == "captured" for p in payments.values())
         if not busy or time.monotonic() > deadline:
             return stock, payments
@@ -160,7 +162,7 @@ async def run_shop(
             stop.set()
             await reporter
     elapsed = time.monotonic() - started
-    stock, payments = await settled(bootstrap, topic, timeout_s=settle_timeout_s)
+    stock, payments = await settled(bootstrap, topic, timeout_s=settle_timeout_s, day=f"{shop.day}/")
     return {
         "reports": reports,
         "progress": progress,

@@ -995,14 +995,16 @@ class ReportDesk:
         if not isinstance(message, dict) or not isinstance(message.get("client"), str):
             return None
         client, kind = message["client"], message.get("kind")
-        if kind is None:
-            return client, message
-        if kind == "part" and isinstance(message.get("batch_id"), str) and isinstance(message.get("records"), list):
+        if kind == "part":
+            if not isinstance(message.get("batch_id"), str) or not isinstance(message.get("records"), list):
+                return None
             self._parts.setdefault(client, {})[message["batch_id"]] = message["records"]
         elif kind == "end":
             self._ends[client] = message
-        else:
-            return None
+        else:  # a report as it comes (a job's join may return a field named "kind" too): nothing of the client stays here
+            self._parts.pop(client, None)
+            self._ends.pop(client, None)
+            return client, message
         end = self._ends.get(client)
         report = assemble_parts(client, self._parts.get(client, {}), end) if end is not None else None
         if report is None:

@@ -215,3 +215,26 @@ def test_by_default_an_orders_blocking_items_run_at_once_on_the_driver() -> None
         driver.pipe("orders", {"order_id": "o-1", "items": list(range(10))}, key="o-1")
         [result] = driver.values("aggregates")
     assert [(item["status"], item["result"]) for item in result["items"]] == [("ok", index * 10) for index in range(10)]
+
+
+def test_a_short_step_that_fails_once_stays_in_the_event_loop() -> None:
+    """The retry's backoff is not the step blocking: only the call itself is timed."""
+    from weir.app.aggregation import ItemWorker
+    from weir.app.errors import RetryPolicy
+
+    calls: list[Any] = []
+
+    def step(payload: Any) -> Any:
+        calls.append(payload)
+        if len(calls) == 1:
+            raise RuntimeError("once")
+        return payload
+
+    pooled, _ = make_step(step, threads=16)
+    policy = RetryPolicy(attempts=3, backoff_ms=100, max_backoff_ms=100)
+    worker = ItemWorker(
+        agent="items", step=pooled, results=None, concurrent=False, concurrency=100, in_place=step, policy=policy, blocking_s=0.02
+    )  # type: ignore[arg-type]
+    asyncio.run(worker.outcomes(None, _message([1, 2, 3])))  # type: ignore[arg-type]
+    assert not worker.concurrent
+    assert worker.in_place is step

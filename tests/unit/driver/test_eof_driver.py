@@ -149,3 +149,17 @@ def test_a_job_answered_by_its_filter_gives_the_same_report_through_crashes() ->
             driver.crash_after(every)
             report = driver.eof_client("c-1", lines, job="long", batch_size=3)
             assert report == expected, f"a crash every {every} events"
+
+
+def test_a_worker_serves_no_aggregate_or_join_for_a_job_answered_by_its_filter() -> None:
+    from weir import Application
+    from weir.agents import eof_aggregator, eof_controller, eof_filter, eof_joiner
+
+    application = Application(Settings(app_id="unit-eof-agents"), eof_jobs={"long": LONG_WORDS, "words": WORDS})
+    names = {
+        module.__name__.rpartition(".")[2]: [stage.name for stage in module.stages(application)]
+        for module in (eof_filter, eof_controller, eof_aggregator, eof_joiner)
+    }
+    assert len(names["eof_filter"]) == len(names["eof_controller"]) == 2
+    assert len(names["eof_aggregator"]) == len(names["eof_joiner"]) == 1
+    assert all("words" in name for name in names["eof_aggregator"] + names["eof_joiner"])

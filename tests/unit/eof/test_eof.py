@@ -649,3 +649,19 @@ def test_a_report_desk_assembles_a_filter_answered_client_once_whatever_the_orde
     assert reports
     assert all(report["records"] == expected for _, report in reports)
     assert reports[0][1]["batches_forwarded"] == len(parts)
+
+
+def test_a_report_desk_passes_any_joined_report_and_forgets_a_client_s_parts_when_it_is_answered() -> None:
+    from weir.tables.eof import ReportDesk
+
+    desk = ReportDesk()
+    joined = {"client": "c", "status": "complete", "kind": "a field of the job's join"}
+    assert desk.take(joined) == ("c", joined)
+    assert desk.take({"kind": "part", "client": "d", "batch_id": "0.0", "records": ["stale"]}) is None
+    abandoned = {"client": "d", "status": "abandoned"}
+    assert desk.take(abandoned) == ("d", abandoned)
+    # the same client name run again: nothing of the earlier run is in its report
+    assert desk.take({"kind": "part", "client": "d", "batch_id": "0.0", "records": ["new"]}) is None
+    found = desk.take({"kind": "end", "client": "d", "expected": 1, "batches_sent": 1})
+    assert found is not None
+    assert found[1]["records"] == ["new"]

@@ -116,3 +116,10 @@ def test_the_sweep_reads_the_outbox_database_unless_told_otherwise(tmp_path: Pat
     assert isinstance(queried, SQLiteStatusSource)
     assert queried.query == query
     queried.close()
+
+
+def test_a_status_query_without_its_parents_is_refused_with_the_settings() -> None:
+    from weir import SettingError
+
+    with pytest.raises(SettingError, match="WEIR_TRIGGER_STATUS_QUERY"):
+        Settings(trigger_status_query="SELECT a, b, c FROM t")
