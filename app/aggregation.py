@@ -112,6 +112,7 @@ def split_messages(
     context: Any = None,
     headers: dict[str, str] | None = None,
     origin: str | None = None,
+    payloads_in_open: bool = False,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The ``open`` of a group and its item messages: consecutive items, ``chunk`` per message (each carries its indexes).
 
@@ -122,7 +123,8 @@ def split_messages(
     dead letter holds the chunk with its open, to be sent again).
 
     ``origin``: the input the group is split from (its record, or its execution), on the open and on every chunk: the
-    aggregate tells a redelivery (the same origin) from another input that reuses the group's id.
+    aggregate tells a redelivery (the same origin) from another input that reuses the group's id. ``payloads_in_open``:
+    the open carries every item's payload (``items``), so that the aggregate can ask for a missing one again.
     """
     total = len(items)
     size = max(1, chunk)
@@ -131,6 +133,8 @@ def split_messages(
         opened["context"] = context
     if origin is not None:
         opened["origin"] = origin
+    if payloads_in_open:
+        opened["items"] = list(items)
     chunks: list[dict[str, Any]] = []
     for first in range(0, total, size):
         message: dict[str, Any] = {
@@ -613,8 +617,11 @@ class Aggregation:
         deadlines: TableT[str, Any],
         outputs: ResultOutputs,
         current: TableT[str, Any] | None = None,
+        items: faust.TopicT | None = None,
     ) -> None:
         self.agent = agent
+        #: where a re-requested item goes (``AggregatorConfig.rerequest_after_ms``): the items stage's input
+        self.items = items
         #: ``complete_on_new_group``: each partition's open group of parts, by partition number
         self.current = current
         #: ``complete_at_batch_end``: the keys the part being handled brought parts to (completed at its end)
@@ -687,11 +694,14 @@ class Aggregation:
         state: AggregateState | None = transition.done if transition.done is not None else transition.state
         deadlines: tuple[tuple[str, int], ...] = ()
         due = state.due_ms(self.config) if isinstance(state, GroupState) else None
-        if due is not None and not self._filed(previous, due):
+        # after an ask (its entry just came due and was taken), the group's next time is filed anew
+        if due is not None and (transition.rerequest or not self._filed(previous, due)):
             deadlines = (("group", due),)
         elif isinstance(state, DoneState) and not isinstance(previous, DoneState):
             deadlines = (("done", state.expires_ms),)
         outputs = tuple(output for result in transition.emits for output in self.outputs(event, correlation_id, result, transition.context))
+        if transition.rerequest and isinstance(state, GroupState):
+            outputs += self._rerequests(correlation_id, state, transition.rerequest)
         for result in transition.emits:
             metrics.aggregate_completed(self.config.name, str(result.get("status")), str(result.get("reason")))
         if isinstance(state, GroupState) and isinstance(previous, GroupState) and state.duplicates > previous.duplicates:
@@ -700,6 +710,28 @@ class Aggregation:
         if transition.rejected is not None:
             rejected = (*rejected, transition.rejected)
         return Change(state=state, outputs=outputs, rejected=rejected, deadlines=deadlines)
+
+    def _rerequests(self, correlation_id: str, state: GroupState, indexes: Sequence[int]) -> tuple[Output, ...]:
+        """The missing items asked for again: one item message each, keyed apart from the first (``<id>#<index>@<n>``),
+        so that they may go to another partition, hence another items worker, than a stuck one. Their outcomes merge
+        by index, once, whichever comes first."""
+        if self.items is None or state.payloads is None:
+            return ()
+        total = state.expected_count if state.expected_count is not None else len(state.payloads)
+        outputs = []
+        for index in indexes:
+            message: dict[str, Any] = {
+                "correlation_id": correlation_id,
+                "total": total,
+                "items": [{"index": index, "last": index == total - 1, "payload": state.payloads[index]}],
+                "rerequest": state.rerequested,
+            }
+            if state.origin is not None:
+                message["origin"] = state.origin
+            key = f"{correlation_id}#{index}@{state.rerequested}"
+            outputs.append(Output(self.items, key, message, what=f"item {index} of {correlation_id!r} asked for again"))
+        log.info("%s: %s asks again for %d missing item(s) (time %d)", self.agent, correlation_id, len(outputs), state.rerequested)
+        return tuple(outputs)
 
     def _filed(self, previous: AggregateState | None, due: int) -> bool:
         """Whether the group's deadline entry already stands for ``due``: one filed at ``due`` or earlier.
@@ -802,8 +834,17 @@ class Aggregation:
             return
         if isinstance(previous, DoneState):
             return  # a redelivered open of a completed group
+        payloads = opened.get("items") if isinstance(opened.get("items"), list) else None
         transition = on_open(
-            previous, correlation_id, total, deadline_ms, now, config=self.config, context=opened.get("context"), origin=origin
+            previous,
+            correlation_id,
+            total,
+            deadline_ms,
+            now,
+            config=self.config,
+            context=opened.get("context"),
+            origin=origin,
+            payloads=payloads,
         )
         await self._apply(event, correlation_id, self._change(event, correlation_id, previous, transition), previous)
 

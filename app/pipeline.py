@@ -64,6 +64,8 @@ def aggregator_config(settings: Settings) -> AggregatorConfig:
         timeout_ms=settings.aggregate_timeout_ms or None,
         inactivity_ms=settings.aggregate_inactivity_ms or None,
         done_retention_ms=settings.done_retention_ms,
+        rerequest_after_ms=settings.aggregate_rerequest_ms or None,
+        rerequests=settings.aggregate_rerequests,
     )
 
 
@@ -161,6 +163,7 @@ class PipelineTopology:
                 "[kind, correlation id] due in each second, and the first second not yet walked by the ticks.",
             ),
             outputs=lambda event, correlation_id, result, context: [Output(self.aggregates, correlation_id, result, what="the result")],
+            items=self.items,
         )
 
     def stages(self) -> list[Stage]:
@@ -196,7 +199,14 @@ class PipelineTopology:
                 order_id, items = split_order(order)
                 deadline_ms = self.config.deadline_from(now_ms())
                 origin = f"{event.message.topic}:{event.message.partition}:{event.message.offset}"  # this order's record
-                messages = split_messages(order_id, items, chunk=self.settings.split_chunk, deadline_ms=deadline_ms, origin=origin)
+                messages = split_messages(
+                    order_id,
+                    items,
+                    chunk=self.settings.split_chunk,
+                    deadline_ms=deadline_ms,
+                    origin=origin,
+                    payloads_in_open=self.config.rerequest_after_ms is not None,
+                )
                 splits.append(encode_split(order_id, *messages))
 
             await handle_part_events(part, agent=agent, what="splitter: order", handler=split, owed=owed)

@@ -252,6 +252,11 @@ class Settings:
     aggregate_timeout_ms: int = 30_000
     #: WEIR_AGGREGATE_INACTIVITY_MS: a group that received nothing for this long completes partial (0: no inactivity timeout).
     aggregate_inactivity_ms: int = 0
+    #: WEIR_AGGREGATE_REREQUEST_MS / WEIR_AGGREGATE_REREQUESTS: a split group still missing items this long after its
+    #: split asks for them again (its open then carries the items' payloads), then again after as long, that many
+    #: times at most, always before its deadline (0: never).
+    aggregate_rerequest_ms: int = 0
+    aggregate_rerequests: int = 2
     #: WEIR_TICK_INTERVAL_MS: how often each aggregator partition checks for expired deadlines.
     tick_interval_ms: int = 250
     #: WEIR_DONE_RETENTION_MS: how long a completed group is remembered to count late items.
@@ -497,6 +502,8 @@ def load_settings() -> Settings:
         retry_max_backoff_ms=_env_int("WEIR_RETRY_MAX_BACKOFF_MS", defaults.retry_max_backoff_ms, 0),
         aggregate_timeout_ms=_env_int("WEIR_AGGREGATE_TIMEOUT_MS", defaults.aggregate_timeout_ms, 0),
         aggregate_inactivity_ms=_env_int("WEIR_AGGREGATE_INACTIVITY_MS", defaults.aggregate_inactivity_ms, 0),
+        aggregate_rerequest_ms=_env_int("WEIR_AGGREGATE_REREQUEST_MS", defaults.aggregate_rerequest_ms, 0),
+        aggregate_rerequests=_env_int("WEIR_AGGREGATE_REREQUESTS", defaults.aggregate_rerequests, 0),
         tick_interval_ms=_env_int("WEIR_TICK_INTERVAL_MS", defaults.tick_interval_ms, 1),
         done_retention_ms=_env_int("WEIR_DONE_RETENTION_MS", defaults.done_retention_ms, 0),
         item_concurrency=_env_int("WEIR_ITEM_CONCURRENCY", defaults.item_concurrency, 1),

@@ -111,6 +111,10 @@ class AggregatorConfig:
     #: correlation groups: every group a batch brought parts to completes at the batch's end (Camel's
     #: ``completionFromBatchConsumer``; a batch: the records of one partition its consumer had ready)
     complete_at_batch_end: bool = False
+    #: split groups: a group still missing items this long after it opened asks for them again (the open carries the
+    #: items' payloads), then again after as long, ``rerequests`` times at most, before its timeout; None: never
+    rerequest_after_ms: int | None = None
+    rerequests: int = 0
 
     def __post_init__(self) -> None:
         unknown = self.complete_by - {COMPLETE_BY_COUNT, COMPLETE_BY_FLAG}
@@ -178,9 +182,15 @@ class GroupState:
     #: a split's group: the input it was split from (its record, or its execution); another input reusing the group's
     #: id has another origin (None: not known, a group opened before origins were kept)
     origin: str | None = None
+    #: a split's group whose aggregator re-requests missing items: every item's payload, by index (from its open)
+    payloads: tuple[Any, ...] | None = None
+    #: how many times its missing items were asked for again
+    rerequested: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"payloads": list(self.payloads)} if self.payloads is not None else {}),
+            **({"rerequested": self.rerequested} if self.rerequested else {}),
             **({"sequence": self.sequence, "position": list(self.position)} if self.position is not None else {}),
             **({"origin": self.origin} if self.origin is not None else {}),
             "correlation_id": self.correlation_id,
@@ -210,7 +220,15 @@ class GroupState:
             sequence=int(raw.get("sequence", 0)),
             position=None if raw.get("position") is None else tuple(int(part) for part in raw["position"]),
             origin=raw.get("origin"),
+            payloads=None if raw.get("payloads") is None else tuple(raw["payloads"]),
+            rerequested=int(raw.get("rerequested", 0)),
         )
+
+    def rerequest_ms(self, config: AggregatorConfig) -> int | None:
+        """When the group asks for its missing items again (None: never: no payloads, or no asks left)."""
+        if config.rerequest_after_ms is None or self.payloads is None or self.rerequested >= config.rerequests:
+            return None
+        return self.opened_ms + config.rerequest_after_ms * (self.rerequested + 1)
 
     def inactive_ms(self, config: AggregatorConfig) -> int | None:
         """When the group has been quiet for the aggregator's ``inactivity_ms`` (None: no inactivity timeout)."""
@@ -227,6 +245,9 @@ class GroupState:
         """When the group completes by time: the earliest of its absolute deadline, its inactivity deadline and the end
         of its period (None: never)."""
         dues = [due for due in (self.deadline_ms, self.inactive_ms(config), self.interval_ms(config)) if due is not None]
+        rerequest = self.rerequest_ms(config)
+        if rerequest is not None and (not dues or rerequest < min(dues)):  # asking again is worth it before a deadline only
+            dues.append(rerequest)
         return min(dues, default=None)
 
     def missing_indexes(self) -> list[int]:
@@ -294,6 +315,8 @@ class GroupTransition:
     rejected: str | None = None
     #: the completed group's context (from its open), for whoever resumes with the result
     context: Any = None
+    #: indexes of the items to ask for again (the aggregator's re-request: their payloads are in the state)
+    rerequest: tuple[int, ...] = ()
 
 
 def on_open(
@@ -306,14 +329,16 @@ def on_open(
     config: AggregatorConfig,
     context: Any = None,
     origin: str | None = None,
+    payloads: Sequence[Any] | None = None,
 ) -> GroupTransition:
     """The splitter announced a group: remember its deadline, its size when completing by count, its context and the
-    input it was split from (``origin``).
+    input it was split from (``origin``); its items' ``payloads`` when the aggregator re-requests missing items.
 
     A repeat changes nothing. A flag-only aggregator ignores the announced total: its count comes from
     the item flagged last.
     """
     counted_total = total if COMPLETE_BY_COUNT in config.complete_by else None
+    kept = tuple(payloads) if payloads is not None and config.rerequest_after_ms is not None and counted_total == len(payloads) else None
     if state is not None:
         updated = state
         if state.expected_count is None and counted_total is not None:
@@ -322,6 +347,8 @@ def on_open(
             updated = replace(updated, context=context)
         if state.origin is None and origin is not None:
             updated = replace(updated, origin=origin)
+        if state.payloads is None and kept is not None:
+            updated = replace(updated, payloads=kept)
         return GroupTransition(state=updated)
     fresh = GroupState(
         correlation_id=correlation_id,
@@ -330,6 +357,7 @@ def on_open(
         expected_count=counted_total,
         context=context,
         origin=origin,
+        payloads=kept,
     )
     return GroupTransition(state=fresh)
 
@@ -509,6 +537,9 @@ def on_expire(state: GroupState | None, config: AggregatorConfig, now_ms: int) -
     due = None if state is None else state.due_ms(config)
     if state is None or due is None or due > now_ms:
         return GroupTransition(state=state)
+    if due == state.rerequest_ms(config) and due not in (state.deadline_ms, state.inactive_ms(config), state.interval_ms(config)):
+        # ask for the missing items again (before any deadline): their outcomes merge by index, once, like any other
+        return GroupTransition(state=replace(state, rerequested=state.rerequested + 1), rerequest=tuple(state.missing_indexes()))
     if state.deadline_ms != due and state.inactive_ms(config) != due:
         # the period's end: every group open in it completes, complete when nothing it expected is missing
         complete = state.position is not None or (state.expected_count is not None and not state.missing_indexes())
