@@ -97,6 +97,7 @@ __all__ = [
     "GroupStore",
     "ResultOutputs",
     "dead_lettered_result",
+    "outline_of",
     "invalid_result",
     "send_result",
     "force_message",
@@ -532,7 +533,7 @@ class GroupStore:
 OUTLINE_SAMPLE = 100
 
 
-def _bounded(values: Any) -> tuple[list[Any], int, str | None]:
+def outline_of(values: Any) -> tuple[list[Any], int, str | None]:
     """A list as an outline carries it, whatever its length: the first :data:`OUTLINE_SAMPLE`, the count, a sha256."""
     if not isinstance(values, list):
         return [], 0, None
@@ -546,8 +547,8 @@ def dead_lettered_result(result: dict[str, Any], failure: Undeliverable) -> dict
     the results still learns that the group completed, how, and what to look for. The outline always fits a
     record: the missing and failed indexes are a sample of :data:`OUTLINE_SAMPLE`, their count and their sha256.
     """
-    missing, missing_count, missing_sha256 = _bounded(result.get("missing"))
-    failed, failed_count, failed_sha256 = _bounded(result.get("failed"))
+    missing, missing_count, missing_sha256 = outline_of(result.get("missing"))
+    failed, failed_count, failed_sha256 = outline_of(result.get("failed"))
     return {
         "correlation_id": result.get("correlation_id"),
         "aggregator": result.get("aggregator"),

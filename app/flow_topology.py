@@ -28,7 +28,7 @@ import faust
 from faust.types import EventT
 
 from weir.app import metrics
-from weir.app.aggregation import Aggregation, ItemWorker, send_split, split_messages
+from weir.app.aggregation import Aggregation, ItemWorker, outline_of, send_split, split_messages
 from weir.app.codec import dumps
 from weir.app.errors import StepOutcome, dead_letter_record, describe_error, fitted_dead_letter, run_with_retry
 from weir.app.flows import FAIL_PARENT, Await, Barrier, Exchange, Flow, FlowGraphError, KeyExpr, Segment, Step, validate_flows
@@ -434,7 +434,20 @@ class FlowTopology:
                     key=exchange.key.encode() if exchange.key is not None else None,
                     value=dumps(exchange.to_dict()),
                 )
-                record["result"] = {name: result.get(name) for name in ("correlation_id", "failed_item", "failed", "missing")}
+                # the failed and missing indexes as an outline (a sample, the count, a sha256): a group of tens of
+                # thousands of items still fits its dead letter
+                failed, failed_count, failed_sha256 = outline_of(result.get("failed"))
+                missing, missing_count, missing_sha256 = outline_of(result.get("missing"))
+                record["result"] = {
+                    "correlation_id": result.get("correlation_id"),
+                    "failed_item": result.get("failed_item"),
+                    "failed": failed,
+                    "failed_count": failed_count,
+                    "failed_sha256": failed_sha256,
+                    "missing": missing,
+                    "missing_count": missing_count,
+                    "missing_sha256": missing_sha256,
+                }
                 letter = Output(self.dead_letters, correlation_id, fitted_dead_letter(record, record_limit()), what="a dead letter")
                 return [letter, *self.outcome_outputs(compiled, meta, FAILED, error)]
             exchange.payload = result

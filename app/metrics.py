@@ -25,7 +25,7 @@ from weir.app.runtime.views import best_match
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ControllerState
 from weir.tables.triggers import TriggerState
-from weir.tables.windows import KeyWindows
+from weir.tables.windows import open_windows_of
 
 __all__ = [
     "REGISTRY",
@@ -316,7 +316,7 @@ def _pending_parent(value: Any) -> int:
 
 
 def _open_windows(value: Any) -> int:
-    return len(KeyWindows.from_dict(value).open)
+    return len(open_windows_of(value))
 
 
 def _stream_time_s(value: Any) -> int:

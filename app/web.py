@@ -26,7 +26,7 @@ from weir.tables.aggregates import DoneState, GroupState
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from weir.tables.triggers import OK, FiredState, TriggerState
-from weir.tables.windows import KeyWindows
+from weir.tables.windows import open_windows_of
 
 __all__ = [
     "register_view",
@@ -262,12 +262,12 @@ def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
 
 
 def summarize_window(value: Any, now_ms: int) -> dict[str, Any]:
-    """Table ``window-<name>``: one key's open windows (tables.windows.KeyWindows)."""
-    state = KeyWindows.from_dict(value)
+    """Table ``window-<name>``: one key's open windows (tables.windows.KeyWindows) or sessions (KeySessions)."""
+    windows = open_windows_of(value)  # tumbling and hopping windows, or sessions
     return {
-        "open_windows": len(state.open),
-        "earliest_start_ms": min(state.open) if state.open else None,
-        "records": sum(count for _, count in state.open.values()),
+        "open_windows": len(windows),
+        "earliest_start_ms": windows[0][0] if windows else None,
+        "records": sum(count for _, count in windows),
     }
 
 

@@ -217,3 +217,11 @@ def on_session_close(
         return previous, []
     left = {start: entry for start, entry in previous.open.items() if stream_time < spec.closes_at(entry[0])}
     return (KeySessions(left) if left else None), closed
+
+
+def open_windows_of(raw: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(start, records folded in) of each open window or session of one key, whichever kind its stored value is
+    (:class:`KeyWindows` or :class:`KeySessions`): what the web views and the metrics show."""
+    if "sessions" in raw:
+        return [(start, count) for start, (_, _, count) in sorted(KeySessions.from_dict(raw).open.items())]
+    return [(start, count) for start, (_, count) in sorted(KeyWindows.from_dict(raw).open.items())]

@@ -68,3 +68,34 @@ def test_the_rule_is_checked_where_it_is_declared() -> None:
         flow("ignore", [])
     with pytest.raises(FlowDeclarationError, match="belongs to an aggregate after a split"):
         Flow("g", source="in").aggregate("by-key", timeout_ms=1_000, correlate_by=payload("k"), on_item_failure="stop")
+
+
+def test_fail_parent_s_dead_letter_fits_a_record_with_tens_of_thousands_of_items() -> None:
+    """The failed and missing indexes go into the dead letter as an outline (a sample, the count, a sha256): with the
+    whole lists, a group of 30,000 items failing at its first left no dead letter at all (the fitting refused it: the
+    29,500 missing indexes alone were over the record limit)."""
+    settings = Settings(partitions=1, retry_attempts=1, split_chunk=500, max_message_bytes=180_000)  # item 0 first
+
+    def step(exchange: Exchange) -> Any:
+        if exchange.payload == 0:
+            raise ValueError("item 0 is bad")
+        return exchange.payload
+
+    big = (
+        Flow("orders", source="orders")
+        .split("items", payload("items"))
+        .process("check", step)
+        .aggregate("all", timeout_ms=None, on_item_failure="fail-parent")
+        .to("out")
+    )
+    with TestDriver([big], settings) as driver:
+        driver.pipe("orders", {"items": list(range(30_000))}, key="o-1")
+        letters = [letter for letter in driver.dead_letters() if letter["reason"] == "item-failed"]
+        outcomes = driver.values("flow.orders.outcomes")
+    [letter] = letters
+    result = letter["result"]
+    assert (result["failed_item"], result["failed"], result["failed_count"]) == (0, [0], 1)
+    assert result["missing_count"] >= 20_000
+    assert len(result["missing"]) == 100
+    assert result["missing_sha256"]
+    assert [outcome["outcome"] for outcome in outcomes] == ["failed"]

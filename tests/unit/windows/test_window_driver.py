@@ -177,3 +177,20 @@ def test_sessions_merge_across_a_bridging_record_and_close_a_gap_and_a_grace_aft
         assert (result["start_ms"], result["end_ms"], result["count"]) == (0, 2_000, 4)
         test.pipe("views", {}, key="u1", timestamp_ms=1_900)  # its session closed: late
         assert [letter["reason"] for letter in test.dead_letters()] == ["late"]
+
+
+def test_the_web_views_and_metrics_show_open_sessions_too() -> None:
+    from weir.app.metrics import table_gauge_for
+    from weir.app.web import view_for
+
+    window = Window("visits", source="views", to="visits", spec=SessionSpec(gap_ms=1_000, grace_ms=1_000), fold=count)
+    with driver(window) as test:
+        for stamp in (0, 500, 2_000):  # two sessions: [0, 500] and [2000]
+            test.pipe("views", {}, key="u1", timestamp_ms=stamp)
+        state = test.table("window-visits")["u1"]
+    view = view_for("window-visits")
+    gauge = table_gauge_for("window-visits")
+    assert view is not None
+    assert gauge is not None
+    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3}
+    assert gauge[0].count(state) == 2
