@@ -175,3 +175,76 @@ def test_a_crash_in_a_batch_leaves_every_line_in_exactly_one_batch() -> None:
             batches = _batches(driver)
         assert sorted(n for _, numbers, _ in batches for n in numbers) == [1, 2, 3, 4, 5], f"a crash after {after} events"
         assert all(reason == "batch-end" for _, _, reason in batches)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abc"), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_with_complete_at_batch_end_the_results_are_each_batch_grouped_by_key(batches: list[list[str]]) -> None:
+    """Against the sequential reference: every batch's lines, grouped by key in their order, one result each."""
+    expected: list[tuple[str, list[int], str]] = []
+    with TestDriver([BATCH_FLOW], Settings(partitions=1)) as driver:
+        n = 0
+        for batch in batches:
+            lines = []
+            for key in batch:
+                n += 1
+                lines.append((key, n))
+            _runs(driver, lines, run=False)
+            driver.run()
+            for key in dict.fromkeys(batch):
+                expected.append((key, [number for customer, number in lines if customer == key], "batch-end"))
+        assert sorted(_batches(driver)) == sorted(expected)
+
+
+INTERVAL_FLOW = _batching(complete_interval_ms=PERIOD_MS)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 2)), min_size=1, max_size=12))
+def test_with_complete_interval_every_result_holds_one_keys_lines_of_one_period(arrivals: list[tuple[str, int]]) -> None:
+    """Against the reference: the lines of a key that arrived within one period (on the clock) are one result."""
+    tick = Settings(partitions=1, tick_interval_ms=100)
+    with TestDriver([INTERVAL_FLOW], tick) as driver:
+        offset = PERIOD_MS - START_MS % PERIOD_MS + 500  # half a second into a period
+        driver.advance(ms=offset)
+        periods: dict[tuple[str, int], list[int]] = {}
+        for n, (key, wait_s) in enumerate(arrivals, start=1):
+            driver.advance(ms=wait_s * 4_000)  # 0, 4 or 8 s: never on a period's end (every 10 s, lines at x.5 s)
+            periods.setdefault((key, driver.clock.now_ms() // PERIOD_MS), []).append(n)
+            _runs(driver, [(key, n)])
+        driver.advance(ms=PERIOD_MS + 1_000)
+        assert sorted(_batches(driver)) == sorted((key, numbers, "interval") for (key, _), numbers in periods.items())
+
+
+TTL_FLOW = (
+    Flow("sessions", source="events")
+    .aggregate("session", correlate_by=payload("user"), timeout_ms=60_000, timeout_from=payload("ttl_ms"), groups="reopening")
+    .to("sessions-out")
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([1_500, 2_500, 3_500]), st.integers(0, 3)), min_size=1, max_size=10))
+def test_with_timeout_from_each_group_lasts_the_timeout_its_opening_exchange_gave(events: list[tuple[str, int, int]]) -> None:
+    """Against the reference: a key's group opens with an exchange, holds those until its own ttl, then the next opens."""
+    open_groups: dict[str, tuple[int, list[int]]] = {}  # key -> (due, numbers)
+    expected: list[tuple[str, list[int]]] = []
+    with TestDriver([TTL_FLOW], Settings(partitions=1, tick_interval_ms=100)) as driver:
+        for n, (user, ttl, wait_s) in enumerate(events, start=1):
+            driver.advance(ms=wait_s * 1_000)  # arrivals on whole seconds, dues on half seconds: never a tie
+            now = driver.clock.now_ms()
+            for key, (due, numbers) in list(open_groups.items()):
+                if due <= now:
+                    expected.append((key, numbers))
+                    del open_groups[key]
+            if user in open_groups:
+                open_groups[user][1].append(n)
+            else:
+                open_groups[user] = (now + ttl, [n])
+            driver.pipe("events", {"user": user, "n": n, "ttl_ms": ttl}, key=user)
+        expected += [(key, numbers) for key, (_, numbers) in open_groups.items()]
+        driver.advance(ms=5_000)
+        results = [
+            (result["correlation_id"], [item["result"]["n"] for item in result["items"]]) for result in driver.values("sessions-out")
+        ]
+    assert sorted(results) == sorted(expected)
