@@ -239,8 +239,12 @@ class ItemWorker:
         in_place: Callable[[Any], Any] | None = None,
         policy: RetryPolicy | None = None,
         blocking_s: float | None = None,
+        stop_on_failure: bool = False,
     ) -> None:
         self.agent = agent
+        #: a message's items run one after the other stop at the first that fails (Camel's sequential
+        #: ``stopOnException``): the later ones are not run; their outcomes say so (items run at once all run)
+        self.stop_on_failure = stop_on_failure
         #: the retries of ``in_place`` after its first attempt failed (``step`` retries itself)
         self.policy = policy if policy is not None else RetryPolicy()
         self.step = step
@@ -327,6 +331,9 @@ class ItemWorker:
         elif self.in_place is not None:
             outcomes = []
             for position, (_, _, payload) in enumerate(items):
+                if self.stop_on_failure and outcomes and not outcomes[-1].ok:
+                    outcomes += self._not_run(items[position:], outcomes[-1], items[position - 1][0])
+                    break
                 in_place = self.in_place
                 if in_place is None:  # it blocked on an earlier item of this message: the rest at once, in the pool
                     rest = items[position:]
@@ -343,9 +350,14 @@ class ItemWorker:
                 if self.blocking_s is not None and took_s > self.blocking_s:
                     self._to_the_pool(took_s)
         else:
-            outcomes = [await self._run(payload, index, message) for index, _, payload in items]
+            outcomes = []
+            for position, (index, _, payload) in enumerate(items):
+                if self.stop_on_failure and outcomes and not outcomes[-1].ok:
+                    outcomes += self._not_run(items[position:], outcomes[-1], items[position - 1][0])
+                    break
+                outcomes.append(await self._run(payload, index, message))
         for (index, last, payload), outcome in zip(items, outcomes, strict=True):
-            if not outcome.ok:
+            if not outcome.ok and outcome.attempts > 0:  # an item not run (stop_on_failure) is no failure of its own
                 error_text = f"item {index} of {correlation_id!r} failed after {outcome.attempts} attempts: {outcome.error}"
                 # The dead letter holds the failed item alone, as a one-item message: it can be sent back to the items topic.
                 single = {"correlation_id": correlation_id, "index": index, "total": total, "last": last, "payload": payload}
@@ -359,6 +371,12 @@ class ItemWorker:
                     value=dumps(single),
                 )
         return outcomes
+
+    @staticmethod
+    def _not_run(rest: Sequence[tuple[int, bool, Any]], failed: StepOutcome, failed_index: int) -> list[StepOutcome]:
+        """The outcomes of the items after a failed one that stops the message: failed, not run (0 attempts)."""
+        error = f"not run: item {failed_index} failed before it ({(failed.error or '')[:200]})"
+        return [StepOutcome(ok=False, value=None, error=error, attempts=0) for _ in rest]
 
     async def outcomes(self, event: EventT[bytes], raw: Any) -> tuple[str, dict[str, Any]]:
         """The key and the outcome message of an item message (a failed item is dead-lettered here)."""

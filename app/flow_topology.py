@@ -38,7 +38,7 @@ from weir.app.settings import load_declarations
 from weir.app.shell import InvalidMessage, dead_lettered, message_headers, now_ms, record_limit, send_dead_letter_record
 from weir.app.stages import Stage, Wiring, per_event
 from weir.app.windows import Window, WindowTopology
-from weir.tables.aggregates import FAILED_STATUS, ITEM_FAILED
+from weir.tables.aggregates import CONTINUE_ON_FAILURE, FAILED_STATUS, ITEM_FAILED
 from weir.tables.barrier import (
     COMPLETED,
     FAILED,
@@ -262,6 +262,8 @@ class FlowTopology:
                         results=results,
                         # An async step may wait on I/O: a message's items then run at once, as the pipeline's items stage does.
                         concurrent=_any_async(compiled.flow.steps[index] for index in segment.item_steps),
+                        # stop / fail-parent: a chunk's items after a failed one are not run (sequential stopOnException)
+                        stop_on_failure=aggregate_step.aggregate.on_item_failure != CONTINUE_ON_FAILURE,
                         concurrency=self.settings.item_concurrency,
                         bundle=self.settings.bundle,
                         policy=self.retry_policy,

@@ -99,3 +99,25 @@ def test_fail_parent_s_dead_letter_fits_a_record_with_tens_of_thousands_of_items
     assert len(result["missing"]) == 100
     assert result["missing_sha256"]
     assert [outcome["outcome"] for outcome in outcomes] == ["failed"]
+
+
+@pytest.mark.parametrize("rule", ["stop", "fail-parent"])
+def test_a_chunks_items_after_the_failed_one_are_not_run(rule: str) -> None:
+    """Camel's sequential stopOnException: the items of one message (a chunk) run in turn, and those after the failing
+    one are not run. Items of other chunks, handed to other workers, still run (the parallel case)."""
+    ran: list[int] = []
+    settings = Settings(partitions=1, retry_attempts=1, split_chunk=10)
+    with TestDriver([flow(rule, ran)], settings) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3, 4, 5]}, key="o-1")
+        letters = [letter for letter in driver.dead_letters() if letter["reason"] == "failed"]
+    assert ran == [1, 2], "3, 4 and 5 came after the failed item in its chunk"
+    assert len(letters) == 1, "only the item that failed is dead-lettered, not those never run"
+
+
+def test_with_continue_every_item_runs() -> None:
+    ran: list[int] = []
+    with TestDriver([flow("continue", ran)], Settings(partitions=1, retry_attempts=1, split_chunk=10)) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3, 4, 5]}, key="o-1")
+        [result] = driver.values("out")
+    assert ran == [1, 2, 3, 4, 5]
+    assert [item["status"] for item in result["items"]] == ["ok", "failed", "ok", "ok", "ok"]
