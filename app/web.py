@@ -26,7 +26,7 @@ from weir.tables.aggregates import DoneState, GroupState
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from weir.tables.triggers import OK, FiredState, TriggerState
-from weir.tables.windows import open_windows_of
+from weir.tables.windows import closed_windows_of, open_windows_of
 
 __all__ = [
     "register_view",
@@ -264,10 +264,13 @@ def summarize_eof_joins(value: Any, now_ms: int) -> dict[str, Any]:
 def summarize_window(value: Any, now_ms: int) -> dict[str, Any]:
     """Table ``window-<name>``: one key's open windows (tables.windows.KeyWindows) or sessions (KeySessions)."""
     windows = open_windows_of(value)  # tumbling and hopping windows, or sessions
+    closed = closed_windows_of(value)  # kept for the window's retention
     return {
         "open_windows": len(windows),
         "earliest_start_ms": windows[0][0] if windows else None,
         "records": sum(count for _, count in windows),
+        "closed_windows": len(closed),
+        "late_records": sum(late for _, _, late in closed),
     }
 
 

@@ -161,13 +161,19 @@ class WindowTopology:
             return self._result(window, to, key, window_result(key, start, start + spec.size_ms, aggregate, records, final=final))
 
         def due(kind: str, state: KeyWindows) -> int | None:
-            """A window's close, filed as kind ``w<start>``: due while it is open (closed by an earlier walk: nothing)."""
+            """A window's close, filed as kind ``w<start>``: due while it is open (closed by an earlier walk: nothing);
+            with a retention, a closed window's end, filed as ``r<start>``: due while it is kept."""
             start = int(kind[1:])
+            if kind[0] == "r":
+                return spec.expires_at(start) if start in state.closed else None
             return spec.closes_at(start) if start in state.open else None
 
         def close(key: str, state: KeyWindows, stream_time: int) -> Change[KeyWindows]:
             left, closed = on_close(state, spec, stream_time)
-            return Change(state=left, outputs=tuple(result(key, start, value, records, final=True) for start, value, records in closed))
+            kept = left.closed if left is not None else {}
+            expiries = tuple((f"r{start}", spec.expires_at(start)) for start, _, _ in closed if start in kept)
+            outputs = tuple(result(key, start, value, records, final=True) for start, value, records in closed)
+            return Change(state=left, outputs=outputs, deadlines=expiries)
 
         async def handle(event: EventT[bytes], message: Any) -> None:
             key, stamp, stream_time = _event_time(window, times, event, message)

@@ -2,8 +2,9 @@
 
 Time is the records' own. A partition's **stream time** is the largest timestamp it has seen; it only moves forward.
 A window ``[start, start + size)`` accepts records until stream time reaches ``end + grace``: it then **closes**,
-its result goes out once (``emit="final"``, Kafka Streams' ``suppress(untilWindowCloses)``), and its state goes.
-A record whose window has closed when it arrives is **late**: it changes nothing and is counted. Hopping windows
+its result goes out once (``emit="final"``, Kafka Streams' ``suppress(untilWindowCloses)``), and its state goes, or,
+with a retention, stays closed until stream time reaches its end plus the retention (readable, and counting what comes
+late for it). A record whose window has closed when it arrives is **late**: it changes no aggregate and is counted. Hopping windows
 (``advance < size``) put a record in every window that holds its timestamp; tumbling windows are hopping windows
 whose advance is their size. **Session windows** (:class:`SessionSpec`) are a key's periods of activity: a record
 within ``gap`` of a session joins it (several sessions it bridges merge into one); a session closes once stream
@@ -44,20 +45,30 @@ class WindowSpec:
     size_ms: int
     advance_ms: int
     grace_ms: int = 0
+    #: how long after its end (in stream time) a window is kept, once closed too: its final aggregate stays readable
+    #: (the web views) and records late for it are counted on it (Kafka Streams' window store retention). 0: a window's
+    #: state goes when it closes. Otherwise at least the grace.
+    retention_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.size_ms <= 0 or self.advance_ms <= 0 or self.grace_ms < 0:
             raise ValueError(f"windows: size and advance must be positive and grace not negative, got {self}")
         if self.advance_ms > self.size_ms:
             raise ValueError(f"windows: an advance ({self.advance_ms} ms) over the size ({self.size_ms} ms) leaves gaps")
+        if self.retention_ms and self.retention_ms < self.grace_ms:
+            raise ValueError(f"windows: a retention ({self.retention_ms} ms) shorter than the grace ({self.grace_ms} ms)")
 
     @classmethod
-    def tumbling(cls, size_ms: int, grace_ms: int = 0) -> WindowSpec:
-        return cls(size_ms, size_ms, grace_ms)
+    def tumbling(cls, size_ms: int, grace_ms: int = 0, retention_ms: int = 0) -> WindowSpec:
+        return cls(size_ms, size_ms, grace_ms, retention_ms)
 
     @classmethod
-    def hopping(cls, size_ms: int, advance_ms: int, grace_ms: int = 0) -> WindowSpec:
-        return cls(size_ms, advance_ms, grace_ms)
+    def hopping(cls, size_ms: int, advance_ms: int, grace_ms: int = 0, retention_ms: int = 0) -> WindowSpec:
+        return cls(size_ms, advance_ms, grace_ms, retention_ms)
+
+    def expires_at(self, start: int) -> int:
+        """The stream time at which a closed window kept for the retention goes."""
+        return start + self.size_ms + self.retention_ms
 
     def starts(self, timestamp_ms: int) -> list[int]:
         """The starts of the windows that hold ``timestamp_ms``, earliest first: windows start at multiples of the advance,
@@ -73,16 +84,24 @@ class WindowSpec:
 
 @dataclass(frozen=True)
 class KeyWindows:
-    """One key's open windows: start -> (aggregate, records folded in)."""
+    """One key's open windows: start -> (aggregate, records folded in); and, with a retention, its closed ones:
+    start -> (final aggregate, records folded in, records that came late for it)."""
 
     open: Mapping[int, tuple[Any, int]] = field(default_factory=dict)
+    closed: Mapping[int, tuple[Any, int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"open": [[start, aggregate, count] for start, (aggregate, count) in sorted(self.open.items())]}
+        raw: dict[str, Any] = {"open": [[start, aggregate, count] for start, (aggregate, count) in sorted(self.open.items())]}
+        if self.closed:
+            raw["closed"] = [[start, aggregate, count, late] for start, (aggregate, count, late) in sorted(self.closed.items())]
+        return raw
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> KeyWindows:
-        return cls({int(start): (aggregate, int(count)) for start, aggregate, count in raw.get("open", [])})
+        return cls(
+            {int(start): (aggregate, int(count)) for start, aggregate, count in raw.get("open", [])},
+            {int(start): (aggregate, int(count), int(late)) for start, aggregate, count, late in raw.get("closed", [])},
+        )
 
 
 W = TypeVar("W")
@@ -107,21 +126,26 @@ def on_record(
     record is the first of is opened with ``initial``.
     """
     windows = dict(previous.open) if previous is not None else {}
+    closed = dict(previous.closed) if previous is not None else {}
     into: list[int] = []
     late: list[int] = []
     opened: list[int] = []
     for start in spec.starts(timestamp_ms):
         if stream_time >= spec.closes_at(start):
             late.append(start)
+            if start in closed:  # a closed window kept for its retention counts what came late for it
+                final, count, late_count = closed[start]
+                closed[start] = (final, count, late_count + 1)
             continue
         aggregate, count = windows.get(start, (initial, 0))
         if start not in windows:
             opened.append(start)
         windows[start] = (fold(aggregate, value), count + 1)
         into.append(start)
-    if not into:
+    changed = bool(into) or (previous is not None and closed != previous.closed)
+    if not changed:
         return Accepted(previous, (), tuple(late), ())
-    return Accepted(KeyWindows(windows), tuple(into), tuple(late), tuple(opened))
+    return Accepted(KeyWindows(windows, closed), tuple(into), tuple(late), tuple(opened))
 
 
 def on_close(previous: KeyWindows, spec: WindowSpec, stream_time: int) -> tuple[KeyWindows | None, list[tuple[int, Any, int]]]:
@@ -130,10 +154,14 @@ def on_close(previous: KeyWindows, spec: WindowSpec, stream_time: int) -> tuple[
     closed = [
         (start, aggregate, count) for start, (aggregate, count) in sorted(previous.open.items()) if stream_time >= spec.closes_at(start)
     ]
-    if not closed:
+    kept = dict(previous.closed)
+    if spec.retention_ms:  # kept, closed, until the window's end plus the retention
+        kept.update({start: (aggregate, count, 0) for start, aggregate, count in closed if stream_time < spec.expires_at(start)})
+    kept = {start: entry for start, entry in kept.items() if stream_time < spec.expires_at(start)}
+    if not closed and kept == previous.closed:
         return previous, []
     left = {start: entry for start, entry in previous.open.items() if stream_time < spec.closes_at(start)}
-    return (KeyWindows(left) if left else None), closed
+    return (KeyWindows(left, kept) if left or kept else None), closed
 
 
 def window_result(key: str, start: int, end: int, aggregate: Any, count: int, *, final: bool) -> dict[str, Any]:
@@ -217,6 +245,13 @@ def on_session_close(
         return previous, []
     left = {start: entry for start, entry in previous.open.items() if stream_time < spec.closes_at(entry[0])}
     return (KeySessions(left) if left else None), closed
+
+
+def closed_windows_of(raw: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """(start, records, late records) of each closed window one key keeps for its retention (sessions keep none)."""
+    if "sessions" in raw:
+        return []
+    return [(start, count, late) for start, (_, count, late) in sorted(KeyWindows.from_dict(raw).closed.items())]
 
 
 def open_windows_of(raw: Mapping[str, Any]) -> list[tuple[int, int]]:

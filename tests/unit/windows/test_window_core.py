@@ -102,3 +102,35 @@ def test_a_window_state_round_trips_through_its_json(spec: WindowSpec, arrivals:
     _, _, states = run_partition(spec, arrivals)
     for state in states.values():
         assert KeyWindows.from_dict(state.to_dict()) == state
+
+
+@given(specs, st.integers(0, 120), records)
+def test_with_a_retention_closed_windows_stay_until_it_ends_and_count_their_late_records(
+    plain: WindowSpec, extra: int, arrivals: list[tuple[str, int, int]]
+) -> None:
+    """Against the reference: the same final results; a closed window is kept while stream time is below its end plus
+    the retention, and counts every record late for it that came while it was kept (a record late for some of its
+    hopping windows and folded into the others included)."""
+    spec = WindowSpec.hopping(plain.size_ms, plain.advance_ms, plain.grace_ms, plain.grace_ms + extra)
+    assert run_partition(spec, arrivals)[0] == run_partition(plain, arrivals)[0], "the retention changes no result"
+    _, _, states = run_partition(spec, arrivals)
+    stream_time = max((timestamp for _, timestamp, _ in arrivals), default=-1)
+    expected_late: dict[tuple[str, int], int] = defaultdict(int)
+    closed_at: dict[tuple[str, int], int] = {}
+    running = -1
+    for key, timestamp, _ in arrivals:
+        running = max(running, timestamp)
+        for start in spec.starts(timestamp):
+            window = (key, start)
+            if running >= spec.closes_at(start):
+                if window in closed_at and running < spec.expires_at(start):
+                    expected_late[window] += 1
+            else:
+                closed_at.setdefault(window, spec.closes_at(start))
+    kept = {
+        (key, start): expected_late[(key, start)]
+        for (key, start) in closed_at
+        if spec.closes_at(start) <= stream_time < spec.expires_at(start)
+    }
+    found = {(key, start): late for key, state in states.items() for start, (_, _, late) in state.closed.items()}
+    assert found == kept

@@ -148,7 +148,7 @@ def test_the_web_views_and_metrics_show_open_windows_and_stream_time() -> None:
         state, times = test.table("window-clicks")["u1"], test.table("window-clicks-time")
     view = view_for("window-clicks")
     assert view is not None
-    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3}
+    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3, "closed_windows": 0, "late_records": 0}
     time_view = view_for("window-clicks-time")
     assert time_view is not None
     assert time_view.summarize(times["0"], 0) == {"stream_time_ms": 1_100}
@@ -192,5 +192,27 @@ def test_the_web_views_and_metrics_show_open_sessions_too() -> None:
     gauge = table_gauge_for("window-visits")
     assert view is not None
     assert gauge is not None
-    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3}
+    assert view.summarize(state, 0) == {"open_windows": 2, "earliest_start_ms": 0, "records": 3, "closed_windows": 0, "late_records": 0}
     assert gauge[0].count(state) == 2
+
+
+def test_a_retention_keeps_closed_windows_readable_counts_their_late_records_and_then_lets_them_go() -> None:
+    from weir.app.web import view_for
+    from weir.tables.windows import closed_windows_of
+
+    spec = WindowSpec.hopping(1_000, 500, grace_ms=0, retention_ms=3_000)
+    with driver(clicks(spec=spec)) as test:
+        for stamp in (100, 600, 1_200):  # windows 0, 500 (both records), 1000 (and 500 again for 1200)
+            test.pipe("clicks", {}, key="u1", timestamp_ms=stamp)
+        test.pipe("clicks", {}, key="u2", timestamp_ms=1_300)  # stream time 1300: window 0 closed, 500 not yet (1500)
+        test.pipe("clicks", {}, key="u1", timestamp_ms=900)  # late for window 0 (closed, kept), in time for 500
+        state = test.table("window-clicks")["u1"]
+        view = view_for("window-clicks")
+        assert view is not None
+        summary = view.summarize(state, 0)
+        assert (summary["closed_windows"], summary["late_records"]) == (1, 1)
+        assert test.dead_letters() == [], "a record late for only some of its windows is no dead letter"
+        test.pipe("clicks", {}, key="u2", timestamp_ms=4_100)  # past window 0's end + retention (1000 + 3000)
+        kept = [start for start, _, _ in closed_windows_of(test.table("window-clicks")["u1"])]
+        assert kept == [500, 1_000], "window 0 went at 1000 + 3000; 500 and 1000 are kept until 4500 and 5000"
+        assert finals(test)[("u1", 0)] == 2
