@@ -203,6 +203,9 @@ class Split:
     items: Callable[[Exchange], Any]
     correlate_by: KeyExpr | None
     chunk: int | None
+    #: what a failed item does (Camel puts stopOnException and shareUnitOfWork on the split): the matching aggregate's
+    #: rule when it names none (:meth:`Flow.aggregate`); None: the aggregate's, by default "continue"
+    on_item_failure: str | None = None
 
 
 #: What an aggregate after a split does with a failed item (:meth:`Flow.aggregate`).
@@ -369,14 +372,22 @@ class Flow:
         *,
         correlate_by: KeyExpr | None = None,
         chunk: int | None = None,
+        on_item_failure: str | None = None,
     ) -> Flow:
         """Send the exchange's items (a non-empty list: ``items(exchange)``, or the payload at a path) one by one.
 
         The process steps up to the matching :meth:`aggregate` run on each item, as an exchange of its own
         (payload: the item; the parent's headers; properties ``split_index``, ``split_total``), on any
         worker of this flow. The correlation id is ``correlate_by`` read from the exchange, else the
-        execution's id. Items travel ``chunk`` per message (default ``WEIR_SPLIT_CHUNK``).
+        execution's id. Items travel ``chunk`` per message (default ``WEIR_SPLIT_CHUNK``). ``on_item_failure``:
+        what a failed item does, said on the split as Camel does (``"stop"``: ``stopOnException``; ``"fail-parent"``:
+        ``shareUnitOfWork``), or on the aggregate (:meth:`aggregate`); not differently on both.
         """
+        if on_item_failure is not None and on_item_failure not in ITEM_FAILURE_RULES:
+            message = (
+                f"flow {self.name!r}, split {name!r}: on_item_failure must be one of {list(ITEM_FAILURE_RULES)}, got {on_item_failure!r}"
+            )
+            raise FlowDeclarationError(message)
         if self._open_split() is not None:
             message = f"flow {self.name!r}, split {name!r}: the split before it has no aggregate yet (splits do not nest)"
             raise FlowDeclarationError(message)
@@ -384,7 +395,7 @@ class Flow:
             message = f"flow {self.name!r}, split {name!r}: chunk must be positive, got {chunk}"
             raise FlowDeclarationError(message)
         read = items.read if isinstance(items, KeyExpr) else items
-        return self._add(Step("split", name, split=Split(name, read, correlate_by, chunk)))
+        return self._add(Step("split", name, split=Split(name, read, correlate_by, chunk, on_item_failure)))
 
     def aggregate(
         self,
@@ -398,7 +409,7 @@ class Flow:
         complete_size: int | None = None,
         complete_when: Callable[[list[Any]], bool] | None = None,
         complete_on: KeyExpr | Callable[[Exchange], Any] | None = None,
-        on_item_failure: str = "continue",
+        on_item_failure: str | None = None,
         complete_interval_ms: int | None = None,
         timeout_from: KeyExpr | Callable[[Exchange], Any] | None = None,
         complete_on_new_group: bool = False,
@@ -444,7 +455,13 @@ class Flow:
         """
         where = f"flow {self.name!r}, aggregate {name!r}"
         correlates = correlate_by is not None
-        after_split = self._open_split() is not None
+        open_split = self._open_split()
+        after_split = open_split is not None
+        said_on_split = open_split.split.on_item_failure if open_split is not None and open_split.split is not None else None
+        if on_item_failure is not None and said_on_split is not None and on_item_failure != said_on_split:
+            message = f"{where}: on_item_failure {on_item_failure!r} here, {said_on_split!r} on its split: say it once"
+            raise FlowDeclarationError(message)
+        on_item_failure = on_item_failure or said_on_split or CONTINUE_ON_FAILURE
         if not after_split and not correlates:
             message = f"{where}: an aggregate needs a split before it, or correlate_by= to group exchanges by a key"
             raise FlowDeclarationError(message)

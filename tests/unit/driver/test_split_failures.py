@@ -121,3 +121,32 @@ def test_with_continue_every_item_runs() -> None:
         [result] = driver.values("out")
     assert ran == [1, 2, 3, 4, 5]
     assert [item["status"] for item in result["items"]] == ["ok", "failed", "ok", "ok", "ok"]
+
+
+def test_the_rule_may_be_said_on_the_split_as_camel_does() -> None:
+    ran: list[int] = []
+
+    def step(exchange: Exchange) -> Any:
+        ran.append(exchange.payload)
+        if exchange.payload == 2:
+            raise ValueError("item 2 is bad")
+        return exchange.payload
+
+    on_split = (
+        Flow("orders", source="orders")
+        .split("items", payload("items"), on_item_failure="stop")
+        .process("price", step)
+        .aggregate("all", timeout_ms=None)
+        .to("out")
+    )
+    with TestDriver([on_split], Settings(partitions=1, retry_attempts=1, split_chunk=10)) as driver:
+        driver.pipe("orders", {"items": [1, 2, 3]}, key="o-1")
+        [result] = driver.values("out")
+    assert (result["status"], result["reason"], result["failed_item"]) == ("failed", "item-failed", 1)
+    assert ran == [1, 2]
+    with pytest.raises(FlowDeclarationError, match="say it once"):
+        Flow("g", source="in").split("s", payload("items"), on_item_failure="stop").aggregate(
+            "a", timeout_ms=None, on_item_failure="fail-parent"
+        )
+    with pytest.raises(FlowDeclarationError, match="on_item_failure must be one of"):
+        Flow("g", source="in").split("s", payload("items"), on_item_failure="ignore")
