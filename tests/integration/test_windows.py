@@ -50,6 +50,16 @@ def test_a_windowed_count_over_out_of_order_records_across_a_sigkill_gives_each_
     worker = pipeline.start_worker("windows", **ENV)
     worker.wait_ready()
     asyncio.run(send(pipeline.bootstrap, pipeline.topic("clicks"), records[:600]))
+
+    def finals(rows: list[Any]) -> list[dict[str, Any]]:
+        values = [orjson.loads(row.value) for row in rows]
+        return [value for value in values if value["final"] and value["key"] != "flush"]
+
+    # mid-stream: the worker has closed and sent some windows (and, its stream time at most 20 s in, not the later ones)
+    before = asyncio.run(
+        read_topic(pipeline.bootstrap, pipeline.topic("click-counts"), until=lambda rows: len(finals(rows)) >= 5, timeout_s=60)
+    )
+    assert len(finals(before)) >= 5, "the worker sent no window's result before the kill"
     worker.kill()  # SIGKILL with windows open, some results sent and some not
     restarted = pipeline.start_worker("windows", web_port=worker.web_port, **ENV)
     restarted.wait_ready()
@@ -60,10 +70,7 @@ def test_a_windowed_count_over_out_of_order_records_across_a_sigkill_gives_each_
         asyncio.run(send(pipeline.bootstrap, pipeline.topic("clicks"), [("flush", far)], partition=partition))
 
     expected = Counter((key, stamp - stamp % WINDOW_MS) for key, stamp in records)
-
-    def finals(rows: list[Any]) -> list[dict[str, Any]]:
-        values = [orjson.loads(row.value) for row in rows]
-        return [value for value in values if value["final"] and value["key"] != "flush"]
+    assert len(finals(before)) < len(expected), "the kill came after every window had its result"
 
     rows = asyncio.run(
         read_topic(pipeline.bootstrap, pipeline.topic("click-counts"), until=lambda rows: len(finals(rows)) >= len(expected), timeout_s=120)
