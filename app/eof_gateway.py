@@ -154,7 +154,7 @@ async def _main(files: list[Path], batch_size: int, job: str) -> int:
     settings = load_settings()
     try:
         clients = {path.stem: read_lines(path) for path in files}
-    except (OSError, ValueError) as error:  # a file missing, unreadable or not UTF-8: before anything is sent
+    except OSError as error:  # a file missing or unreadable: before anything is sent (a line not UTF-8 is one record)
         raise SettingError(str(error)) from None
     await check_broker(settings.bootstrap, client_options=settings.kafka_client_options())
     async with Gateway(settings.bootstrap, settings.topic, partitions=settings.partitions, job=job) as gateway:

@@ -1,8 +1,10 @@
-"""Reading the JSON-lines files the demos take: one record per line, split on newlines only."""
+"""Reading the JSON-lines files the demos and the EOF gateway take: one record per line, split on newlines only."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Any
 
 __all__ = ["read_lines", "split_lines"]
 
@@ -18,13 +20,21 @@ def split_lines(raw: bytes) -> list[bytes]:
     return [line.removesuffix(b"\r") for line in lines]
 
 
-def read_lines(path: Path) -> list[str]:
-    """A JSON-lines file's lines (:func:`split_lines`), decoded; a file with a line that is not UTF-8 is refused."""
-    lines = []
+def read_lines(path: Path) -> list[str | dict[str, Any]]:
+    """A JSON-lines file's lines (:func:`split_lines`), decoded. A line that is not UTF-8 does not refuse the file: it
+    is kept as ``{"unreadable": "not UTF-8 text: ...", "line", "size_bytes", "sha256"}`` (never its bytes), a record
+    the job's ``select`` drops like any record it cannot use, and the other lines go on."""
+    lines: list[str | dict[str, Any]] = []
     for number, line in enumerate(split_lines(path.read_bytes()), start=1):
         try:
             lines.append(line.decode("utf-8"))
         except UnicodeDecodeError as error:
-            message = f"{path}: not UTF-8 text (line {number}: {error}); an order file holds one JSON object per line"
-            raise ValueError(message) from None
+            lines.append(
+                {
+                    "unreadable": f"not UTF-8 text: {error}",
+                    "line": number,
+                    "size_bytes": len(line),
+                    "sha256": hashlib.sha256(line).hexdigest(),
+                }
+            )
     return lines
