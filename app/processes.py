@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from weir.app.edge import command_edge
 
-__all__ = ["WorkerProcess", "Supervisor", "announce_restart", "stop_all", "run_main", "terminate", "Terminated"]
+__all__ = [
+    "WorkerProcess",
+    "Supervisor",
+    "announce_restart",
+    "start_workers",
+    "supervised",
+    "stop_all",
+    "run_main",
+    "terminate",
+    "Terminated",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -182,6 +193,35 @@ def stop_all(workers: Iterable[WorkerProcess]) -> None:
         worker.terminate()
     for worker in workers:
         worker.stop()
+
+
+def start_workers(
+    stages: Sequence[str], env: dict[str, str], log_dir: Path, first_port: int, *, entry: str = "app.main"
+) -> list[WorkerProcess]:
+    """A demo's workers, one per stage (its agents): worker N on web port ``first_port`` + N, its tables in
+    ``log_dir/data-N`` and its output in ``log_dir/worker-N.log``; a line printed for each."""
+    workers = []
+    for number, agents in enumerate(stages):
+        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
+        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number, entry=entry).start()
+        workers.append(worker)
+        print(f"  worker {number}: {agents:<41} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
+    return workers
+
+
+@contextlib.asynccontextmanager
+async def supervised(workers: Sequence[WorkerProcess], *, ready_timeout_s: float = 120.0) -> AsyncIterator[Supervisor]:
+    """Started workers, once every one is ready, under a :class:`Supervisor` (a worker that stops itself, its producer
+    fenced after a broker outage say, is restarted in its slot); on the way out the supervisor and every worker stop."""
+    supervisor = Supervisor(workers, on_restart=announce_restart)
+    try:
+        for worker in workers:
+            await asyncio.to_thread(worker.wait_ready, ready_timeout_s)
+        supervisor.start()
+        yield supervisor
+    finally:
+        supervisor.stop()
+        stop_all(workers)
 
 
 class Terminated(KeyboardInterrupt):

@@ -32,7 +32,7 @@ from shop.catalogue import CATALOGUE_CENTS
 from shop.settings import demo_web_port
 from weir.app.eof_gateway import Gateway
 from weir.app.kafka_io import check_broker, delete_topics
-from weir.app.processes import Supervisor, WorkerProcess, announce_restart, run_main, stop_all
+from weir.app.processes import run_main, start_workers, supervised
 from weir.app.settings import load_settings
 from weir.tables.eof import Dropped, EofJob, reference_report
 
@@ -109,24 +109,16 @@ async def _run(clients: int, orders: int, timeout_s: float, keep: bool) -> int:
     env = {**os.environ, "WEIR_EOF_JOB": JOBS_SETTING, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"eof-{run_id}", "PYTHONPATH": str(ROOT)}
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-eof-{run_id}-"))
     print(f"weir end of stream: {clients} clients of {orders} order lines, two tasks at once, broker {settings.bootstrap}")
-    workers = []
-    for number, agents in enumerate(STAGES):
-        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        port = demo_web_port() + number
-        workers.append(WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=port).start())
-        print(f"  worker {number}: {agents:<42} web http://127.0.0.1:{port}/weir/  log {log_dir}/worker-{number}.log")
-    supervisor = Supervisor(workers, on_restart=announce_restart)
+    workers = start_workers(STAGES, env, log_dir, demo_web_port())
     ok = False
     try:
-        for worker in workers:
-            await asyncio.to_thread(worker.wait_ready, 120.0)
-        supervisor.start()
         data = make_clients(clients, orders)
 
         def topic(name: str) -> str:
             return f"{prefix}{name}"
 
         async with (
+            supervised(workers),
             Gateway(settings.bootstrap, topic, partitions=settings.partitions, job="scoops") as scoops,
             Gateway(settings.bootstrap, topic, partitions=settings.partitions, job="big") as big,
         ):
@@ -145,8 +137,6 @@ async def _run(clients: int, orders: int, timeout_s: float, keep: bool) -> int:
             ok &= same and big_same
         return 0 if ok else 1
     finally:
-        supervisor.stop()
-        stop_all(workers)
         if keep or not ok:
             print(f"\ntopics {prefix}* kept; worker logs in {log_dir}")
         else:

@@ -16,7 +16,7 @@ import orjson
 from examples.pricing import STEP as DEMO_STEP
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, ensure_topics, produce, read_topic
-from weir.app.processes import Supervisor, WorkerProcess, announce_restart, run_main
+from weir.app.processes import Supervisor, announce_restart, run_main, start_workers
 from weir.app.settings import load_settings
 from weir.app.split import InvalidMessage, split_order
 
@@ -24,17 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ORDERS = ROOT / "demo" / "orders.jsonl"
 #: The demo's processes: one runs the splitter and the aggregator, two share the item work.
 STAGES = ("splitter,aggregator", "items", "items")
-
-
-def _start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
-    """One worker per stage; worker N's web views on ``first_port`` + N (``WEIR_DEMO_WEB_PORT``)."""
-    workers = []
-    for number, agents in enumerate(STAGES):
-        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number).start()
-        workers.append(worker)
-        print(f"  worker {number}: agents={agents:<20} web=http://127.0.0.1:{worker.web_port}/ log={worker.log_path}")
-    return workers
 
 
 def _read_lines(path: Path) -> tuple[list[tuple[bytes, bytes]], set[str]]:
@@ -78,7 +67,7 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
     await ensure_topics(settings.bootstrap, names, settings.partitions)
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-demo-{run_id}-"))
     print(f"weir demo: {len(records)} lines from {orders_path} ({len(order_ids)} orders), broker {settings.bootstrap}")
-    processes = _start_workers(env, log_dir, demo_web_port())
+    processes = start_workers(STAGES, env, log_dir, demo_web_port())
     # a worker that stops itself (its producer fenced after a broker outage, say) is restarted in its slot
     supervisor = Supervisor(processes, on_restart=announce_restart)
     supervisor.start()

@@ -28,7 +28,7 @@ from shop.flows import describe as dispatch_flows
 from shop.screens import ScreenProgress, Screens, Unreadable, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
-from weir.app.processes import Supervisor, WorkerProcess, announce_restart, run_main, stop_all
+from weir.app.processes import WorkerProcess, run_main, start_workers, supervised
 from weir.app.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,14 +53,10 @@ WORKER_ENV = {"WEIR_FLOWS": FLOWS_SETTING, "WEIR_EOF_JOB": JOB_SETTING}
 DEMO_ENV = {"WEIR_SHOP_STOCK_OVERRIDES": "pistachio=120", "WEIR_COMMIT_INTERVAL": "0.1"}
 
 
-def start_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
-    """One worker per stage; worker N's web views on ``first_port`` + N (``WEIR_DEMO_WEB_PORT``)."""
-    workers = []
-    for number, agents in enumerate(STAGES):
-        worker_env = {**env, "WEIR_DATA_DIR": str(log_dir / f"data-{number}")}
-        worker = WorkerProcess(agents, worker_env, log_dir / f"worker-{number}.log", web_port=first_port + number, entry=ENTRY).start()
-        workers.append(worker)
-        print(f"  worker {number}: {agents:<41} web http://127.0.0.1:{worker.web_port}/weir/  log {worker.log_path}")
+def start_shop_workers(env: dict[str, str], log_dir: Path, first_port: int) -> list[WorkerProcess]:
+    """One worker per stage (:func:`app.processes.start_workers`); worker N's web views on ``first_port`` + N
+    (``WEIR_DEMO_WEB_PORT``)."""
+    workers = start_workers(STAGES, env, log_dir, first_port, entry=ENTRY)
     print("  flows runs the shop's dispatch, the flows of shop/flows.py on weir's flow API:")
     for flow in dispatch_flows():
         print(f"    {flow}")
@@ -214,23 +210,17 @@ async def _main(orders_dir: Path, timeout_s: float, *, keep: bool = False) -> in
     env = {**DEMO_ENV, **os.environ, **WORKER_ENV, "WEIR_TOPIC_PREFIX": prefix, "WEIR_APP_ID": f"shop-{run_id}", "PYTHONPATH": str(ROOT)}
     log_dir = Path(tempfile.mkdtemp(prefix=f"weir-shop-{run_id}-"))
     print(f"weir ice-cream shop: screens from {orders_dir}, broker {settings.bootstrap}, topics {prefix}*")
-    workers = start_workers(env, log_dir, demo_web_port())
-    # a worker that stops itself (its producer fenced after a broker outage, say) is restarted in its slot
-    supervisor = Supervisor(workers, on_restart=announce_restart)
+    workers = start_shop_workers(env, log_dir, demo_web_port())
     ok = False
     try:
-        for worker in workers:
-            await asyncio.to_thread(worker.wait_ready, 120.0)
-        supervisor.start()
-        print("workers ready; the screens open")
-        result = await run_shop(
-            screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s, partitions=settings.partitions
-        )
-        ok = print_summary(result)
+        async with supervised(workers):
+            print("workers ready; the screens open")
+            result = await run_shop(
+                screens, bootstrap=settings.bootstrap, topic_prefix=prefix, timeout_s=timeout_s, partitions=settings.partitions
+            )
+            ok = print_summary(result)
         return 0 if ok else 1
     finally:
-        supervisor.stop()
-        stop_all(workers)
         if keep or not ok:
             print(f"\ntopics {prefix}* kept; worker logs in {log_dir}")
         else:  # a run leaves nothing behind: its topics (and the app's own, named by its id) and its folder
