@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -46,6 +47,16 @@ def free_port() -> int:
         _HANDED_OUT.add(port)
         return port
     raise RuntimeError("no free port in 20000-32000")
+
+
+def exit_code(worker: WorkerProcess, timeout_s: float, *, still: str) -> int:
+    """The code ``worker`` exits with; the test fails, with the end of its log, if it still runs ``timeout_s`` later
+    (``still``: what that means, e.g. "the worker still runs on a full disk")."""
+    assert worker.process is not None
+    try:
+        return worker.process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{still}:\n{worker.log_text()[-3000:]}")
 
 
 def free_port_block(count: int) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.integration.conftest import Pipeline
+from tests.integration.conftest import Pipeline, exit_code
 from weir.app.kafka_io import ensure_topics, produce_json, read_to_end
 
 #: the broker-fault runs go one after another, beside the shop's group on the other test process
@@ -84,11 +84,7 @@ def test_a_full_state_disk_stops_the_worker_and_a_restart_after_it_is_freed_lose
     deadline_ms = int(time.time() * 1000) + 600_000
     opens = [(group, {"kind": "open", "correlation_id": group, "total": PARTS, "deadline_ms": deadline_ms}) for group in GROUPS]
     asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("item-results"), opens + [part(group, 0) for group in GROUPS]))
-    assert worker.process is not None
-    try:
-        code = worker.process.wait(120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the worker still runs on a full disk:\n{worker.log_text()[-3000:]}")
+    code = exit_code(worker, 120, still="the worker still runs on a full disk")
     log = worker.log_text()
     assert code != 0
     assert "No space left on device" in log, log[-3000:]

@@ -12,12 +12,11 @@ the interpreter waits for every non-daemon thread at exit. That case is tested b
 from __future__ import annotations
 
 import asyncio
-import subprocess
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.integration.conftest import Pipeline
+from tests.integration.conftest import Pipeline, exit_code
 from weir.app.kafka_io import produce_json, read_topic
 
 pytestmark = pytest.mark.integration
@@ -42,11 +41,7 @@ def test_a_fenced_worker_exits_with_a_non_zero_code(pipeline: Pipeline) -> None:
     assert len(results) == 5, "the worker committed before it was fenced"
     asyncio.run(fence(pipeline.bootstrap, f"{pipeline.app_id}-all-worker-fenced-one"))
     asyncio.run(produce_json(pipeline.bootstrap, pipeline.topic("orders"), orders(5, 5)))  # its next commit is refused
-    assert worker.process is not None
-    try:
-        code = worker.process.wait(90)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the fenced worker is still running 90 s later:\n{worker.log_text()[-3000:]}")
+    code = exit_code(worker, 90, still="the fenced worker is still running 90 s later")
     log = worker.log_text()
     assert code != 0, log[-3000:]
     assert "ProducerFenced" in log or "producer fenced" in log, log[-3000:]
