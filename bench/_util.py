@@ -27,6 +27,7 @@ __all__ = [
     "broker_pid",
     "end_offsets_total",
     "expected_total_cents",
+    "group_settled",
     "order",
     "percentile",
     "record",
@@ -87,6 +88,37 @@ def result_problem(key: str, result: object, items: int) -> str | None:
     if total != expected:
         return f"{where}: its items' price_cents add up to {total}, but the order's catalogue total is {expected}"
     return None
+
+
+async def group_settled(
+    bootstrap: str, group: str, members: int, timeout_s: float = 120.0, alive: Callable[[], None] | None = None
+) -> None:
+    """Waits until the consumer group ``group`` is Stable with ``members`` members, each given an assignment: every
+    process of a pipeline owns its share before it is measured (a process that joins late would otherwise watch a
+    short backlog go by on its peers, and the CPU per order would be one process's)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    deadline = time.monotonic() + timeout_s
+    seen = "nothing"
+    try:
+        while True:
+            if alive is not None:
+                alive()
+            with contextlib.suppress(Exception):  # the group's coordinator may not be known yet
+                for response in await admin.describe_consumer_groups([group]):
+                    for _error, _group, state, _kind, _protocol, group_members, *_ in response.groups:
+                        assigned = sum(1 for member in group_members if member[4])
+                        seen = f"{state} with {len(group_members)} members, {assigned} assigned"
+                        if state == "Stable" and len(group_members) == members == assigned:
+                            return
+            if time.monotonic() > deadline:
+                message = f"group {group}: not Stable with {members} assigned members after {timeout_s:g} s (last: {seen})"
+                raise TimeoutError(message)
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
 
 
 def percentile(values: list[float], fraction: float) -> float:

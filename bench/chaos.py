@@ -32,6 +32,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from shop.demo import ENTRY, run_shop
+from shop.screens import latency_ms
 from shop.state import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
@@ -250,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     origins = {tuple(orjson.loads(record.value)["origin"][field] for field in ("topic", "partition", "offset")) for record in letters}
     refused = sum(1 for position in garbage_positions if position in origins)
     violations = invariant_violations(result, screens) if result is not None else ["the run did not finish"]
+    latencies = [latency for screen in result["progress"].values() for latency in screen.latencies_s] if result is not None else []
+    p50, p99 = latency_ms(latencies, 0.5), latency_ms(latencies, 0.99)
     rows = [
         ("load held", f"{orders} orders in {elapsed:.1f}s = {orders / elapsed:.1f} orders/s over {len(screens)} screens"),
         ("faults injected", f"{sum(kills.values())} SIGKILLs: " + ", ".join(f"{stage} {count}" for stage, count in sorted(kills.items()))),
         ("bad inputs tried", f"{len(garbage_positions)}, dead-lettered {refused}"),
+        ("per-order latency", "-" if p50 is None or p99 is None else f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms (kills included)"),
         ("lost", str(lost)),
         ("guarantee", arguments.guarantee),
         ("duplicated", f"{duplicated} (outcomes per ticket, transactions per (ticket, phase), read_committed)"),
@@ -273,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             "bad_inputs": len(garbage_positions),
             "dead_lettered": refused,
             "lost": lost,
+            "latency_p50_ms": p50,
+            "latency_p99_ms": p99,
             "duplicated": duplicated,
             "violations": violations,
             "ok": ok,

@@ -64,7 +64,18 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from bench import barrier, windows
-from bench._util import Collector, CpuMeter, Proc, broker_pid, end_offsets_total, order, percentile, record, result_problem
+from bench._util import (
+    Collector,
+    CpuMeter,
+    Proc,
+    broker_pid,
+    end_offsets_total,
+    group_settled,
+    order,
+    percentile,
+    record,
+    result_problem,
+)
 from bench.charts import FIGURES_FORMAT
 from examples.eof_orders import JOB_SETTING as EOF_ORDERS_JOB
 from examples.pricing import STEP as DEMO_STEP
@@ -95,15 +106,19 @@ WORK_STAGES = f"three stages, {ITEMS} items per record"
 WORK_PER_ITEM = "three stages, one record per item (Quix Streams only)"
 #: Quix Streams' forms (bench/quix_split_aggregate.py's BENCH_QUIX_FORM): section -> form.
 QUIX_SECTIONS = {"quix-inline": "inline", "quix-chunks": "chunks", "quix-per-item": "per-item"}
+#: Kafka Streams' forms (bench/kstreams/'s BENCH_KSTREAMS_FORM): section -> form.
+KSTREAMS_SECTIONS = {"kstreams-inline": "inline", "kstreams-chunks": "chunks"}
 #: Each pipeline's rows next to the rows of the same work.
 SECTIONS = (
     "raw",
     "faust",
     "weir-inline",
     "quix-inline",
+    "kstreams-inline",
     "aiokafka-inline",
     "weir",
     "quix-chunks",
+    "kstreams-chunks",
     "quix-per-item",
     "weir-v1",
     "triggers",
@@ -114,7 +129,7 @@ SECTIONS = (
 #: What a run without --only measures (weir-v1, the per_partition transactions of sessions 1-5, on request).
 DEFAULT_SECTIONS = tuple(section for section in SECTIONS if section != "weir-v1")
 #: Shorthands of --only: every Quix Streams form.
-SECTION_GROUPS = {"quix": tuple(QUIX_SECTIONS)}
+SECTION_GROUPS = {"quix": tuple(QUIX_SECTIONS), "kstreams": tuple(KSTREAMS_SECTIONS)}
 #: weir with the item step inline (WEIR_ITEMS_INLINE): two splitter processes, nothing else.
 INLINE_STAGES = {"splitter-1": "splitter", "splitter-2": "splitter"}
 #: Its backlog runs are this many times --orders: it goes through 2,000 orders in about half a second.
@@ -180,6 +195,8 @@ class Context:
     pipelines: list[PipelineFigures] = field(default_factory=list)
     #: notes of the sections that ran, under the table
     notes: list[str] = field(default_factory=list)
+    #: orders every split/aggregate pipeline handles, at once, before its first measured run (--warm-up)
+    warm_up: int = 20
 
     def figure(self, system: str, name: str, unit: str, fmt: str = "{:,.0f}", work: str = "") -> Figure:
         created = Figure(system, name, unit, fmt=fmt, work=work)
@@ -433,9 +450,10 @@ def _measure_pipeline(
     half_p50 = figure(f"{half}: latency p50", "ms")
     half_p99 = figure(f"{half}: latency p99", "ms")
     ctx.pipelines.append(PipelineFigures(pipeline, orders_s, workers_cpu, cpu_per_order, broker_cpu_per_order, light_p99, half_p99))
-    # Warm-up: every stage has handled an order before the clock starts.
-    asyncio.run(orders_run(ctx, pipeline, 0, 20, None))
-    first = 20
+    # Warm-up, the same for every system: every stage has handled ctx.warm_up orders, sent at once, before the clock
+    # starts (a JVM's JIT compiles the hot paths, every changelog and repartition partition has been written).
+    asyncio.run(orders_run(ctx, pipeline, 0, ctx.warm_up, None))
+    first = ctx.warm_up
     for run in range(ctx.runs):
         figures = asyncio.run(orders_run(ctx, pipeline, first, orders, None, during=during_first if run == 0 else None))
         first += orders
@@ -595,9 +613,37 @@ def run_quix(ctx: Context, form: str, orders: int, rate: float, light_seconds: f
     )
     backlog = orders * INLINE_BACKLOG if form == "inline" else orders
     extra = {"BENCH_QUIX_FORM": form, "BENCH_SPLIT_CHUNK": str(weir.split_chunk)}
-    _run_processes(
-        ctx, f"quix-{form}", "bench.quix_split_aggregate", "quix", extra, (label, work, settings), processes, backlog, rate, light_seconds
+    command = [sys.executable, "-m", "bench.quix_split_aggregate"]
+    _run_processes(ctx, f"quix-{form}", command, "quix", extra, (label, work, settings), processes, backlog, rate, light_seconds)
+
+
+#: Kafka Streams' forms: form -> (system, work, processes), as many processes as weir's workers for the same work.
+KSTREAMS_FORMS = {
+    "inline": ("Kafka Streams, inline", WORK_INLINE, len(INLINE_STAGES)),
+    "chunks": (f"Kafka Streams, chunks of {ITEMS}", WORK_STAGES, len(WEIR_STAGES)),
+}
+
+
+def run_kstreams(ctx: Context, form: str, orders: int, rate: float, light_seconds: float) -> None:
+    """bench/kstreams/ (Java) in ``form``, its processes in one application id, with weir's commit interval, chunk size
+    and producer linger; exactly-once v2, one stream thread per process."""
+    from bench import kstreams
+
+    label, work, processes = KSTREAMS_FORMS[form]
+    weir = load_settings()
+    chunk = "the whole order" if form == "inline" else f"{weir.split_chunk} items"
+    settings = (
+        f"Kafka Streams 4.1.1, exactly_once_v2, commit interval {weir.commit_interval:g} s, records of {chunk},"
+        f" producer linger.ms {weir.producer_linger_ms}, one stream thread per process, Java 17, heap 1 GiB"
     )
+    backlog = orders * INLINE_BACKLOG if form == "inline" else orders
+    extra = {
+        "BENCH_KSTREAMS_FORM": form,
+        "BENCH_SPLIT_CHUNK": str(weir.split_chunk),
+        "BENCH_CATALOGUE": orjson.dumps(CATALOGUE_CENTS).decode(),
+    }
+    shape = (label, work, settings)
+    _run_processes(ctx, f"kstreams-{form}", kstreams.command(), "kstreams", extra, shape, processes, backlog, rate, light_seconds)
 
 
 def run_aiokafka_inline(ctx: Context, orders: int, rate: float, light_seconds: float) -> None:
@@ -613,7 +659,7 @@ def run_aiokafka_inline(ctx: Context, orders: int, rate: float, light_seconds: f
     _run_processes(
         ctx,
         "aiokafka-inline",
-        "bench.aiokafka_floor",
+        [sys.executable, "-m", "bench.aiokafka_floor"],
         "aiokafka-inline",
         extra,
         shape,
@@ -627,7 +673,7 @@ def run_aiokafka_inline(ctx: Context, orders: int, rate: float, light_seconds: f
 def _run_processes(
     ctx: Context,
     name: str,
-    module: str,
+    command: list[str],
     process: str,
     extra: dict[str, str],
     shape: tuple[str, str, str],
@@ -636,7 +682,7 @@ def _run_processes(
     rate: float,
     light_seconds: float,
 ) -> None:
-    """``processes`` copies of ``python -m module``, named ``<process>-<n>``, in one consumer group on new topics;
+    """``processes`` copies of ``command``, named ``<process>-<n>``, in one consumer group on new topics;
     ``shape``: (system, work, settings)."""
     weir = load_settings()
     prefix = f"cmp-{ctx.run_id}.{name}."
@@ -657,7 +703,7 @@ def _run_processes(
     names = [f"{process}-{number}" for number in range(1, processes + 1)]
     workers = {
         worker: Proc(
-            [sys.executable, "-m", module],
+            command,
             {**env, "BENCH_STATE_DIR": str(ctx.work_dir / f"{name}-state-{worker}")},
             ctx.work_dir / f"{name}-{worker}.log",
         ).start()
@@ -670,6 +716,7 @@ def _run_processes(
 
     try:
         pids = {worker: proc.pid for worker, proc in workers.items()}
+        asyncio.run(group_settled(ctx.bootstrap, env["BENCH_APP_ID"], processes, alive=alive))
         system, work, settings = shape
         pipeline = Pipeline(system, orders_topic, results_topic, pids, alive, work, settings)
         _measure_pipeline(ctx, pipeline, backlog, rate, light_seconds)
@@ -1100,11 +1147,15 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default=",".join(DEFAULT_SECTIONS),
-        help=f"comma list of {', '.join(SECTIONS)}; 'quix' is every Quix Streams form (default: all but weir-v1)",
+        help=f"comma list of {', '.join(SECTIONS)}; 'quix' is every Quix Streams form, 'kstreams' every Kafka Streams one"
+        " (default: all but weir-v1)",
     )
     parser.add_argument("--raw-messages", type=int, help="messages per raw aiokafka run (default 100,000; 30,000 with --quick)")
     parser.add_argument("--faust-messages", type=int, help="messages per plain Faust run (default 20,000; 5,000 with --quick)")
     parser.add_argument("--orders", type=int, help="orders of 10 items per backlog run (default 2,000; 300 with --quick)")
+    parser.add_argument(
+        "--warm-up", type=int, help="orders every split/aggregate pipeline handles before it is measured (default 2,000; 300 with --quick)"
+    )
     parser.add_argument("--rate", type=float, default=20.0, help="orders/s offered in the fixed-rate runs")
     parser.add_argument("--light-seconds", type=float, help="length of a fixed-rate run (default 10 s; 5 s with --quick)")
     parser.add_argument("--trigger-parents", type=int, help="parents per counter-trigger backlog run (default 1,000; 300 with --quick)")
@@ -1147,6 +1198,7 @@ def main() -> None:
     bootstrap = default_bootstrap()
     run_id = uuid.uuid4().hex[:6]
     ctx = Context(bootstrap, run_id, runs, Path(tempfile.mkdtemp(prefix=f"weir-compare-{run_id}-")), broker_pid())
+    ctx.warm_up = args.warm_up if args.warm_up is not None else (300 if quick else 2_000)
     command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, "-m", "bench.compare", *sys.argv[1:]])
     intro = [
         f"command: {command}",
@@ -1169,6 +1221,8 @@ def main() -> None:
         "aiokafka-inline": lambda: run_aiokafka_inline(ctx, orders, args.rate, light_seconds),
         "quix-chunks": lambda: run_quix(ctx, "chunks", orders, args.rate, light_seconds),
         "quix-per-item": lambda: run_quix(ctx, "per-item", orders, args.rate, light_seconds),
+        "kstreams-inline": lambda: run_kstreams(ctx, "inline", orders, args.rate, light_seconds),
+        "kstreams-chunks": lambda: run_kstreams(ctx, "chunks", orders, args.rate, light_seconds),
         "triggers": lambda: run_triggers(ctx, trigger_parents, args.trigger_children),
         "eof": lambda: run_eof(ctx, eof_clients, eof_batches),
         "barrier": lambda: run_barrier(ctx, barrier_waiting, barrier_released, args.barrier_rate),
@@ -1189,7 +1243,7 @@ def main() -> None:
         "CPU: each process's utime+stime over the measured interval, as % of one core (200 = both cores), in the run that gave the median;",
         "'bench' is the harness itself (producer and reading consumer). The machine is shared: other work on it makes figures noisy.",
     ]
-    if {"faust", "weir", "weir-inline", "weir-v1", "aiokafka-inline", *QUIX_SECTIONS} & set(sections):
+    if {"faust", "weir", "weir-inline", "weir-v1", "aiokafka-inline", *QUIX_SECTIONS, *KSTREAMS_SECTIONS} & set(sections):
         notes += [
             "Latency: from the order's send to its result's arrival at a read_committed consumer. weir commits as soon as a worker"
             " is idle for 3 ms (WEIR_COMMIT_IDLE_MS; once commits took a third of the last second, spaced by twice their average"
@@ -1203,7 +1257,12 @@ def main() -> None:
             " and its per-item form, one record per item (3 processes), which weir does not run. Exactly-once, commit interval"
             " 0.1 s and producer linger like weir's (Quix's defaults: 5 s, 5 ms), other settings Quix's defaults (consumer poll"
             " timeout 1 s). Every result of every run is checked: complete, its 10 items priced, adding up to the order's"
-            " catalogue total. Plain Faust: at_least_once (Faust's default), one process.",
+            " catalogue total. Kafka Streams 4.1.1 (bench/kstreams/, Java 17) in the inline and chunks forms, as many processes"
+            " in one application id, exactly_once_v2, one stream thread per process, the same commit interval and producer"
+            " linger, its merge a processor on a persistent (RocksDB, changelogged) store behind a repartition topic keyed by"
+            " order id. Warm-up, the same for every pipeline: before its first measured run each pipeline handles"
+            f" {ctx.warm_up:,} orders sent at once (a JVM's JIT has compiled the hot paths; every changelog and repartition"
+            " partition has been written). Plain Faust: at_least_once (Faust's default), one process.",
         ]
     section_notes = {
         "triggers": "weir triggers: one `triggers` worker, exactly_once, batches of up to 500 events (50 ms), sweep every 5 s after"

@@ -25,7 +25,7 @@ import orjson
 from shop.day import JOB_SETTING
 from shop.flows import FLOWS_SETTING
 from shop.flows import describe as dispatch_flows
-from shop.screens import ScreenProgress, Screens, Unreadable, payments_by_state, read_screen_lines, stock_left
+from shop.screens import ScreenProgress, Screens, Unreadable, latency_ms, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
 from weir.app.processes import WorkerProcess, run_main, start_workers, supervised
@@ -87,6 +87,21 @@ def print_report(name: str, report: dict[str, Any]) -> None:
         f"  {name:<10} lines {report['lines']:>4}  served {report['served']:>4}  aborted {report['aborted']:>3} ({reasons})"
         f"  invalid {report['invalid']:>2}  duplicate {report.get('duplicate', 0):>2}  revenue {_euros(report['revenue_cents']):>10}"
     )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def print_latency(progress: dict[str, ScreenProgress]) -> None:
+    """Each screen's per-order latency, from a line's send to its outcome (the screen waits for it before its next
+    customer), and all screens' together."""
+    print("\nper-order latency, line sent -> outcome read")
+    for name, screen in progress.items():
+        p50, p99 = screen.latency_ms(0.5), screen.latency_ms(0.99)
+        print(f"  {name:<10} p50 {_ms(p50):>9}  p99 {_ms(p99):>9}  ({len(screen.latencies_s)} lines)")
+    every = [latency for screen in progress.values() for latency in screen.latencies_s]
+    print(f"  {'all':<10} p50 {_ms(latency_ms(every, 0.5)):>9}  p99 {_ms(latency_ms(every, 0.99)):>9}  ({len(every)} lines)")
 
 
 async def _progress(progress: dict[str, ScreenProgress], stop: asyncio.Event) -> None:
@@ -175,6 +190,7 @@ def print_summary(result: dict[str, Any]) -> bool:
     for name, report in result["reports"].items():
         print_report(name, report)
         ok &= report.get("status") == "complete"
+    print_latency(result["progress"])
     print("\nstock left")
     for flavour, container in sorted(result["stock"].items()):
         balanced = container["initial"] - container["delivered"] == container["available"] and not container["reserved"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -35,7 +36,7 @@ from weir.app.kafka_io import ReplyDesk, read_to_end
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
-__all__ = ["Screens", "ScreenProgress", "Unreadable", "read_screen_lines", "stock_left"]
+__all__ = ["Screens", "ScreenProgress", "Unreadable", "latency_ms", "read_screen_lines", "stock_left"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,21 @@ class ScreenProgress:
     done: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    #: each answered line's latency in seconds: from just before its record is sent to its outcome read back
+    latencies_s: list[float] = field(default_factory=list)
+
+    def latency_ms(self, fraction: float) -> float | None:
+        """The latency below which ``fraction`` of the answered lines fall (nearest rank), in ms; None before any."""
+        return latency_ms(self.latencies_s, fraction)
+
+
+def latency_ms(latencies_s: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of latencies in seconds, in milliseconds (None for none)."""
+    if not latencies_s:
+        return None
+    ordered = sorted(latencies_s)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return 1000.0 * ordered[rank - 1]
 
 
 class Screens:
@@ -140,9 +156,11 @@ class Screens:
             ticket = f"{screen}/{number}"
             self._desk.expect(f"outcome:{ticket}")
             value = self.envelope(ticket, screen, number, text if isinstance(text, Unreadable) else protect_line(text, self._card_key))
+            sent_at = time.perf_counter()
             await producer.send_and_wait(self._topic("shop.orders"), key=ticket.encode(), value=value)
             outcome = await self._desk.wait(f"outcome:{ticket}", timeout_s)  # the next customer waits for this one
             if progress is not None:
+                progress.latencies_s.append(time.perf_counter() - sent_at)
                 progress.done += 1
                 progress.by_status[outcome["status"]] = progress.by_status.get(outcome["status"], 0) + 1
                 progress.outcomes.append(outcome)

@@ -106,6 +106,9 @@ def test_the_demo_serves_every_screen_when_one_screen_has_poison_lines(demo: Dem
     assert invalid >= 4, "the four poison lines are counted invalid"
     assert served + aborted + invalid == 6
     assert (reports["counter"][0], reports["terrace"][0]) == (4, 1), "the other screens were served whole"
+    # each screen's per-order latency, over every line it was answered (poison lines included)
+    latency = dict(re.findall(r"^  (\w+) +p50 +[\d,]+ ms +p99 +[\d,]+ ms +\((\d+) lines\)$", demo.done.stdout, re.MULTILINE))
+    assert latency == {"counter": "4", "poisoned": "6", "terrace": "1", "all": "11"}, demo.done.stdout[-3000:]
 
     reasons = {outcome["line"]: outcome["reason"] for outcome in demo.read("shop.outcomes") if outcome["screen"].endswith("/poisoned")}
     assert "broken line: RecursionError" in reasons[2]

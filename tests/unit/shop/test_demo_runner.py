@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shop.demo import read_screens
+from shop.demo import print_latency, read_screens
+from shop.screens import ScreenProgress, latency_ms
 from shop.settings import demo_web_port
 from tests.conftest import ROOT
 from weir.app.settings import default_bootstrap
@@ -92,3 +93,18 @@ def test_the_demos_first_web_port_is_a_setting(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("WEIR_DEMO_WEB_PORT", "70000")
     with pytest.raises(ValueError, match="WEIR_DEMO_WEB_PORT=70000"):
         demo_web_port()
+
+
+def test_the_per_order_latency_is_a_nearest_rank_percentile_of_each_screen_and_of_all(capsys: pytest.CaptureFixture[str]) -> None:
+    fast = ScreenProgress("fast", 4, latencies_s=[0.010, 0.020, 0.030, 0.040])
+    slow = ScreenProgress("slow", 1, latencies_s=[1.5])
+    assert (fast.latency_ms(0.5), fast.latency_ms(0.99)) == (pytest.approx(20.0), pytest.approx(40.0))
+    assert latency_ms([], 0.5) is None
+    print_latency({"fast": fast, "slow": slow, "idle": ScreenProgress("idle", 0)})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        "  fast       p50     20 ms  p99     40 ms  (4 lines)",
+        "  slow       p50  1,500 ms  p99  1,500 ms  (1 lines)",
+        "  idle       p50         -  p99         -  (0 lines)",
+        "  all        p50     30 ms  p99  1,500 ms  (5 lines)",
+    ]
