@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,6 +56,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "(pytest 9.2 with pytest-xdist 3.8); pin the versions in pyproject.toml",
             pytrace=False,
         )
+
+
+def _cpu_seconds() -> float:
+    """This test process's CPU and that of the children it has reaped (the workers and brokers a test started and
+    stopped), in seconds."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``WEIR_TEST_CPU_FILE`` set, appends a JSON line per test: its node id, its wall time and the CPU it cost
+    (:func:`_cpu_seconds`; the shared broker's is not in it): what the suite's time is spent on, beside ``--durations``."""
+    path = os.environ.get("WEIR_TEST_CPU_FILE")
+    if not path:
+        return (yield)
+    started, cpu = time.monotonic(), _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        row = {"test": item.nodeid, "wall_s": round(time.monotonic() - started, 2), "cpu_s": round(_cpu_seconds() - cpu, 2)}
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(autouse=True)
