@@ -26,7 +26,7 @@ from weir.tables.aggregates import DoneState, GroupState
 from weir.tables.barrier import BarrierState
 from weir.tables.eof import ClientJoin, ClientTotals, ControllerState, EofConfig
 from weir.tables.triggers import OK, FiredState, TriggerState
-from weir.tables.windows import closed_windows_of, open_windows_of
+from weir.tables.windows import closed_windows_of, open_windows_of, windows_between
 
 __all__ = [
     "register_view",
@@ -64,7 +64,8 @@ __all__ = [
 #
 # - ``/weir/``                          every table of this worker: help text, owned partitions, key counts
 # - ``/weir/tables/<name>/``            the whole table's keys (this worker's and its peers'), ``?q=``, ``?page=``, ``?size=``
-# - ``/weir/tables/<name>/<key>/``      one key's decoded value and summary, fetched from the worker that owns it
+# - ``/weir/tables/<name>/<key>/``      one key's decoded value and summary, fetched from the worker that owns it;
+#                                       a window table's key with ``?from=&to=`` (ms) adds its windows in that range
 # - ``/weir/dead-letters/``             ``?limit=`` records of the dead-letter topic, newest first (read_committed);
 #                                       ``?before=`` the previous page's ``next`` for the older page
 #
@@ -334,6 +335,26 @@ def _positive_int(query: Mapping[str, str], name: str, default: int, maximum: in
         message = f"query parameter {name}={number}: expected an integer from 1 to {maximum}"
         raise BadRequest(message)
     return number
+
+
+def window_query(body: dict[str, Any], query: Mapping[str, str]) -> dict[str, Any]:
+    """A key of a window table asked ``?from=&to=`` (ms, either may be left out): its windows in that range, open and
+    kept closed, under ``windows`` (:func:`tables.windows.windows_between`, Kafka Streams' window store ``fetch``)."""
+    if "from" not in query and "to" not in query:
+        return body
+    bounds: list[int | None] = []
+    for name in ("from", "to"):
+        raw = query.get(name, "")
+        try:
+            bounds.append(int(raw) if raw != "" else None)
+        except ValueError:
+            message = f"query parameter {name}={raw!r}: expected a time in ms since the epoch"
+            raise BadRequest(message) from None
+    value = body.get("value")
+    if not str(body.get("table", "")).startswith("window-") or not isinstance(value, dict) or not {"open", "sessions"} & set(value):
+        message = "query parameters from and to: only a window table's key (window-<name>) has windows"
+        raise BadRequest(message)
+    return {**body, "from_ms": bounds[0], "to_ms": bounds[1], "windows": windows_between(value, bounds[0], bounds[1])}
 
 
 def parse_paging(query: Mapping[str, str], *, max_size: int = MAX_PAGE_SIZE) -> Paging:
@@ -893,7 +914,9 @@ class KeyView(WeirView):
     """One key's decoded value: from this worker when it owns the key, else fetched from the worker that does."""
 
     async def data(self, request: web.Request, **match: str) -> dict[str, Any]:
-        name, key = match["name"], match["key"]
+        return window_query(await self._lookup(request, match["name"], match["key"]), request.query)
+
+    async def _lookup(self, request: web.Request, name: str, key: str) -> dict[str, Any]:
         table = self.get_table_or_404(name)
         for partition, local_key, value in self._local_lookup(table, key):
             return {

@@ -32,6 +32,7 @@ __all__ = [
     "on_session_record",
     "on_session_close",
     "window_result",
+    "windows_between",
 ]
 
 #: ``(aggregate so far, record's value) -> aggregate``: how a window folds a record in (JSON-able aggregates).
@@ -260,3 +261,34 @@ def open_windows_of(raw: Mapping[str, Any]) -> list[tuple[int, int]]:
     if "sessions" in raw:
         return [(start, count) for start, (_, _, count) in sorted(KeySessions.from_dict(raw).open.items())]
     return [(start, count) for start, (_, count) in sorted(KeyWindows.from_dict(raw).open.items())]
+
+
+def windows_between(raw: Mapping[str, Any], from_ms: int | None = None, to_ms: int | None = None) -> list[dict[str, Any]]:
+    """One key's windows in a time range, open ones and the closed ones kept for the retention, earliest first: Kafka
+    Streams' ``ReadOnlyWindowStore.fetch(key, timeFrom, timeTo)`` (windows whose start is in ``[from_ms, to_ms]``) and
+    ``SessionStore.findSessions`` (sessions that overlap the range). ``None`` leaves that side open.
+
+    Each window: ``start_ms``, ``aggregate``, ``count`` (records folded in), ``closed`` and, for a closed window,
+    ``late`` (records that came after it closed); a session has ``end_ms`` (its last record) too and is always open
+    (a session keeps nothing once closed).
+    """
+    low = from_ms if from_ms is not None else -(2**63)
+    high = to_ms if to_ms is not None else 2**63 - 1
+    if "sessions" in raw:
+        return [
+            {"start_ms": start, "end_ms": end, "aggregate": aggregate, "count": count, "closed": False}
+            for start, (end, aggregate, count) in sorted(KeySessions.from_dict(raw).open.items())
+            if start <= high and end >= low
+        ]
+    windows = KeyWindows.from_dict(raw)
+    found = [
+        {"start_ms": start, "aggregate": aggregate, "count": count, "closed": False}
+        for start, (aggregate, count) in windows.open.items()
+        if low <= start <= high
+    ]
+    found += [
+        {"start_ms": start, "aggregate": aggregate, "count": count, "closed": True, "late": late}
+        for start, (aggregate, count, late) in windows.closed.items()
+        if low <= start <= high
+    ]
+    return sorted(found, key=lambda window: int(window["start_ms"]))

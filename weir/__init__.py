@@ -23,7 +23,7 @@ from weir.app.trigger_status import CompletionPublisher, child_done, open_status
 from weir.app.windows import Window, count, total
 from weir.tables.eof import Dropped, EofJob
 from weir.tables.triggers import completion_message, publish_trigger_messages, registration_message
-from weir.tables.windows import SessionSpec, WindowSpec
+from weir.tables.windows import SessionSpec, WindowSpec, windows_between
 
 __all__ = [
     "AgentSet",
@@ -58,6 +58,7 @@ __all__ = [
     "payload",
     "publish_trigger_messages",
     "record_status",
+    "windows_between",
     "registration_message",
     "total",
     "write",

@@ -216,3 +216,51 @@ def test_a_retention_keeps_closed_windows_readable_counts_their_late_records_and
         kept = [start for start, _, _ in closed_windows_of(test.table("window-clicks")["u1"])]
         assert kept == [500, 1_000], "window 0 went at 1000 + 3000; 500 and 1000 are kept until 4500 and 5000"
         assert finals(test)[("u1", 0)] == 2
+
+
+def test_a_keys_windows_in_a_time_range_are_its_open_and_kept_closed_windows_as_a_window_store_fetch_gives() -> None:
+    """``windows_between`` (Kafka Streams' ``ReadOnlyWindowStore.fetch(key, from, to)``): windows whose start is in the
+    range, open ones and those a retention keeps, each with its aggregate; sessions that overlap the range."""
+    from weir import windows_between
+
+    spec = WindowSpec.tumbling(1_000, grace_ms=0, retention_ms=10_000)
+    with driver(clicks(spec=spec)) as test:
+        for stamp in (100, 200, 1_100, 2_100, 2_200, 2_300):
+            test.pipe("clicks", {}, key="u1", timestamp_ms=stamp)
+        test.pipe("clicks", {}, key="u1", timestamp_ms=300)  # late for the kept window 0
+        state = test.table("window-clicks")["u1"]
+        every = windows_between(state)
+        assert [(w["start_ms"], w["count"], w["closed"], w.get("late")) for w in every] == [
+            (0, 2, True, 1),
+            (1_000, 1, True, 0),
+            (2_000, 3, False, None),
+        ]
+        assert [w["aggregate"] for w in every] == [2, 1, 3], "each window's count aggregate, as folded"
+        assert [w["start_ms"] for w in windows_between(state, 1_000, 1_999)] == [1_000]
+        assert [w["start_ms"] for w in windows_between(state, 500)] == [1_000, 2_000]
+        assert [w["start_ms"] for w in windows_between(state, None, 999)] == [0]
+        assert windows_between(state, 3_000, 4_000) == []
+
+    # a long grace: both sessions still open at stream time 2000
+    sessions = Window("visits", source="clicks", to="visits", spec=SessionSpec(gap_ms=500, grace_ms=10_000))  # type: ignore[arg-type]
+    with driver(sessions) as test:
+        for stamp in (0, 300, 2_000):
+            test.pipe("clicks", {}, key="u1", timestamp_ms=stamp)
+        state = test.table("window-visits")["u1"]
+        assert [(w["start_ms"], w["end_ms"], w["count"]) for w in windows_between(state)] == [(0, 300, 2), (2_000, 2_000, 1)]
+        assert [w["start_ms"] for w in windows_between(state, 250, 1_000)] == [0], "a session overlapping the range"
+        assert [w["start_ms"] for w in windows_between(state, 301, 1_999)] == []
+
+
+def test_the_key_view_answers_a_window_tables_time_range_and_refuses_one_elsewhere() -> None:
+    from weir.app.web import BadRequest, window_query
+
+    value = {"open": [[2_000, 3, 3]], "closed": [[0, 2, 2, 1]]}
+    body = {"table": "window-clicks", "key": "u1", "value": value}
+    assert window_query(body, {}) is body, "no range asked: the key's value alone"
+    answered = window_query(body, {"from": "1000"})
+    assert (answered["from_ms"], answered["to_ms"], [w["start_ms"] for w in answered["windows"]]) == (1_000, None, [2_000])
+    with pytest.raises(BadRequest, match="from='soon'"):
+        window_query(body, {"from": "soon"})
+    with pytest.raises(BadRequest, match="only a window table"):
+        window_query({"table": "aggregates", "key": "o-1", "value": {"items": []}}, {"to": "5"})
