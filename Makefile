@@ -89,7 +89,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams (bench/results.md and .json, charts in bench/charts/; QUICK=1 = 1-run smoke), then the barrier and the shop under load
+bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams, Kafka Streams (bench/results.md and .json, charts in bench/charts/; QUICK=1 = 1-run smoke), then the barrier and the shop under load
 	scripts/broker.sh start
 	$(BIN)/python -m bench.compare $(if $(QUICK),--quick,)
 	$(BIN)/python -m bench.charts bench/results.json --out bench/charts

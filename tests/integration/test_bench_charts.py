@@ -33,7 +33,8 @@ def test_bench_compare_then_charts_write_pngs_of_the_drawn_size(kafka_bootstrap:
     before = _repository_outputs()
     results = tmp_path / "results.md"
     env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "TMPDIR": str(tmp_path)}  # its workers' logs go to tmp_path too
-    compare = [sys.executable, "-m", "bench.compare", "--only", "weir", "--runs", "1", "--orders", "40", "--light-seconds", "2"]
+    small = ["--runs", "1", "--orders", "40", "--warm-up", "20", "--light-seconds", "2"]
+    compare = [sys.executable, "-m", "bench.compare", "--only", "weir", *small]
     finished = subprocess.run([*compare, "--output", str(results)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert (tmp_path / "results.json").is_file(), "bench.compare writes its figures as JSON beside the markdown"
