@@ -32,7 +32,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from shop.demo import ENTRY, run_shop
-from shop.screens import latency_ms
+from shop.screens import latencies_of, latency_ms
 from shop.state import SHOP_INPUTS
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import SHOP_ENV, comparable, make_screens, reference_reports, start_shop
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     origins = {tuple(orjson.loads(record.value)["origin"][field] for field in ("topic", "partition", "offset")) for record in letters}
     refused = sum(1 for position in garbage_positions if position in origins)
     violations = invariant_violations(result, screens) if result is not None else ["the run did not finish"]
-    latencies = [latency for screen in result["progress"].values() for latency in screen.latencies_s] if result is not None else []
+    latencies = latencies_of(result["progress"]) if result is not None else []
     p50, p99 = latency_ms(latencies, 0.5), latency_ms(latencies, 0.99)
     rows = [
         ("load held", f"{orders} orders in {elapsed:.1f}s = {orders / elapsed:.1f} orders/s over {len(screens)} screens"),

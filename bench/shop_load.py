@@ -27,7 +27,7 @@ import orjson
 from bench._util import CpuMeter, broker_pid
 from scripts.make_shop_orders import order_lines
 from shop.demo import run_shop
-from shop.screens import latency_ms
+from shop.screens import latencies_of, latency_ms
 from tests.integration.conftest import Pipeline
 from tests.integration.test_shop import assert_invariants, start_shop
 from weir.app.kafka_io import delete_topics
@@ -52,7 +52,7 @@ def day(pipeline: Pipeline, pids: dict[str, int], count: int, orders: int, seed:
     result["dead_letters"] = [letter for raw, letter in letters.items() if raw not in letters_before]
     letters_before |= set(letters)
     assert_invariants(result, screens)
-    latencies = [latency for progress in result["progress"].values() for latency in progress.latencies_s]
+    latencies = latencies_of(result["progress"])
     workers_s = sum(seconds for name, seconds in meter.seconds.items() if name != "broker")
     return {
         "screens": count,

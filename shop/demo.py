@@ -25,7 +25,7 @@ import orjson
 from shop.day import JOB_SETTING
 from shop.flows import FLOWS_SETTING
 from shop.flows import describe as dispatch_flows
-from shop.screens import ScreenProgress, Screens, Unreadable, latency_ms, payments_by_state, read_screen_lines, stock_left
+from shop.screens import ScreenProgress, Screens, Unreadable, latencies_of, latency_ms, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
 from weir.app.processes import WorkerProcess, run_main, start_workers, supervised
@@ -100,7 +100,7 @@ def print_latency(progress: dict[str, ScreenProgress]) -> None:
     for name, screen in progress.items():
         p50, p99 = screen.latency_ms(0.5), screen.latency_ms(0.99)
         print(f"  {name:<10} p50 {_ms(p50):>9}  p99 {_ms(p99):>9}  ({len(screen.latencies_s)} lines)")
-    every = [latency for screen in progress.values() for latency in screen.latencies_s]
+    every = latencies_of(progress)
     print(f"  {'all':<10} p50 {_ms(latency_ms(every, 0.5)):>9}  p99 {_ms(latency_ms(every, 0.99)):>9}  ({len(every)} lines)")
 
 

@@ -36,7 +36,7 @@ from weir.app.kafka_io import ReplyDesk, read_to_end
 from weir.app.settings import load_settings
 from weir.tables.eof import TOPIC_AGGREGATE, TOPIC_BATCHES, TOPIC_COUNTER, TOPIC_JOIN, TOPIC_REPORTS
 
-__all__ = ["Screens", "ScreenProgress", "Unreadable", "latency_ms", "read_screen_lines", "stock_left"]
+__all__ = ["Screens", "ScreenProgress", "Unreadable", "latencies_of", "latency_ms", "read_screen_lines", "stock_left"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ class ScreenProgress:
     def latency_ms(self, fraction: float) -> float | None:
         """The latency below which ``fraction`` of the answered lines fall (nearest rank), in ms; None before any."""
         return latency_ms(self.latencies_s, fraction)
+
+
+def latencies_of(progress: Mapping[str, ScreenProgress]) -> list[float]:
+    """Every answered line's latency in seconds, all screens' together."""
+    return [latency for screen in progress.values() for latency in screen.latencies_s]
 
 
 def latency_ms(latencies_s: list[float], fraction: float) -> float | None:
