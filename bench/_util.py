@@ -15,6 +15,7 @@ from typing import IO
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from shop.catalogue import CATALOGUE_CENTS
 from weir.app.processes import ROOT
@@ -96,8 +97,6 @@ async def group_settled(
     """Waits until the consumer group ``group`` is Stable with ``members`` members, each given an assignment: every
     process of a pipeline owns its share before it is measured (a process that joins late would otherwise watch a
     short backlog go by on its peers, and the CPU per order would be one process's)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     deadline = time.monotonic() + timeout_s
