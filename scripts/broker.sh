@@ -22,6 +22,11 @@
 # pid file in $WEIR_STATE_DIR/kafka-<i>. Internal topics are replicated min(3, nodes) times with
 # min.insync.replicas one less (at least 1). start, stop, status and wipe act on every node; start-node,
 # stop-node and kill-node (SIGKILL) on node N alone: scripts/broker.sh kill-node 2. Not with SASL or TLS.
+# Every node: a transaction past its timeout is aborted within a second of it (the coordinator looks every second;
+# Kafka's default is every 10 s): a SIGKILLed worker's open transaction stops holding read_committed readers back about as soon
+# as its timeout ends. A node that stops heartbeating is fenced by the controller after 4 s (Kafka's default: 9 s),
+# so that the leaders, group and transaction coordinators of a SIGKILLed node move sooner; the nodes share one
+# machine, where a heartbeat is not lost to the network.
 # WEIR_KAFKA_PROXY_PORT (with WEIR_KAFKA_PROXIED_PORT): a second listener on 127.0.0.1:$WEIR_KAFKA_PROXIED_PORT,
 # advertised as 127.0.0.1:$WEIR_KAFKA_PROXY_PORT, where a proxy forwards to it (the tests' fault proxy): clients
 # that bootstrap there reach the broker only through the proxy. Comma-separated lists of as many ports each give a
@@ -284,7 +289,9 @@ log.cleaner.enable=true
 log.cleaner.backoff.ms=1000
 log.segment.bytes=67108864
 log.retention.check.interval.ms=60000
-transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=4000
 transaction.remove.expired.transaction.cleanup.interval.ms=60000
 PROPS
   )

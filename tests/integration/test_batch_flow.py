@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.conftest import Pipeline
 from tests.integration.test_barrier import send
-from weir.app.kafka_io import ensure_topics, read_topic
+from weir.app.kafka_io import ensure_topics, read_to_end, read_topic
 from weir.app.processes import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def batches(pipeline: Pipeline, *, expected: int, timeout_s: float) -> list[dict
     name = pipeline.topic("click-batches")
     asyncio.run(read_topic(pipeline.bootstrap, name, until=lambda rows: len(rows) >= expected, timeout_s=timeout_s))
     time.sleep(2)  # then read again: a second copy of a batch would be there by now
-    return asyncio.run(read_topic(pipeline.bootstrap, name, until=lambda rows: False, timeout_s=3.0, decode=orjson.loads))
+    return asyncio.run(read_to_end(pipeline.bootstrap, name, decode=orjson.loads))
 
 
 def test_reopening_batches_of_three_put_every_click_in_exactly_one_batch_in_order(pipeline: Pipeline) -> None:

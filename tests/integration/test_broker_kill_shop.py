@@ -28,7 +28,7 @@ from tests.integration.test_shop import make_screens
 #: the broker-fault runs go one after another, beside the shop's group on the other test process
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]
 
-ORDERS_PER_SCREEN = 40
+ORDERS_PER_SCREEN = 30
 BROKER_KILLS = 2
 DOWNTIME_S = 8.0
 

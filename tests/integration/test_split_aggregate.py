@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import Pipeline
-from weir.app.kafka_io import ensure_topics, produce, produce_json, read_topic
+from weir.app.kafka_io import ensure_topics, produce, produce_json, read_to_end, read_topic
 from weir.app.processes import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -49,9 +49,7 @@ def read_json(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float
     )
     if settle_s:
         time.sleep(settle_s)
-        records = asyncio.run(
-            read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=3.0, decode=orjson.loads)
-        )
+        records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(topic), decode=orjson.loads))
     return records
 
 
@@ -236,14 +234,14 @@ def test_items_inline_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeli
     SIGKILLed while orders flow. Every order's result is visible once to a read_committed consumer, and
     nothing went through the items or item-results topics."""
     create_topics(pipeline)
-    # Items of 20 ms, one at a time: about 25 s of work per worker, so that the kill comes mid-run.
-    orders = make_orders(400, seed=12, max_items=10, sleep_s=0.02)
+    # Items of 20 ms, one at a time: about 15 s of work per worker, so that the kill (at 60 results) comes mid-run.
+    orders = make_orders(250, seed=12, max_items=10, sleep_s=0.02)
     settings = {"WEIR_ITEMS_INLINE": "1", "WEIR_ITEM_CONCURRENCY": 1}
     results, before_kill = kill_one_of_two_mid_run(pipeline, "splitter", settings, orders)
     assert before_kill < len(orders) - 100, f"{before_kill} results before the kill: not mid-run"
     assert_complete_once(results, orders)
     for topic in ("items", "item-results"):
-        rows = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=2.0))
+        rows = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(topic)))
         assert rows == [], f"{len(rows)} records on {topic}: the items ran inline"
 
 
@@ -257,7 +255,7 @@ def assert_committed_once_below_the_results(pipeline: Pipeline, orders: dict[str
     """
 
     def committed(topic: str) -> list[dict[str, Any]]:
-        rows = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=lambda rows: False, timeout_s=5.0))
+        rows = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(topic)))
         return [orjson.loads(row.value) for row in rows if row.value is not None]
 
     def unbundled(topic: str) -> list[dict[str, Any]]:
@@ -288,7 +286,7 @@ def assert_committed_once_below_the_results(pipeline: Pipeline, orders: dict[str
 
 def read_changelog(pipeline: Pipeline, table: str, key: str) -> list[Any]:
     """The values a table's changelog (its durable contents) holds for ``key``, oldest first."""
-    records = asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(f"{table}-changelog"), until=lambda rows: False, timeout_s=3.0))
+    records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(f"{table}-changelog")))
     return [None if record.value is None else orjson.loads(record.value) for record in records if orjson.loads(record.key) == key]
 
 

@@ -18,7 +18,7 @@ import pytest
 from tests.integration.conftest import Pipeline
 from tests.integration.split_flows import PRICES
 from tests.integration.test_barrier import send
-from weir.app.kafka_io import ensure_topics, read_topic
+from weir.app.kafka_io import ensure_topics, read_to_end, read_topic
 from weir.app.processes import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ def read(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float, set
     name = pipeline.topic(topic)
     asyncio.run(read_topic(pipeline.bootstrap, name, until=lambda rows: len(rows) >= expected, timeout_s=timeout_s))
     time.sleep(settle_s)
-    return asyncio.run(read_topic(pipeline.bootstrap, name, until=lambda rows: False, timeout_s=3.0))
+    return asyncio.run(read_to_end(pipeline.bootstrap, name))
 
 
 def step_runs(pipeline: Pipeline) -> Counter[str]:

@@ -63,7 +63,7 @@ def read_wakes(pipeline: Pipeline, *, expected: int, timeout_s: float, settle_s:
     topic = pipeline.topic(DEFAULT_WAKE_TOPIC)
     asyncio.run(read_topic(pipeline.bootstrap, topic, until=lambda rows: len(rows) >= expected, timeout_s=timeout_s, decode=orjson.loads))
     time.sleep(settle_s)
-    return asyncio.run(read_topic(pipeline.bootstrap, topic, until=lambda rows: False, timeout_s=3.0, decode=orjson.loads))
+    return asyncio.run(read_to_end(pipeline.bootstrap, topic, decode=orjson.loads))
 
 
 def dead_letters(pipeline: Pipeline) -> list[dict[str, Any]]:
