@@ -234,8 +234,8 @@ def test_items_inline_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeli
     SIGKILLed while orders flow. Every order's result is visible once to a read_committed consumer, and
     nothing went through the items or item-results topics."""
     create_topics(pipeline)
-    # Items of 20 ms, one at a time: about 15 s of work per worker, so that the kill (at 60 results) comes mid-run.
-    orders = make_orders(250, seed=12, max_items=10, sleep_s=0.02)
+    # Items of 10 ms, one at a time: about 7 s of work per worker, so that the kill (at 60 results) comes mid-run.
+    orders = make_orders(250, seed=12, max_items=10, sleep_s=0.01)
     settings = {"WEIR_ITEMS_INLINE": "1", "WEIR_ITEM_CONCURRENCY": 1}
     results, before_kill = kill_one_of_two_mid_run(pipeline, "splitter", settings, orders)
     assert before_kill < len(orders) - 100, f"{before_kill} results before the kill: not mid-run"
