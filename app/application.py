@@ -92,7 +92,7 @@ def faust_app(settings: Settings) -> faust.App:
         broker_heartbeat_interval=settings.heartbeat_interval,
         broker_rebalance_timeout=settings.rebalance_timeout,
         consumer_auto_offset_reset="earliest",
-        table_standby_replicas=0,
+        table_standby_replicas=settings.standby_replicas,
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_bind=settings.web_host,

@@ -210,6 +210,10 @@ class Settings:
     #: WEIR_MIN_INSYNC_REPLICAS: ``min.insync.replicas`` of every topic weir creates: a write (acks=all, as every
     #: transactional one is) succeeds only while this many copies have it. At most the replication factor.
     min_insync_replicas: int = 1
+    #: WEIR_STANDBY_REPLICAS: standby replicas of every table (Faust's ``table_standby_replicas``): that many other
+    #: workers of the same agents each keep a copy of a table partition, read from its changelog as it is written,
+    #: so that a takeover restores only what the standby had not read yet. 0: a takeover reads the whole changelog.
+    standby_replicas: int = 0
     #: WEIR_COMMIT_INTERVAL: seconds between offset commits while busy (= longest transaction under exactly_once;
     #: 0.1 s is Kafka Streams' default under exactly-once).
     commit_interval: float = 0.1
@@ -486,6 +490,7 @@ def load_settings() -> Settings:
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions, 1),
         replication_factor=_env_int("WEIR_REPLICATION_FACTOR", defaults.replication_factor, 1, 32767),
         min_insync_replicas=_env_int("WEIR_MIN_INSYNC_REPLICAS", defaults.min_insync_replicas, 1, 32767),
+        standby_replicas=_env_int("WEIR_STANDBY_REPLICAS", defaults.standby_replicas, 0, 16),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval, 0.001),
         commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms, 0),
         transactions=transactions,

@@ -6,6 +6,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = [
     "end_restores_at_markers",
     "start_tables_at_once",
     "time_restores",
+    "RestorePlan",
+    "restore_plan",
     "RestoreObserver",
     "observe_restores",
     "wipe_local_tables",
@@ -101,6 +104,37 @@ def start_tables_at_once() -> None:
     TableManager._weir_at_once = True  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """What a restore reads: changelog records, partitions, and how many of these it resumes from a local copy.
+
+    A partition resumes from a local copy when reading starts past its beginning: the store held it up to that
+    offset already, because a standby replica (``WEIR_STANDBY_REPLICAS``) kept it up to date from the changelog
+    before it was taken over, or because this worker restored it earlier in its life. Only the records written
+    since are read. Under exactly_once a worker's store is rebuilt from the changelog at start
+    (:func:`wipe_local_tables`), and Faust records no position for what the worker wrote itself: a partition taken
+    over with no copy is read from its beginning.
+    """
+
+    records: int
+    partitions: int
+    resumed: int
+
+    def __repr__(self) -> str:
+        return f"{self.records} changelog records in {self.partitions} partitions, {self.resumed} resumed from a local copy"
+
+
+def restore_plan(starts: Mapping[TP, int], ends: Mapping[TP, int]) -> RestorePlan:
+    """The plan of Faust's restore: ``starts`` the last offset already in the store (-1: none), ``ends`` the last
+    offset to read (Faust's ``active_offsets`` and ``active_highwaters``); partitions with nothing to read count not."""
+    reading = {tp: (starts.get(tp, -1), end) for tp, end in ends.items() if end > starts.get(tp, -1)}
+    return RestorePlan(
+        records=sum(end - start for start, end in reading.values()),
+        partitions=len(reading),
+        resumed=sum(1 for start, _ in reading.values() if start >= 0),
+    )
+
+
 #: Told of every restore of this worker's tables when it ends: the seconds from its start (the recovery that followed
 #: a partition assignment) until the tables were up to date with their changelogs. For metrics: must not raise.
 RestoreObserver = Callable[[float], None]
@@ -133,6 +167,9 @@ def time_restores() -> None:
     def _set_recovery_started(self: Any) -> None:
         if not self.in_recovery:
             self._weir_restore_began = time.monotonic()
+            self._weir_restore_plan = None
+        else:  # the second mark: where reading starts and ends is known, and there is something to read
+            self._weir_restore_plan = restore_plan(self.active_offsets, self.active_highwaters)
         started(self)
 
     def _set_recovery_ended(self: Any) -> None:
@@ -141,7 +178,8 @@ def time_restores() -> None:
         if began is not None:
             self._weir_restore_began = None
             took = time.monotonic() - began
-            log.info("tables restored in %.3f s", took)
+            plan = getattr(self, "_weir_restore_plan", None)
+            log.info("tables restored in %.3f s%s", took, f": {plan!r}" if plan is not None else "")
             for observer in _restore_observers:
                 observer(took)
 

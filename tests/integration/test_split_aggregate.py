@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import Pipeline
+from weir.app.engine.restore import RestorePlan
 from weir.app.kafka_io import ensure_topics, produce, produce_json, read_to_end, read_topic
 from weir.app.processes import WorkerProcess
 
@@ -224,9 +225,34 @@ def test_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline, guarantee
     if guarantee == "exactly_once":
         assert_complete_once(results, orders)
         assert_committed_once_below_the_results(pipeline, orders)
+        # no standby replicas (the default): the survivor read the taken-over changelogs from their beginning
+        assert restores(pipeline.workers[0])[-1].resumed == 0
     else:
         unique = {result["correlation_id"]: result for result in results}
         assert_complete_once(list(unique.values()), orders)
+
+
+def restores(worker: WorkerProcess) -> list[RestorePlan]:
+    """What each restore of ``worker``'s tables read, from its log (``app.engine.restore``), oldest first."""
+    found = re.findall(r"tables restored in [\d.]+ s: (\d+) changelog records in (\d+) partitions, (\d+) resumed", worker.log_text())
+    return [RestorePlan(int(records), int(partitions), int(resumed)) for records, partitions, resumed in found]
+
+
+def test_a_standby_replica_takes_over_from_its_copy_and_loses_nothing(pipeline: Pipeline) -> None:
+    """WEIR_STANDBY_REPLICAS=1: each worker of two keeps a copy of the other's table partitions, read from their
+    changelogs as they are written. One is SIGKILLed mid-run; the survivor's takeover resumes each copy where it had
+    got to and reads only the rest (the same test without standbys reads them from their beginning, above), and
+    every order completes once."""
+    create_topics(pipeline)
+    orders = make_orders(400, seed=14, max_items=10, sleep_s=0.01)
+    settings = {"WEIR_STANDBY_REPLICAS": 1, "WEIR_AGGREGATE_TIMEOUT_MS": 180_000}
+    results, _ = kill_one_of_two_mid_run(pipeline, "all", settings, orders)
+    assert_complete_once(results, orders)
+    assert_committed_once_below_the_results(pipeline, orders)
+    survivor = pipeline.workers[0]
+    assert "Starting standby partitions" in survivor.log_text(), "the survivor kept standby copies"
+    takeover = restores(survivor)[-1]
+    assert takeover.resumed > 0, f"the takeover read every changelog from its beginning: {takeover}"
 
 
 def test_items_inline_sigkill_of_a_worker_mid_run_loses_nothing(pipeline: Pipeline) -> None:

@@ -381,6 +381,7 @@ def test_a_restore_is_timed_once_from_its_first_start_to_its_first_end(monkeypat
     recovery.in_recovery = False
     recovery._active_events_received_at, recovery._standby_events_received_at = {}, {}
     recovery._processing_times = deque()
+    recovery.active_offsets, recovery.active_highwaters = {}, {}  # where reading starts and ends: set in Recovery's __init__
     restores = value("weir_restore_duration_seconds_count")
     recovery._set_recovery_started()  # before the changelogs' ends are asked
     recovery._set_recovery_started()  # again when there is something to read: the same restore
