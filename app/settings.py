@@ -202,6 +202,10 @@ class Settings:
     web_port: int = 6066
     #: WEIR_GUARANTEE: "exactly_once" (default) or "at_least_once".
     processing_guarantee: str = "exactly_once"
+    #: WEIR_EVENT_LOOP: the event loop of a worker started from the command line (``Application.from_env``):
+    #: "uvloop" (default) or "asyncio". Faust's own ``FAUST_LOOP`` (or ``faust -L``), when given, wins. Faust's banner
+    #: shows "+uvloop" after the transport when the worker runs on it.
+    event_loop: str = "uvloop"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
     partitions: int = 4
     #: WEIR_REPLICATION_FACTOR: copies of every topic weir creates, the tables' changelogs included (1: one broker's
@@ -475,6 +479,10 @@ def load_settings() -> Settings:
     if transactions not in ("per_partition", "per_worker"):
         message = f"setting WEIR_TRANSACTIONS={transactions!r}: expected 'per_partition' or 'per_worker'"
         raise SettingError(message)
+    event_loop = _env_str("WEIR_EVENT_LOOP", defaults.event_loop)
+    if event_loop not in ("uvloop", "asyncio"):
+        message = f"setting WEIR_EVENT_LOOP={event_loop!r}: expected 'uvloop' or 'asyncio'"
+        raise SettingError(message)
     agents = _agents_from_env()
     orphan_retention_ms = _env_int("WEIR_TRIGGER_ORPHAN_RETENTION_MS", defaults.trigger_orphan_retention_ms, 0)
     return Settings(
@@ -487,6 +495,7 @@ def load_settings() -> Settings:
         web_host=_env_str("WEIR_WEB_HOST", defaults.web_host),
         web_port=_env_int("WEIR_WEB_PORT", defaults.web_port, 0, 65535),
         processing_guarantee=guarantee,
+        event_loop=event_loop,
         partitions=_env_int("WEIR_PARTITIONS", defaults.partitions, 1),
         replication_factor=_env_int("WEIR_REPLICATION_FACTOR", defaults.replication_factor, 1, 32767),
         min_insync_replicas=_env_int("WEIR_MIN_INSYNC_REPLICAS", defaults.min_insync_replicas, 1, 32767),

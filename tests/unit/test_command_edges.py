@@ -22,6 +22,7 @@ CASES = [
     ([FAUST, "-A", "app.main", "worker"], {"WEIR_PARTITIONS": "abc"}, "weir worker: setting WEIR_PARTITIONS='abc': expected an integer"),
     ([FAUST, "-A", "app.main", "worker"], {"WEIR_MAX_MESSAGE_BYTES": "-1"}, "setting WEIR_MAX_MESSAGE_BYTES='-1': must be at least"),
     ([FAUST, "-A", "app.main", "worker"], {"WEIR_AGENTS": "nope"}, "unknown agent set(s) ['nope']"),
+    ([FAUST, "-A", "app.main", "worker"], {"WEIR_EVENT_LOOP": "trio"}, "setting WEIR_EVENT_LOOP='trio': expected 'uvloop' or 'asyncio'"),
     ([FAUST, "-A", "app.main", "worker"], {"WEIR_AGENTS": "flows", "WEIR_FLOWS": "no.such.module"}, "cannot import 'no.such.module'"),
     ([FAUST, "-A", "shop.main", "worker"], {"WEIR_SHOP_STOCK_OVERRIDES": "mint=x"}, "shop worker: setting WEIR_SHOP_STOCK_OVERRIDES"),
     (
