@@ -188,8 +188,8 @@ def use_event_loop(name: str) -> None:
     own ``FAUST_LOOP`` (or ``faust -L``) chose one as Faust was imported.
 
     Called while the entry module is imported by ``faust -A <module> worker``: Faust makes the worker's loop after
-    that, from the policy set here (mode's ``loop.use``, as ``FAUST_LOOP`` does). uvloop cut the workers' CPU per
-    order by about a sixth inline and a fifth on three stages (bench/changes.md).
+    that, from the policy set here (mode's ``loop.use``, as ``FAUST_LOOP`` does). Why asyncio stays the default:
+    bench/changes.md (uvloop's A/B).
     """
     if name == "asyncio" or os.environ.get("FAUST_LOOP") or os.environ.get("F_LOOP"):
         return

@@ -203,9 +203,9 @@ class Settings:
     #: WEIR_GUARANTEE: "exactly_once" (default) or "at_least_once".
     processing_guarantee: str = "exactly_once"
     #: WEIR_EVENT_LOOP: the event loop of a worker started from the command line (``Application.from_env``):
-    #: "uvloop" (default) or "asyncio". Faust's own ``FAUST_LOOP`` (or ``faust -L``), when given, wins. Faust's banner
-    #: shows "+uvloop" after the transport when the worker runs on it.
-    event_loop: str = "uvloop"
+    #: "asyncio" (default) or "uvloop". Faust's own ``FAUST_LOOP`` (or ``faust -L``), when given, wins. Faust's banner
+    #: shows "+uvloop" after the transport when the worker runs on it. Not the default: bench/changes.md.
+    event_loop: str = "asyncio"
     #: WEIR_PARTITIONS: partitions of every topic weir declares (and so of every table).
     partitions: int = 4
     #: WEIR_REPLICATION_FACTOR: copies of every topic weir creates, the tables' changelogs included (1: one broker's
