@@ -257,15 +257,20 @@ class ItemWorker:
         #: run the items of a message at once (an async step may wait on I/O), up to ``concurrency`` per worker
         self.concurrent = concurrent
         self._running = asyncio.Semaphore(max(1, concurrency))
-        #: ``in_place`` runs until one call of it takes longer than this; then ``step`` (a thread pool's, a message's
-        #: items at once) runs every item from the next one on: a step that blocks neither serialises an order's items
-        #: nor holds the event loop, a short one keeps the in-place call's low cost (None: never switch)
+        #: ``in_place`` runs until two calls of it in a row take longer than this; then ``step`` (a thread pool's, a
+        #: message's items at once) runs every item from the next one on: a step that blocks neither serialises an
+        #: order's items nor holds the event loop, a short one keeps the in-place call's low cost (None: never switch).
+        #: Two, not one: a call of microseconds measured 21-108 ms once in a while (a garbage collection, or the
+        #: process descheduled on a busy machine), and one such call moved a short step to the pool for the worker's
+        #: life, where it cost twice the CPU per order at half the rate (bench/changes.md).
         self.blocking_s = blocking_s if in_place is not None and not concurrent else None
+        #: whether the last in-place call took longer than ``blocking_s``
+        self._blocked_last = False
 
     def _to_the_pool(self, took_s: float) -> None:
         log.info(
-            "%s: the item step took %.0f ms in the event loop (over %.0f ms): from now on it runs in its thread pool, "
-            "a message's items at once",
+            "%s: the item step took %.0f ms in the event loop, the second call in a row over %.0f ms: from now on it "
+            "runs in its thread pool, a message's items at once",
             self.agent,
             took_s * 1000,
             (self.blocking_s or 0) * 1000,
@@ -347,8 +352,11 @@ class ItemWorker:
                     took_s = time.perf_counter() - started
                     outcome = await run_with_retry(self.policy, functools.partial(in_place, payload), failed=error)
                 outcomes.append(outcome)
-                if self.blocking_s is not None and took_s > self.blocking_s:
-                    self._to_the_pool(took_s)
+                if self.blocking_s is not None:
+                    blocked = took_s > self.blocking_s
+                    if blocked and self._blocked_last:
+                        self._to_the_pool(took_s)
+                    self._blocked_last = blocked
         else:
             outcomes = []
             for position, (index, _, payload) in enumerate(items):

@@ -274,8 +274,8 @@ class Settings:
     #: WEIR_ITEM_THREADS: the thread pool of a sync item step that blocks: there a message's items run at once, off the
     #: event loop (0: no pool, a sync step always runs in the event loop, one item after the other).
     item_threads: int = 16
-    #: WEIR_ITEM_BLOCKING_MS: a sync item step runs in the event loop (the cheapest for a short step) until one call takes
-    #: longer than this; from then on it runs in the pool of WEIR_ITEM_THREADS (0: always in the pool).
+    #: WEIR_ITEM_BLOCKING_MS: a sync item step runs in the event loop (the cheapest for a short step) until two calls in a
+    #: row take longer than this; from then on it runs in the pool of WEIR_ITEM_THREADS (0: always in the pool).
     item_blocking_ms: int = 20
     #: WEIR_SPLIT_CHUNK: items of one order the splitter puts in one item message (1: one message per item).
     split_chunk: int = 10
