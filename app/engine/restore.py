@@ -167,9 +167,10 @@ def time_restores() -> None:
     def _set_recovery_started(self: Any) -> None:
         if not self.in_recovery:
             self._weir_restore_began = time.monotonic()
-            self._weir_restore_plan = None
-        else:  # the second mark: where reading starts and ends is known, and there is something to read
-            self._weir_restore_plan = restore_plan(self.active_offsets, self.active_highwaters)
+        # The second mark comes once where reading starts and ends is known, when there is something to read. It may
+        # come with no restore open: Faust's changelog reader ends one between the marks whenever it finds nothing to
+        # read (its ends not asked yet), and a restore then runs from the second mark to its end.
+        self._weir_restore_plan = restore_plan(self.active_offsets, self.active_highwaters) if self.need_recovery() else None
         started(self)
 
     def _set_recovery_ended(self: Any) -> None:

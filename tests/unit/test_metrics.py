@@ -377,7 +377,7 @@ def test_a_restore_is_timed_once_from_its_first_start_to_its_first_end(monkeypat
     engine.observe_restores(seen.append)
     engine.observe_restores(metrics.restore_observed)
     recovery: Any = Recovery.__new__(Recovery)
-    recovery.app = SimpleNamespace(in_recovery=False)
+    recovery.app = SimpleNamespace(in_recovery=False, in_transaction=False)
     recovery.in_recovery = False
     recovery._active_events_received_at, recovery._standby_events_received_at = {}, {}
     recovery._processing_times = deque()
