@@ -179,9 +179,11 @@ def test_a_sync_step_that_blocks_moves_to_the_pool_and_the_rest_of_the_order_run
     assert asyncio.run(run("o-2")) == [(True, index) for index in range(10)], "a later order's ten met at once"
 
 
-def test_one_slow_call_of_a_short_step_does_not_move_it_to_the_pool() -> None:
-    """A garbage collection or a descheduled process makes one call of a short step slow now and then: the step stays in
-    the event loop (it moved to the pool for the worker's life, where it cost twice the CPU per order)."""
+@pytest.mark.parametrize(("slow_every", "orders"), [(None, 20), (7, 3)], ids=["never-slow", "one-slow-call-in-seven"])
+def test_a_short_sync_step_stays_in_the_event_loop(slow_every: int | None, orders: int) -> None:
+    """A short step stays in the event loop, also when one call of it is slow now and then, never two in a row (a
+    garbage collection or a descheduled process): one such call moved it to the pool for the worker's life, where it
+    cost twice the CPU per order."""
     from weir.app.aggregation import ItemWorker
 
     threads: set[str] = set()
@@ -189,30 +191,13 @@ def test_one_slow_call_of_a_short_step_does_not_move_it_to_the_pool() -> None:
 
     def step(payload: Any) -> Any:
         threads.add(threading.current_thread().name)
-        if next(calls) % 7 == 3:  # one slow call now and then, never two in a row
-            time.sleep(0.03)
+        if slow_every is not None and next(calls) % slow_every == 3:
+            time.sleep(0.03)  # over the 20 ms of blocking_s, once
         return payload
 
     pooled, _ = make_step(step, threads=16)
     worker = ItemWorker(agent="items", step=pooled, results=None, concurrent=False, concurrency=100, in_place=step, blocking_s=0.02)  # type: ignore[arg-type]
-    for number in range(3):
-        asyncio.run(worker.outcomes(None, _message(list(range(10)), f"o-{number}")))  # type: ignore[arg-type]
-    assert threads == {threading.main_thread().name}
-    assert not worker.concurrent
-
-
-def test_a_short_sync_step_stays_in_the_event_loop() -> None:
-    from weir.app.aggregation import ItemWorker
-
-    threads: set[str] = set()
-
-    def step(payload: Any) -> Any:
-        threads.add(threading.current_thread().name)
-        return payload
-
-    pooled, _ = make_step(step, threads=16)
-    worker = ItemWorker(agent="items", step=pooled, results=None, concurrent=False, concurrency=100, in_place=step, blocking_s=0.02)  # type: ignore[arg-type]
-    for number in range(20):
+    for number in range(orders):
         asyncio.run(worker.outcomes(None, _message(list(range(10)), f"o-{number}")))  # type: ignore[arg-type]
     assert threads == {threading.main_thread().name}
     assert not worker.concurrent
