@@ -6,6 +6,7 @@ import asyncio
 import random
 import re
 import socket
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -32,8 +33,12 @@ def make_orders(count: int, *, seed: int, max_items: int = 20, sleep_s: float = 
     return orders
 
 
+#: partitions of every topic of the pipeline (the tables' changelogs have as many: WEIR_PARTITIONS' default)
+PARTITIONS = 4
+
+
 def create_topics(pipeline: Pipeline) -> None:
-    asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in TOPICS], 4))
+    asyncio.run(ensure_topics(pipeline.bootstrap, [pipeline.topic(name) for name in TOPICS], PARTITIONS))
 
 
 def send_orders(pipeline: Pipeline, orders: dict[str, list[dict[str, Any]]]) -> None:
@@ -52,6 +57,19 @@ def read_json(pipeline: Pipeline, topic: str, *, expected: int, timeout_s: float
         time.sleep(settle_s)
         records = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic(topic), decode=orjson.loads))
     return records
+
+
+def wait_per_partition(pipeline: Pipeline, topic: str, *, at_least: int, timeout_s: float) -> None:
+    """Wait until every partition of ``topic`` holds ``at_least`` committed records."""
+    counts: Counter[int] = Counter()
+
+    def enough(records: list[Any]) -> bool:
+        counts.clear()
+        counts.update(record.partition for record in records)
+        return len(counts) == PARTITIONS and min(counts.values()) >= at_least
+
+    asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=enough, timeout_s=timeout_s))
+    assert len(counts) == PARTITIONS and min(counts.values()) >= at_least, f"{topic}: records per partition {dict(counts)}"
 
 
 def assert_complete_once(results: list[dict[str, Any]], orders: dict[str, list[dict[str, Any]]]) -> None:
@@ -191,7 +209,8 @@ def test_malformed_input_is_dead_lettered_and_the_rest_completes(pipeline: Pipel
 def kill_one_of_two_mid_run(
     pipeline: Pipeline, agents: str, settings: dict[str, Any], orders: dict[str, list[dict[str, Any]]]
 ) -> tuple[list[dict[str, Any]], int]:
-    """Two workers of ``agents``; the second is SIGKILLed once 60 results are out (it holds partitions mid-stream).
+    """Two workers of ``agents``; the second is SIGKILLed once 60 results are out and each worker has committed groups
+    of its own (it holds partitions mid-stream, and its changelog partitions have records a standby could copy).
 
     Returns every result read_committed once all orders have one (3 s more to catch duplicates), and how many
     there were at the kill.
@@ -200,11 +219,31 @@ def kill_one_of_two_mid_run(
     second = pipeline.start_worker(agents, **settings)
     first.wait_ready()
     second.wait_ready()
-    send_orders(pipeline, orders)
-    partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
-    assert len(partial) >= 60
-    second.kill()
+    # The orders come over about 6 s, as a flow, not all at once: all at once, the items of the worker that split
+    # its orders first queued before the other's, and most groups of one worker completed before any of the other's.
+    # On a loaded machine, a kill after 60 results could then find the victim with next to nothing committed (a
+    # takeover with nothing to restore), or, waiting for its groups, come when almost every order was done.
+    batches = [dict(list(orders.items())[start : start + 25]) for start in range(0, len(orders), 25)]
+    sender = threading.Thread(target=send_paced, args=(pipeline, batches, 0.5))
+    sender.start()
+    try:
+        # Each worker owns two of the four partitions, and a result goes to its order's partition: results in every
+        # partition are groups each worker completed and committed.
+        wait_per_partition(pipeline, "aggregates", at_least=5, timeout_s=120)
+        partial = read_json(pipeline, "aggregates", expected=60, timeout_s=120)
+        assert len(partial) >= 60
+        second.kill()
+    finally:
+        sender.join()
     return read_json(pipeline, "aggregates", expected=len(orders), timeout_s=240, settle_s=3), len(partial)
+
+
+def send_paced(pipeline: Pipeline, batches: list[dict[str, list[dict[str, Any]]]], every_s: float) -> None:
+    """Send each batch of orders ``every_s`` after the one before."""
+    for batch in batches:
+        started = time.monotonic()
+        send_orders(pipeline, batch)
+        time.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
 
 @pytest.mark.parametrize(
