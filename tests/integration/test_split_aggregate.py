@@ -66,10 +66,14 @@ def wait_per_partition(pipeline: Pipeline, topic: str, *, at_least: int, timeout
     def enough(records: list[Any]) -> bool:
         counts.clear()
         counts.update(record.partition for record in records)
-        return len(counts) == PARTITIONS and min(counts.values()) >= at_least
+        return enough_now(counts, at_least)
 
     asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic(topic), until=enough, timeout_s=timeout_s))
-    assert len(counts) == PARTITIONS and min(counts.values()) >= at_least, f"{topic}: records per partition {dict(counts)}"
+    assert enough_now(counts, at_least), f"{topic}: records per partition {dict(counts)}"
+
+
+def enough_now(counts: Counter[int], at_least: int) -> bool:
+    return len(counts) == PARTITIONS and min(counts.values()) >= at_least
 
 
 def assert_complete_once(results: list[dict[str, Any]], orders: dict[str, list[dict[str, Any]]]) -> None:
