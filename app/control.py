@@ -7,12 +7,11 @@ partition), or for every open group (sent to every partition). See :func:`tables
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
 from weir.app.codec import dumps
-from weir.app.edge import add_log_level, command_edge, configure_logging
+from weir.app.edge import CommandParser, add_log_level, command_edge, configure_logging
 from weir.app.kafka_io import check_broker, groups_reading, produce, produce_everywhere
 from weir.app.settings import SettingError, default_bootstrap
 from weir.tables.aggregates import FORCE_ACTIONS, force_message
@@ -39,7 +38,7 @@ async def send_force(bootstrap: str, topic: str, action: str, correlation_id: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.control", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m app.control", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     force = commands.add_parser("force", help="force-complete or force-discard open aggregate groups")
     force.add_argument("action", choices=FORCE_ACTIONS)

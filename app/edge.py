@@ -14,11 +14,12 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 from weir.app.kafka_io import BrokerUnavailable
 from weir.app.settings import SettingError
 
-__all__ = ["command_edge", "add_log_level", "configure_logging", "LOG_LEVELS"]
+__all__ = ["command_edge", "CommandParser", "add_log_level", "configure_logging", "LOG_LEVELS"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -31,6 +32,16 @@ def command_edge(command: str = "weir") -> Iterator[None]:
     except (SettingError, BrokerUnavailable) as error:
         print(f"{command}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser with a refused argument in one line: ``prog: message (--help lists the arguments)``, exit 2.
+
+    argparse prints its usage (several lines for a command with many arguments) and then the error.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists the arguments)\n")
 
 
 def add_log_level(parser: argparse.ArgumentParser, default: str = "info") -> None:

@@ -20,7 +20,6 @@ client's cleanup to every stage that holds state for it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -30,7 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from weir.app.codec import dumps
-from weir.app.edge import add_log_level, command_edge, configure_logging
+from weir.app.edge import CommandParser, add_log_level, command_edge, configure_logging
 from weir.app.jsonlines import read_lines
 from weir.app.kafka_io import ReplyDesk, check_broker
 from weir.app.settings import SettingError, load_settings
@@ -165,9 +164,7 @@ async def _main(files: list[Path], batch_size: int, job: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m app.eof_gateway", description="Run clients (one JSON-lines file each) through the EOF pipeline."
-    )
+    parser = CommandParser(prog="python -m app.eof_gateway", description="Run clients (one JSON-lines file each) through the EOF pipeline.")
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--job", default="", help="the job's name in WEIR_EOF_JOB (default: the unnamed job)")

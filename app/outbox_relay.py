@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from weir.app.edge import add_log_level, command_edge, configure_logging
+from weir.app.edge import CommandParser, add_log_level, command_edge, configure_logging
 from weir.app.kafka_io import check_broker, ensure_topics
 from weir.app.outbox import OutboxRelay, open_outbox
 from weir.app.settings import SettingError, load_settings
@@ -22,7 +22,7 @@ log = logging.getLogger("weir.outbox")
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     settings = load_settings()
-    parser = argparse.ArgumentParser(prog="python -m app.outbox_relay", description=__doc__)
+    parser = CommandParser(prog="python -m app.outbox_relay", description=__doc__)
     parser.add_argument(
         "--db", default=settings.outbox_db, help="outbox: a SQLite path or a postgresql:// URL (default: WEIR_OUTBOX_DB = %(default)s)"
     )

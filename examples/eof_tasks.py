@@ -16,7 +16,6 @@ sequentially (exit 0 when all match).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -30,6 +29,7 @@ from typing import Any
 from examples.eof_orders import ORDERS, parse_order
 from shop.catalogue import CATALOGUE_CENTS
 from shop.settings import demo_web_port
+from weir import CommandParser
 from weir.app.eof_gateway import Gateway
 from weir.app.kafka_io import check_broker, delete_topics
 from weir.app.processes import run_main, start_workers, supervised
@@ -145,7 +145,7 @@ async def _run(clients: int, orders: int, timeout_s: float, keep: bool) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m examples.eof_tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=3, help="clients, each sent to both tasks")
     parser.add_argument("--orders", type=int, default=300, help="order lines per client")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds a client waits for each report")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -15,6 +14,7 @@ import orjson
 
 from examples.pricing import STEP as DEMO_STEP
 from shop.settings import demo_web_port
+from weir import CommandParser
 from weir.app.kafka_io import check_broker, ensure_topics, produce, read_topic
 from weir.app.processes import Supervisor, announce_restart, run_main, start_workers
 from weir.app.settings import load_settings
@@ -106,7 +106,7 @@ async def _run(orders_path: Path, timeout_s: float) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CommandParser(prog="python -m examples.split_aggregate", description=__doc__)
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="JSON-lines file of orders")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every result")
     args = parser.parse_args()

@@ -7,7 +7,6 @@ left and the money check; stops every worker at the end or on Ctrl-C.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -27,6 +26,7 @@ from shop.flows import FLOWS_SETTING
 from shop.flows import describe as dispatch_flows
 from shop.screens import ScreenProgress, Screens, Unreadable, latencies_of, latency_ms, payments_by_state, read_screen_lines, stock_left
 from shop.settings import demo_web_port
+from weir import CommandParser
 from weir.app.kafka_io import check_broker, delete_topics, read_to_end
 from weir.app.processes import WorkerProcess, run_main, start_workers, supervised
 from weir.app.settings import load_settings
@@ -264,7 +264,7 @@ async def _attach(orders_dir: Path, timeout_s: float) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CommandParser(prog="python -m shop.demo", description=__doc__)
     parser.add_argument("--orders", type=Path, default=DEFAULT_ORDERS, help="folder of JSON-lines order files, one per screen")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a customer waits for an outcome before giving up")
     parser.add_argument("--keep", action="store_true", help="keep the run's topics and worker logs (kept anyway when the run fails)")

@@ -68,7 +68,8 @@ def _cpu_seconds() -> float:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """With ``WEIR_TEST_CPU_FILE`` set, appends a JSON line per test: its node id, its wall time and the CPU it cost
-    (:func:`_cpu_seconds`; the shared broker's is not in it): what the suite's time is spent on, beside ``--durations``."""
+    (:func:`_cpu_seconds`; the shared broker's is not in it), the pytest process that ran it and when it ended: what
+    the suite's time is spent on, and each process's timeline, beside ``--durations``."""
     path = os.environ.get("WEIR_TEST_CPU_FILE")
     if not path:
         return (yield)
@@ -76,7 +77,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         return (yield)
     finally:
-        row = {"test": item.nodeid, "wall_s": round(time.monotonic() - started, 2), "cpu_s": round(_cpu_seconds() - cpu, 2)}
+        row = {
+            "test": item.nodeid,
+            "wall_s": round(time.monotonic() - started, 2),
+            "cpu_s": round(_cpu_seconds() - cpu, 2),
+            "process": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "ended_at": round(time.time(), 2),
+        }
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
 

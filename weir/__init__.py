@@ -12,7 +12,7 @@ Everything else in the repository's ``app``, ``agents`` and ``tables`` packages 
 from __future__ import annotations
 
 from weir.app.application import AgentSet, Application
-from weir.app.edge import command_edge
+from weir.app.edge import CommandParser, command_edge
 from weir.app.eof_gateway import Gateway
 from weir.app.errors import attempt
 from weir.app.flows import Await, Exchange, Flow, FlowDeclarationError, FlowGraphError, KeyExpr, header, payload
@@ -50,6 +50,7 @@ __all__ = [
     "WindowSpec",
     "child_done",
     "command_edge",
+    "CommandParser",
     "completion_message",
     "count",
     "header",

@@ -106,6 +106,8 @@ def run_day_with_faults(
         assert_outcomes_once_on_the_topic(audit, screens, day.injected_at_ms)
         assert_invariants(day.result, screens)
         assert comparable(day.result["reports"]) == reference_reports(screens)
+        # reached only once every check above held
+        print(f"audit: {total} lines, {total} outcomes, each once on the read_committed topic: 0 lost / 0 twice / 0 violations")
     finally:
         workers_side.stop_all()
     return day

@@ -2,8 +2,10 @@
 
 - **Poison lines** (screen ``poisoned``): a 2 KB line nested 1,000 deep (the decoder's RecursionError), a 300 KB
   line of escaped quotes (its dead letter grew to 1.2 MB), a line of 1.01 MB (over a record) and one of 5 MB (over
-  the screen's own producer). Each once ended the command with rc=1 and no report for any screen. Now it exits 0,
-  every screen's report is printed, and the four lines are counted invalid, each with its reason.
+  the screen's own producer). Each once ended the command with rc=1 and no report for any screen. Then a line whose
+  order id is an escaped lone surrogate (it ended its screen with a TypeError) and one that is not UTF-8 (the demo
+  refused the whole folder, exit 2). Now it exits 0, every screen's report is printed, and the six lines are counted
+  invalid, each with its reason.
 - **A repeated order id** (screen ``counter``): each line was once an order of its own (keyed by its ticket), so
   the id was captured and committed twice. Now the second line is refused with a dead letter 'duplicate-order',
   gets the outcome 'duplicate' with nothing charged, and the end-of-day report counts it. Another screen
@@ -71,7 +73,11 @@ class DemoRun:
 def demo(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     orders = tmp_path_factory.mktemp("orders")
     good = order_lines(9, 2, random.Random(3), scarce_screen=False)
-    (orders / "poisoned.jsonl").write_text("\n".join([good[0], *BAD_LINES.values(), good[1]]) + "\n")
+    # then a line whose order id is an escaped lone surrogate (valid JSON text, no UTF-8 record can hold the id) and a
+    # line that is not UTF-8 (the demo read the whole folder as text, and refused it)
+    surrogate = '{"order_id": "s-\\udc80", "card": "4111111111111111", "items": [{"flavour": "mint", "size": "small"}]}'
+    lines = [good[0], *BAD_LINES.values(), surrogate]
+    (orders / "poisoned.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe not text\n" + (good[1] + "\n").encode())
     # line 3 repeats line 1's id (with other items: still the same order id); the other screen may use it too
     (orders / "counter.jsonl").write_text(
         "\n".join([_line("o-1", "mint"), _line("o-2", "lemon"), _line("o-1", "vanilla"), _line("o-3", "mint")]) + "\n"
@@ -102,19 +108,21 @@ def test_the_demo_serves_every_screen_when_one_screen_has_poison_lines(demo: Dem
     reports = demo.reports()
     assert set(reports) == {"counter", "poisoned", "terrace"}, demo.done.stdout[-3000:]
     lines, served, aborted, invalid, _ = reports["poisoned"]
-    assert lines == 6
-    assert invalid >= 4, "the four poison lines are counted invalid"
-    assert served + aborted + invalid == 6
+    assert lines == 8
+    assert invalid >= 6, "the six poison lines are counted invalid"
+    assert served + aborted + invalid == 8
     assert (reports["counter"][0], reports["terrace"][0]) == (4, 1), "the other screens were served whole"
     # each screen's per-order latency, over every line it was answered (poison lines included)
     latency = dict(re.findall(r"^  (\w+) +p50 +[\d,]+ ms +p99 +[\d,]+ ms +\((\d+) lines\)$", demo.done.stdout, re.MULTILINE))
-    assert latency == {"counter": "4", "poisoned": "6", "terrace": "1", "all": "11"}, demo.done.stdout[-3000:]
+    assert latency == {"counter": "4", "poisoned": "8", "terrace": "1", "all": "13"}, demo.done.stdout[-3000:]
 
     reasons = {outcome["line"]: outcome["reason"] for outcome in demo.read("shop.outcomes") if outcome["screen"].endswith("/poisoned")}
     assert "broken line: RecursionError" in reasons[2]
     assert "an order must be a JSON object" in reasons[3]
     assert reasons[4].startswith("line too large: 1010")
     assert reasons[5].startswith("line too large: 5000000 bytes")
+    assert "surrogates not allowed" in reasons[6]
+    assert reasons[7].startswith("unreadable line: not UTF-8 text")
 
 
 def test_a_repeated_order_id_is_charged_once_and_reported_duplicate(demo: DemoRun) -> None:

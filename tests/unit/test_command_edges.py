@@ -48,7 +48,25 @@ CASES = [
         {},
         "cannot reach the Kafka broker at bad::host:zz",
     ),
+    (
+        [sys.executable, "-m", "app.control", "force", "complete", "--topic", "t", "--bootstrap", "no-such-host.invalid:9092"],
+        {},
+        "cannot reach the Kafka broker at no-such-host.invalid:9092",
+    ),
     ([sys.executable, "-m", "shop.demo"], {"WEIR_PARTITIONS": "0"}, "weir: setting WEIR_PARTITIONS='0': must be at least 1"),
+    # an argument refused: argparse's usage lines are not printed, only the error (app.edge.CommandParser)
+    *[
+        ([sys.executable, "-m", module.split()[0], *arguments], {}, f"python -m {module}: {message}")
+        for module, arguments, message in [
+            ("app.control force", ["force", "complete", "--topic", "t", "-l", "loud"], "argument --log-level/-l: invalid choice: 'loud'"),
+            ("app.control", ["nothing"], "argument command: invalid choice: 'nothing'"),
+            ("app.outbox_relay", ["--bogus"], "unrecognized arguments: --bogus"),
+            ("app.eof_gateway", [], "the following arguments are required: files"),
+            ("shop.demo", ["--bogus"], "unrecognized arguments: --bogus"),
+            ("examples.eof_tasks", ["--bogus"], "unrecognized arguments: --bogus"),
+            ("examples.split_aggregate", ["--bogus"], "unrecognized arguments: --bogus"),
+        ]
+    ],
     ([sys.executable, "-m", "examples.split_aggregate"], {"WEIR_GUARANTEE": "maybe"}, "weir: setting WEIR_GUARANTEE='maybe'"),
 ]
 
@@ -63,3 +81,13 @@ def test_a_command_refuses_in_one_line(command: list[str], env: dict[str, str], 
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert line in lines[0]
+
+
+@pytest.mark.parametrize("module", ["app.control", "app.outbox_relay", "app.eof_gateway"])
+def test_every_command_takes_a_log_level(module: str) -> None:
+    """``--log-level`` (``-l``) on every command (the worker's is Faust's own ``-l``); a level it does not know is refused
+    in one line (above)."""
+    command = [sys.executable, "-m", module, *(["force", "--help"] if module == "app.control" else ["--help"])]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--log-level {debug,info,warning,error,critical}, -l {" in done.stdout, done.stdout
