@@ -1,6 +1,8 @@
-"""The broker stops mid-run (its data kept) and starts again: the workers reconnect and finish, nothing lost, nothing twice.
+"""The broker is SIGKILLed mid-run and starts again on its data: the workers reconnect and finish, nothing lost, nothing twice.
 
-Runs on a private broker instance (own ports and state dir): the shared broker is never stopped.
+Runs on a private broker instance (own ports and state dir): the shared broker is never stopped. The workers run under
+a :class:`~weir.app.processes.Supervisor`, as a deployment's service manager runs them: a worker whose transaction the
+broker aborted while it was down (fenced) stops itself and is restarted in its slot.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
+from tests.integration.shop_faults import not_running
 from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
+from weir.app.processes import Supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +62,10 @@ def aggregates(pipeline: Pipeline, until: Any, timeout_s: float) -> list[dict[st
     return asyncio.run(read_topic(pipeline.bootstrap, pipeline.topic("aggregates"), until=until, timeout_s=timeout_s, decode=orjson.loads))
 
 
-def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_or_twice(own_broker: BrokerInstance, tmp_path: Path) -> None:
+def test_workers_reconnect_after_a_broker_sigkill_and_finish_with_nothing_lost_or_twice(own_broker: BrokerInstance, tmp_path: Path) -> None:
     unique = uuid.uuid4().hex[:8]
     pipeline = Pipeline(bootstrap=own_broker.bootstrap, tmp=tmp_path, prefix=f"r{unique}.", app_id=f"r{unique}")
+    supervisor: Supervisor | None = None
     try:
         # deadlines far away: a group must complete by count, not time out while the broker is down; one item
         # at a time, 10 ms each, so the run lasts about 15 s and the broker stops while it is under way
@@ -69,6 +74,7 @@ def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_o
         workers = [pipeline.start_worker("splitter,aggregator", **env), pipeline.start_worker("items", **env)]
         for worker in workers:
             worker.wait_ready(120)
+        supervisor = Supervisor(workers).start()
         orders = [
             (f"o-{number}", {"order_id": f"o-{number}", "items": [{"value": index, "sleep_s": 0.01} for index in range(ITEMS_PER_ORDER)]})
             for number in range(ORDERS)
@@ -77,12 +83,11 @@ def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_o
         before = aggregates(pipeline, until=lambda rows: len(rows) >= 20, timeout_s=120)
         assert 20 <= len(before) < ORDERS, f"{len(before)} results before the broker was stopped: expected the run to be under way"
 
-        own_broker.stop()
+        own_broker.kill()
         stopped_at = time.monotonic()
         time.sleep(DOWNTIME_S)
-        assert all(worker.process is not None and worker.process.poll() is None for worker in workers), "a worker exited"
         own_broker.start()
-        print(f"\nbroker stopped after {len(before)} of {ORDERS} results, back after {time.monotonic() - stopped_at:.1f}s")
+        print(f"\nbroker SIGKILLed after {len(before)} of {ORDERS} results, back after {time.monotonic() - stopped_at:.1f}s")
 
         results = aggregates(pipeline, until=lambda rows: len({row["correlation_id"] for row in rows}) >= ORDERS, timeout_s=240)
         per_order = Counter(row["correlation_id"] for row in results)
@@ -92,6 +97,10 @@ def test_workers_reconnect_after_a_broker_restart_and_finish_with_nothing_lost_o
         assert all(len(row["items"]) == ITEMS_PER_ORDER for row in results)
         letters = asyncio.run(read_to_end(pipeline.bootstrap, pipeline.topic("dead-letters")))
         assert letters == [], "nothing dead-lettered"
-        assert all(worker.process is not None and worker.process.poll() is None for worker in workers)
+        assert supervisor.refused == []
+        assert not_running(workers, within_s=30) == [], "every worker runs again"
+        print(f"workers restarted: {supervisor.restarts}")
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         pipeline.stop_all()
