@@ -14,7 +14,9 @@ Under exactly_once every commit runs these steps in this order; the functions be
 5. per transaction (:func:`commit_one`): send the offsets to the transaction with the consumer group's
    metadata (KIP-447 fencing by generation, :mod:`app.engine.kip447`), commit it, begin the next one;
 6. a fenced producer or a refused generation crashes the worker: another one owns the partitions now.
-7. Faust records the committed offsets (and its tables' ``on_commit``); the gate opens again (:func:`force_commit`).
+7. Faust records the committed offsets; each table's store records how far its changelog partitions are in it
+   (:func:`persist_changelog_positions`: a rebalance then reads only what other workers wrote since); the gate opens
+   again (:func:`force_commit`).
 
 When a commit starts (at a pause, or every ``commit_interval`` under load) is ``WeirConsumer._commit_handler``'s
 decision, spaced by :class:`CommitBudget`.
@@ -39,6 +41,7 @@ from weir.app.engine.scopes import await_deliveries, gate, take_deferred
 __all__ = [
     "force_commit",
     "commit_transactions",
+    "persist_changelog_positions",
     "commit_one",
     "CommitBudget",
     "CommitObserver",
@@ -108,6 +111,9 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
         # dropped (take_deferred).
         if not await await_deliveries(take_deferred(manager.app.consumer_generation_id)):
             return False
+        # Every changelog write of the transaction is delivered: how far each changelog partition is in the store once
+        # it commits (7.).
+        written = dict(manager.app.tables._pending_persisted_offsets)
         # 5. One transaction per worker, or one per source partition, each on its own producer, side by side.
         by_transaction: dict[str, dict[TP, int]] = {}
         for tp, offset in offsets.items():
@@ -117,6 +123,7 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
                 *(commit_one(manager, txn_id, txn_offsets, start_new_transaction) for txn_id, txn_offsets in by_transaction.items())
             )
             outcome = "committed"
+            persist_changelog_positions(manager.app.tables, written)
         except (ProducerFenced, CommitFailedError) as fenced:
             # 6. Another worker owns these partitions now (per partition: a producer with the same transactional
             # id; per worker: the group refused this member's generation): this one must not go on with stale state.
@@ -133,6 +140,25 @@ async def commit_transactions(manager: Any, offsets: Mapping[TP, int], start_new
         if tracing():
             took = f"{1000 * (began - gate.commit_asked):.1f}+{1000 * (time.monotonic() - began):.1f}ms"
             trace(f"commit-gate+txn-{took}", TP("-", -1), len(offsets))
+
+
+def persist_changelog_positions(tables: Any, written: Mapping[TP, tuple[Any, int]]) -> None:
+    """Step 7 for the tables: record in each store how far its changelog partitions are in it, now that the transaction
+    that wrote them committed (``written``: changelog partition -> (store, last offset written), Faust's
+    ``persist_offset_on_commit`` books, taken once the transaction's deliveries were acknowledged).
+
+    Faust meant to do this at each commit (``TableManager.on_commit``), but looks its books up by the committed *source*
+    partitions, never the changelog partitions they are kept by: under exactly_once no position was ever recorded, and
+    every rebalance read the changelog of every partition a worker kept from its beginning again, as a takeover does.
+    The store is written before its changelog records are sent (:mod:`app.engine.overlay`), so it holds at least what
+    the position says; a transaction that does not commit stops the worker, whose store is rebuilt at its restart
+    (:func:`app.engine.restore.wipe_local_tables`).
+    """
+    pending = tables._pending_persisted_offsets
+    for tp, (store, offset) in written.items():
+        store.set_persisted_offset(tp, offset)
+        if pending.get(tp) == (store, offset):
+            del pending[tp]
 
 
 async def commit_one(manager: Any, transactional_id: str, offsets: Mapping[TP, int], start_new_transaction: bool) -> None:

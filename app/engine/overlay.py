@@ -145,12 +145,16 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
                 records.append((self, partition, key_bytes, None))
 
     def _on_record_sent(self, delivered: asyncio.Future[RecordMetadata]) -> None:
-        """Faust's ``_on_changelog_sent`` for a record :func:`send_changelogs` sent: the offset the store holds
-        once the transaction commits (Faust's books; a restarted worker rebuilds its store from the changelog)."""
+        """Faust's ``_on_changelog_sent`` for a record :func:`send_changelogs` sent: under exactly_once, the offset the
+        store holds once the transaction commits (recorded then, :func:`app.engine.commit.persist_changelog_positions`);
+        under at_least_once, the offset the store holds now."""
         if delivered.cancelled() or delivered.exception() is not None:
             return  # the scope's delivery check fails the batch
         metadata = delivered.result()
-        self.app.tables.persist_offset_on_commit(self.data, metadata.topic_partition, metadata.offset)
+        if self.app.in_transaction:
+            self.app.tables.persist_offset_on_commit(self.data, metadata.topic_partition, metadata.offset)
+        else:
+            self.data.set_persisted_offset(metadata.topic_partition, metadata.offset)
 
     def __iter__(self) -> Any:
         self.write_out()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,32 +106,45 @@ def start_tables_at_once() -> None:
 
 @dataclass(frozen=True, slots=True)
 class RestorePlan:
-    """What a restore reads: changelog records, partitions, and how many of these it resumes from a local copy.
+    """What a restore reads: changelog records, partitions, how many of these it resumes from a local copy, and how many
+    of those were a standby replica's copy.
 
-    A partition resumes from a local copy when reading starts past its beginning: the store held it up to that
-    offset already, because a standby replica (``WEIR_STANDBY_REPLICAS``) kept it up to date from the changelog
-    before it was taken over, or because this worker restored it earlier in its life. Only the records written
-    since are read. Under exactly_once a worker's store is rebuilt from the changelog at start
-    (:func:`wipe_local_tables`), and Faust records no position for what the worker wrote itself: a partition taken
-    over with no copy is read from its beginning.
+    A partition resumes from a local copy when reading starts past its beginning: the store held it up to that offset
+    already, because this worker owned it and recorded at each commit how far its changelog was in the store
+    (:func:`app.engine.commit.commit_transactions`), or because a standby replica (``WEIR_STANDBY_REPLICAS``) kept it up
+    to date from the changelog before it was taken over (``standby``: a partition this worker kept as a standby at some
+    time). Only the records written since are read. Under exactly_once a worker's store is rebuilt from the changelog
+    at start (:func:`wipe_local_tables`): a partition taken over with no copy is read from its beginning.
     """
 
     records: int
     partitions: int
     resumed: int
+    standby: int = 0
+
+    @property
+    def from_beginning(self) -> int:
+        """Partitions read from their beginning (no local copy)."""
+        return self.partitions - self.resumed
 
     def __repr__(self) -> str:
-        return f"{self.records} changelog records in {self.partitions} partitions, {self.resumed} resumed from a local copy"
+        return (
+            f"{self.records} changelog records in {self.partitions} partitions, {self.resumed} resumed from a local copy"
+            f" ({self.standby} a standby's)"
+        )
 
 
-def restore_plan(starts: Mapping[TP, int], ends: Mapping[TP, int]) -> RestorePlan:
+def restore_plan(starts: Mapping[TP, int], ends: Mapping[TP, int], standbys: Collection[TP] = ()) -> RestorePlan:
     """The plan of Faust's restore: ``starts`` the last offset already in the store (-1: none), ``ends`` the last
-    offset to read (Faust's ``active_offsets`` and ``active_highwaters``); partitions with nothing to read count not."""
+    offset to read (Faust's ``active_offsets`` and ``active_highwaters``), ``standbys`` the partitions this worker kept
+    as a standby; partitions with nothing to read count not."""
     reading = {tp: (starts.get(tp, -1), end) for tp, end in ends.items() if end > starts.get(tp, -1)}
+    resumed = [tp for tp, (start, _) in reading.items() if start >= 0]
     return RestorePlan(
         records=sum(end - start for start, end in reading.values()),
         partitions=len(reading),
-        resumed=sum(1 for start, _ in reading.values() if start >= 0),
+        resumed=len(resumed),
+        standby=sum(1 for tp in resumed if tp in standbys),
     )
 
 
@@ -170,7 +183,10 @@ def time_restores() -> None:
         # The second mark comes once where reading starts and ends is known, when there is something to read. It may
         # come with no restore open: Faust's changelog reader ends one between the marks whenever it finds nothing to
         # read (its ends not asked yet), and a restore then runs from the second mark to its end.
-        self._weir_restore_plan = restore_plan(self.active_offsets, self.active_highwaters) if self.need_recovery() else None
+        standbys = self.__dict__.setdefault("_weir_standbys_kept", set())
+        standbys.update(self.standby_tps)  # set by the rebalance before its first mark: every standby of this worker's life
+        plan = restore_plan(self.active_offsets, self.active_highwaters, standbys) if self.need_recovery() else None
+        self._weir_restore_plan = plan
         started(self)
 
     def _set_recovery_ended(self: Any) -> None:

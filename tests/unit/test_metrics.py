@@ -252,7 +252,10 @@ def test_the_engine_tells_its_observer_of_each_commit_and_its_outcome(monkeypatc
     async def flush() -> None:
         pass
 
-    manager = SimpleNamespace(app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=flush)), consumer_generation_id=1))
+    tables = SimpleNamespace(_pending_persisted_offsets={})
+    manager = SimpleNamespace(
+        app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=flush)), consumer_generation_id=1, tables=tables)
+    )
     committed = value("weir_commits_total", outcome="committed")
     durations = value("weir_commit_duration_seconds_count")
     assert asyncio.run(commit.commit_transactions(manager, {}))
@@ -363,7 +366,10 @@ def test_a_commit_that_does_not_commit_counts_an_abort_per_source_partition(monk
         for partition in "012"
     }
     assert {partition: after[partition] - before[partition] for partition in "012"} == {"0": 1, "1": 0, "2": 1}
-    healthy = SimpleNamespace(app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=flush)), consumer_generation_id=1))
+    tables = SimpleNamespace(_pending_persisted_offsets={})
+    healthy = SimpleNamespace(
+        app=SimpleNamespace(producer=SimpleNamespace(buffer=SimpleNamespace(flush=flush)), consumer_generation_id=1, tables=tables)
+    )
     assert asyncio.run(commit.commit_transactions(healthy, {}))
     assert value("weir_transaction_aborts_total", topic="metrics-aborts", partition="0", outcome="failed") == after["0"]
 
@@ -382,6 +388,7 @@ def test_a_restore_is_timed_once_from_its_first_start_to_its_first_end(monkeypat
     recovery._active_events_received_at, recovery._standby_events_received_at = {}, {}
     recovery._processing_times = deque()
     recovery.active_offsets, recovery.active_highwaters = {}, {}  # where reading starts and ends: set in Recovery's __init__
+    recovery.standby_tps = set()
     restores = value("weir_restore_duration_seconds_count")
     recovery._set_recovery_started()  # before the changelogs' ends are asked
     recovery._set_recovery_started()  # again when there is something to read: the same restore
