@@ -208,8 +208,12 @@ class WeirConsumer(aiokafka_driver.Consumer):
                 committed[tp] = known
         positions = self._next
         acks_enabled_for = self.app.topics.acks_enabled_for
+        # Changelog positions belong to recovery, which seeks them itself (a changelog has no committed offset: taken
+        # as "from the beginning", a kept partition's next offset went to 0 after every restore, and two seconds later
+        # the fetch-position watcher sought every changelog partition back to 0, "fetched up to N but delivered up to -1")
+        changelogs = frozenset(self.app.tables.changelog_topics)
         for tp, offset in committed.items():
-            if acks_enabled_for(tp.topic):  # changelog positions belong to recovery, which seeks them itself
+            if acks_enabled_for(tp.topic) and tp.topic not in changelogs:
                 # no committed offset: the consumer starts from the beginning (auto_offset_reset="earliest")
                 start = offset if offset is not None and offset >= 0 else 0
                 positions[ensure_TP(tp)] = self._after_handled(ensure_TP(tp), start)

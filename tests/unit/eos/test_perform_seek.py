@@ -21,6 +21,7 @@ from weir.app.engine.delivery import WeirConsumer
 
 RESUME = TP("weir.flow.dispatch.resume", 1)
 ORDERS = TP("weir.orders", 0)
+CHANGELOG = TP("weir.aggregates-changelog", 0)
 
 
 def consumer(answer: dict[TP, int | None], committed: dict[TP, int | None]) -> Any:
@@ -33,7 +34,9 @@ def consumer(answer: dict[TP, int | None], committed: dict[TP, int | None]) -> A
         sought[tp] = offset
 
     target = SimpleNamespace(
-        app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True)),
+        app=SimpleNamespace(
+            topics=SimpleNamespace(acks_enabled_for=lambda topic: True), tables=SimpleNamespace(changelog_topics={CHANGELOG.topic})
+        ),
         _committed_offset=defaultdict(lambda: None, committed),
         _read_offset={},
         _acked=defaultdict(list),
@@ -68,3 +71,10 @@ def test_an_answer_ahead_of_the_consumers_books_is_taken() -> None:
     target = consumer({RESUME: 20}, {RESUME: 12})
     asyncio.run(WeirConsumer.perform_seek(target))
     assert (target._committed_offset[RESUME], target._next[RESUME], target.sought) == (20, 20, {})
+
+
+def test_a_changelog_partition_keeps_the_position_its_restore_left() -> None:
+    target = consumer({ORDERS: 7, CHANGELOG: None}, {})
+    target._next[CHANGELOG] = 31  # the restore read it up to offset 30
+    asyncio.run(WeirConsumer.perform_seek(target))
+    assert target._next == {ORDERS: 7, CHANGELOG: 31}, "no committed offset for a changelog: not 'from the beginning'"
