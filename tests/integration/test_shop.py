@@ -309,6 +309,12 @@ def _dead_letter_pages(web_port: int) -> list[bytes]:
     raise AssertionError("the dead-letters view has more than 100 pages")
 
 
+def _numbers_in(raw: bytes, numbers: set[str]) -> list[str]:
+    """The card ``numbers`` that ``raw`` holds, however their digit groups are separated."""
+    text = re.sub(rf"[{CARD_SEPARATORS}]".encode(), b"", raw).decode("utf-8", "replace")
+    return [number for number in numbers if number in text]
+
+
 def _card_numbers(screens: dict[str, list[str]]) -> set[str]:
     """Every card number in the input, as digits: the cards of the orders and the numbers on the other lines."""
     found = set()
@@ -368,8 +374,7 @@ def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pip
             raw = (record.key or b"") + b"|" + (record.value or b"")
             if name == pipeline.topic("dead-letters"):
                 raw += b"|" + _dead_letter_bytes(record)
-            text = re.sub(rf"[{CARD_SEPARATORS}]".encode(), b"", raw).decode("utf-8", "replace")
-            leaks += [(name, number) for number in numbers if number in text]
+            leaks += [(name, number) for number in _numbers_in(raw, numbers)]
     assert not leaks, f"{len(leaks)} card numbers in records, e.g. {leaks[:5]}"
     assert sum(len(topic_records) for topic_records in records.values()) > 1000, "the scan read the day's records"
     # nor in what a person reads: the dead-letters view of a worker (every page, JSON and HTML) and the workers' logs
@@ -378,8 +383,7 @@ def test_no_card_number_in_any_record_and_no_reservation_for_a_rejected_card(pip
     logs = [worker.log_text().encode() for worker in pipeline.workers]
     for where, texts in (("the dead-letters view", pages), ("a worker's log", logs)):
         for raw in texts:
-            text = re.sub(rf"[{CARD_SEPARATORS}]".encode(), b"", raw).decode("utf-8", "replace")
-            shown = [number for number in numbers if number in text]
+            shown = _numbers_in(raw, numbers)
             assert not shown, f"card numbers in {where}: {shown[:5]}"
 
     outcomes = [outcome for progress in result["progress"].values() for outcome in progress.outcomes]
