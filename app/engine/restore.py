@@ -111,7 +111,7 @@ class RestorePlan:
 
     A partition resumes from a local copy when reading starts past its beginning: the store held it up to that offset
     already, because this worker owned it and recorded at each commit how far its changelog was in the store
-    (:func:`app.engine.commit.commit_transactions`), or because a standby replica (``WEIR_STANDBY_REPLICAS``) kept it up
+    (:func:`app.engine.commit.persist_changelog_positions`), or because a standby replica (``WEIR_STANDBY_REPLICAS``) kept it up
     to date from the changelog before it was taken over (``standby``: a partition this worker kept as a standby at some
     time). Only the records written since are read. Under exactly_once a worker's store is rebuilt from the changelog
     at start (:func:`wipe_local_tables`): a partition taken over with no copy is read from its beginning.
