@@ -734,12 +734,13 @@ class _NotifyDoorbell(RelayDoorbell):
         self.outbox = outbox
         self._connection: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._lock_key = 0
 
     async def open(self, ring: Callable[[], None], lost: Callable[[BaseException], None]) -> None:
         outbox = self.outbox
         connection = await psycopg.AsyncConnection.connect(outbox.url, autocommit=True, connect_timeout=outbox._connect_timeout_s)
         try:
-            lock_key = (_PG_LOCK_TAG << 32) | outbox.table_oid
+            lock_key = self._lock_key = (_PG_LOCK_TAG << 32) | outbox.table_oid
             cursor = await connection.execute("SELECT pg_try_advisory_lock(%s)", (lock_key,))
             found = await cursor.fetchone()
             if not found or not found[0]:
@@ -772,7 +773,11 @@ class _NotifyDoorbell(RelayDoorbell):
                 await self._task
             self._task = None
         if self._connection is not None:
-            await self._connection.close()  # ends the session: the advisory lock is released
+            # Released here, not only by the end of the session: the server ends a closed connection's session (and
+            # frees its locks) a moment after the client has gone, and a relay opened at once found the lock still held.
+            with contextlib.suppress(psycopg.Error):
+                await self._connection.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+            await self._connection.close()  # ends the session: the advisory lock is released, if it was not yet
             self._connection = None
 
 
