@@ -23,6 +23,7 @@ import functools
 import importlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
@@ -436,8 +437,11 @@ class Application:
             with command_edge("weir worker"):  # a factor the cluster cannot hold: one line, exit 2
                 if isinstance(failure[0], SettingError):
                     raise failure[0]
-            message = f"weir: could not create topics {names} on {settings.bootstrap}: {failure[0]}"
-            raise RuntimeError(message) from failure[0]
+            # a broker that cannot be reached now: one line, and exit code 1 (not 2): whatever runs the worker
+            # (weir's Supervisor, a service manager) starts it again, and the broker may be back by then
+            topics = ", ".join(sorted(set(names)))
+            print(f"weir worker: could not create topics {topics} on {settings.bootstrap}: {failure[0]}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
 
     async def _stop_signals(self, sender: Any, /, *_: Any, signal: Any = None, **__: Any) -> None:
         await self.signals.stop()

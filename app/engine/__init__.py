@@ -119,6 +119,10 @@ the consumer and the fetcher (:mod:`~app.engine.delivery`); the consumer's ``Wor
 18. ``faust.app.base.App.crash`` is wrapped (:mod:`~app.engine.exits`): a crash arms a timer that ends the process
     if it is still alive 15 s later. Why: a crash during a rebalance after a broker outage left the worker running,
     its commits refused, holding its partitions for good.
+19. ``faust.app.base.App._stop_consumer`` is wrapped (:func:`~app.engine.delivery.commit_before_stop`): an orderly
+    stop commits what was handled and holds the gate before Faust revokes the tables. Why: events processed during
+    Faust's stop had their outputs committed without their offsets, and a worker started after a SIGTERM sent them
+    again.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ from collections.abc import Callable, Mapping
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from weir.app.engine import config as _config
-from weir.app.engine import exits, fetcher, kip447, restore
+from weir.app.engine import delivery, exits, fetcher, kip447, restore
 from weir.app.engine.commit import observe_aborts, observe_commits
 from weir.app.engine.config import EngineConfig, worker_slot
 from weir.app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
@@ -213,3 +217,4 @@ def install(config: EngineConfig) -> None:
     restore.time_restores()
     restore.start_tables_at_once()
     exits.exit_after_crash()
+    delivery.commit_before_stop()

@@ -637,6 +637,43 @@ async def _go_on(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Any:
 _processed: dict[TP, tuple[int | None, set[int]]] = {}
 
 
+def commit_before_stop() -> None:
+    """Patch 19: a worker that stops (SIGTERM, or any orderly stop) commits what it handled and holds the gate before
+    Faust's stop revokes its tables, as before a rebalance (:meth:`WeirConsumer._commit_before_rebalance`).
+
+    Faust's stop (``App._stop_consumer``) revokes the tables, stops the flow and then waits until every delivered
+    event is acked, committing as it goes. The agents went on with the events already in their inboxes meanwhile:
+    their outputs were sent into the open transaction, and the final commit of the stop carried them; but their
+    table writes came after the revocation and their offsets were chosen before they were acked, so a worker
+    started after a SIGTERM read them again and sent their outputs a second time (a fifth of the orders done at the
+    stop, in ``tests/integration/test_worker_exit.py``). Committed and held first, nothing handled is left out of
+    a commit, and the events still waiting are acked without being processed: the next owner reads them from the
+    committed offset.
+
+    Patch: ``faust.app.base.App._stop_consumer`` is wrapped (Faust's private name).
+    """
+    import faust.app.base
+
+    app_class: Any = faust.app.base.App
+    original = app_class._stop_consumer
+    if getattr(original, "weir_commit_before_stop", False):
+        return
+
+    async def _stop_consumer(self: Any) -> None:
+        consumer = self._consumer
+        if isinstance(consumer, WeirConsumer) and consumer.in_transaction:
+            try:
+                assigned = consumer.assignment()
+            except Exception:  # not started: nothing handled
+                assigned = set()
+            if assigned:
+                await consumer._commit_before_rebalance()
+        await original(self)
+
+    _stop_consumer.weir_commit_before_stop = True  # type: ignore[attr-defined]
+    app_class._stop_consumer = _stop_consumer
+
+
 def first_delivery(event: EventT[Any]) -> bool:
     """Whether this event's offset is new to this worker's agents in the current consumer generation.
 
