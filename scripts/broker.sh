@@ -312,8 +312,10 @@ tls_note() {
 
 # Formats the current node's log dir once (a cluster's nodes with one cluster id), then starts its JVM.
 launch() {
-  local opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+  local opts=(-Xms256m -Xmx1g -Djava.awt.headless=true
               "-Dlog4j2.configurationFile=$root/broker/log4j2.properties" "-Dweir.log.dir=$log_dir")
+  # shellcheck disable=SC2206  # WEIR_KAFKA_JVM_OPTS: JVM options instead of the G1 collector, split on spaces
+  opts+=(${WEIR_KAFKA_JVM_OPTS:--XX:+UseG1GC})
   write_config
   if [ ! -f "$data/meta.properties" ]; then
     mkdir -p "$data"
