@@ -17,9 +17,9 @@ from tests.conftest import ROOT
 from tests.integration.conftest import free_port
 
 SHARED_LIBS = ROOT / ".weir" / "kafka" / "libs"
-#: The JVM options of a test's broker unless WEIR_TEST_KAFKA_JVM_OPTS says otherwise (the Makefile's, for its shared
-#: broker too): C1 only and the serial collector, which cost a broker living for minutes a third less CPU (the
-#: three-broker test: 181 CPU-seconds instead of 260).
+#: The JVM options of a test's own broker unless WEIR_TEST_KAFKA_JVM_OPTS says otherwise (the Makefile sets it to the
+#: same): C1 only and the serial collector, which cost a broker living for minutes a third less CPU (the three-broker
+#: test: 181 CPU-seconds instead of 260).
 TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
