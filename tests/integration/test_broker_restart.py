@@ -1,4 +1,5 @@
-"""The broker is SIGKILLed mid-run and starts again on its data: the workers reconnect and finish, nothing lost, nothing twice.
+"""The broker is SIGKILLed mid-run and starts again on its data: the workers reconnect and finish, nothing lost, nothing twice
+(the split/aggregate pipeline, and the fan-in counter trigger; the shop's patterns: ``test_broker_kill_shop.py``).
 
 Runs on a private broker instance (own ports and state dir): the shared broker is never stopped. The workers run under
 a :class:`~weir.app.processes.Supervisor`, as a deployment's service manager runs them: a worker whose transaction the
@@ -8,6 +9,8 @@ broker aborted while it was down (fenced) stops itself and is restarted in its s
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 import time
 import uuid
 from collections import Counter
@@ -19,11 +22,13 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from tests.integration import test_triggers as triggers
 from tests.integration.conftest import Pipeline
 from tests.integration.local_broker import BrokerInstance
 from tests.integration.shop_faults import not_running
 from weir.app.kafka_io import ensure_topics, produce_json, read_to_end, read_topic
 from weir.app.processes import Supervisor
+from weir.tables.triggers import DEFAULT_WAKE_TOPIC, completion_message
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +106,65 @@ def test_workers_reconnect_after_a_broker_sigkill_and_finish_with_nothing_lost_o
         assert not_running(workers, within_s=30) == [], "every worker runs again"
         print(f"workers restarted: {supervisor.restarts}")
     finally:
+        if supervisor is not None:
+            supervisor.stop()
+        pipeline.stop_all()
+
+
+def test_trigger_workers_wake_every_parent_once_across_a_broker_sigkill(own_broker: BrokerInstance, tmp_path: Path) -> None:
+    """The fan-in counter trigger through a broker SIGKILL: registrations and completions keep coming (the publisher
+    retries while the broker is down), the two trigger workers reconnect (or stop, fenced, and are restarted in their
+    slot), and every parent is woken once, with its summary, and nothing is dead-lettered."""
+    unique = uuid.uuid4().hex[:8]
+    pipeline = Pipeline(bootstrap=own_broker.bootstrap, tmp=tmp_path, prefix=f"g{unique}.", app_id=f"g{unique}")
+    rng = random.Random(37)
+    parents = triggers.make_parents(300, seed=19)
+    messages: list[Any] = [triggers.registration(parent, children) for parent, children in parents.items()]
+    messages += [completion_message(parent, child, outcome) for parent, children in parents.items() for child, outcome in children.items()]
+    rng.shuffle(messages)
+    chunks = 40
+    size = len(messages) // chunks + 1
+    sent_chunks: list[int] = []
+
+    def publish_all() -> None:
+        """Every chunk once, a quarter of a second apart; a chunk the broker refuses (it is down) is sent again."""
+        for number in range(chunks):
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    triggers.publish(pipeline, messages[number * size : (number + 1) * size])
+                    break
+                except Exception:  # the broker is down: the same chunk once it is back
+                    assert time.monotonic() < deadline, f"chunk {number} not accepted in 120 s"
+                    time.sleep(0.5)
+            sent_chunks.append(number)
+            time.sleep(0.25)
+
+    supervisor: Supervisor | None = None
+    publisher = threading.Thread(target=publish_all)
+    try:
+        triggers.create_topics(pipeline)
+        workers = [pipeline.start_worker("triggers", WEIR_SWEEP_INTERVAL_MS=1000) for _ in range(2)]
+        for worker in workers:
+            worker.wait_ready(120)
+        supervisor = Supervisor(workers).start()
+        publisher.start()
+        wakes_topic = pipeline.topic(DEFAULT_WAKE_TOPIC)
+        before = asyncio.run(read_topic(pipeline.bootstrap, wakes_topic, until=lambda rows: len(rows) >= 20, timeout_s=120))
+        at_kill = len(sent_chunks)
+        assert at_kill < chunks, "the broker must die while trigger messages are still coming"
+        own_broker.kill()
+        time.sleep(DOWNTIME_S)
+        own_broker.start()
+        publisher.join()
+        print(f"\nbroker SIGKILLed after {len(before)} wakes, with {at_kill} of {chunks} chunks sent")
+        wakes = triggers.read_wakes(pipeline, expected=len(parents), timeout_s=240, settle_s=3)
+        triggers.assert_woken_once(wakes, parents, pipeline)
+        assert supervisor.refused == []
+        assert not_running(workers, within_s=30) == [], "every worker runs again"
+        print(f"workers restarted: {supervisor.restarts}")
+    finally:
+        publisher.join(timeout=1)
         if supervisor is not None:
             supervisor.stop()
         pipeline.stop_all()

@@ -24,6 +24,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.conftest import ROOT
+from tests.integration.local_broker import BrokerInstance
 from weir.app.kafka_io import ensure_topics
 from weir.app.outbox import OUTBOX_ID_FIELD, Outbox, OutboxDedup, OutboxRelay, OutboxRow, open_outbox, outbox_id_of, write
 
@@ -502,3 +503,58 @@ def test_a_round_committed_but_not_marked_is_settled_at_restart_not_published_ag
     assert check_arrivals(read_all(kafka_bootstrap, topic), range(1, 31)).duplicates == 0
     assert len(read_all(kafka_bootstrap, topic, "read_uncommitted")) == 30
     outbox.close()
+
+
+def test_a_relay_through_a_broker_sigkill_publishes_each_row_once_for_read_committed(
+    tmp_path: Path, relay_processes: list[RelayProcess]
+) -> None:
+    """The relay's broker (a private one) is SIGKILLed while rows keep coming and starts again on its data 8 s later: the
+    relay waits for it and goes on, without being restarted; after dedup every row arrives once, in its writer's order."""
+    broker = BrokerInstance(tmp_path / "broker").start()
+    stop_writing = threading.Event()
+    writer: threading.Thread | None = None
+    try:
+        topic = unique_topic()
+        asyncio.run(ensure_topics(broker.bootstrap, [topic], PARTITIONS))
+        location, source = str(tmp_path / "outbox.sqlite"), unique_source("broker-kill")
+        outbox = open_outbox(location, source=source)
+        sequence: dict[str, int] = defaultdict(int)
+
+        def keep_writing() -> None:  # rows keep coming before, during and after the broker's outage
+            while not stop_writing.is_set():
+                with write(outbox) as transaction:
+                    for _ in range(10):
+                        key = f"key-{random.randrange(5)}"
+                        transaction.add_json({"writer": key, "seq": sequence[key]}, key=key)
+                        sequence[key] += 1
+                time.sleep(0.02)
+
+        relay = RelayProcess(location, source, topic, broker.bootstrap, tmp_path / "relay.log", 1_000).start()
+        relay_processes.append(relay)
+        writer = threading.Thread(target=keep_writing)
+        writer.start()
+        wait_until(lambda: asyncio.run(_end_offset_total(broker.bootstrap, topic)) >= 1_000, 60, "the relay to publish 1,000 rows")
+        broker.kill()
+        time.sleep(8.0)
+        pending_while_down = outbox.pending_count()
+        assert pending_while_down > 0, "rows written while the broker was down wait for it"
+        broker.start()
+        time.sleep(2.0)  # live writes on the broker that came back
+        stop_writing.set()
+        writer.join()
+        wait_until(lambda: outbox.pending_count() == 0, 120, "the relay to publish every row after the broker came back")
+        assert relay.process is not None
+        assert relay.process.poll() is None, f"the relay stopped:\n{relay.log_text()[-3000:]}"
+        total = outbox.newest_id()
+        messages = read_all(broker.bootstrap, topic)
+        dedup = check_arrivals(messages, range(1, total + 1))
+        print(f"\n[outbox broker SIGKILL] {total} rows, {pending_while_down} pending before the broker came back", end="")
+        print(f"; {dedup.duplicates} duplicates dropped")
+    finally:
+        stop_writing.set()
+        if writer is not None:
+            writer.join()
+        for relay in relay_processes:
+            if relay.process is not None and relay.process.poll() is None:
+                relay.send(signal.SIGKILL)
+        broker.stop()
