@@ -9,9 +9,8 @@ ORDERS ?=
 #: wait on workers and the broker much of the time. Measured on the 2 cores with the test brokers' JVM options below:
 #: 2 processes kept 1.2 cores busy (the integration tests in 696 s), 3 kept 1.7 busy (every test but the chaos run in
 #: 599 s); 3 with the JVM's default options for every broker was no faster than 2 (668 s against 680: the cores were
-#: full). The chaos
-#: run goes last, alone, as it ran when the other tests were measured (beside the unit tests' hypothesis runs it once
-#: took twice as long).
+#: full). The chaos run goes last, alone, as it ran when the other tests were measured (beside the unit tests'
+#: hypothesis runs it once took twice as long).
 TEST_PROCESSES ?= 3
 #: JVM options of the brokers a test starts for itself (tests/integration/local_broker.py reads this variable): C1 only
 #: and the serial collector. Such a broker lives for a minute or three, where C2's compilations and G1's threads cost

@@ -14,6 +14,7 @@ import types
 from collections.abc import Coroutine, Generator, Mapping
 from typing import Any, cast
 
+import faust.app.base
 from aiokafka.structs import TopicPartition
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP, ensure_TPset
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -652,8 +653,6 @@ def commit_before_stop() -> None:
 
     Patch: ``faust.app.base.App._stop_consumer`` is wrapped (Faust's private name).
     """
-    import faust.app.base
-
     app_class: Any = faust.app.base.App
     original = app_class._stop_consumer
     if getattr(original, "weir_commit_before_stop", False):

@@ -370,30 +370,32 @@ def marked_sent(outbox: Outbox) -> int:
             return newest - pending
 
 
+def write_rows(outbox: Outbox, sequence: dict[str, int], count: int, keys: int = 5) -> None:
+    """``count`` rows in one outbox transaction, each for one of ``keys`` writers with that writer's next sequence number
+    (``check_arrivals`` checks each writer's order). The commit rings a relay process's doorbell."""
+    with write(outbox) as transaction:
+        for _ in range(count):
+            key = f"key-{random.randrange(keys)}"
+            transaction.add_json({"writer": key, "seq": sequence[key]}, key=key)
+            sequence[key] += 1
+
+
 def test_a_relay_process_killed_mid_run_publishes_each_row_once_for_read_committed(
     kafka_bootstrap: str, topic: str, tmp_path: Path, outbox_location: str, relay_processes: list[RelayProcess]
 ) -> None:
     source = unique_source("crash")
     outbox = open_outbox(outbox_location, source=source)
-    batch, backlog_transactions, rows_per_transaction, keys = 1_000, 400, 100, 5
+    batch, backlog_transactions, rows_per_transaction = 1_000, 400, 100
     sequence: dict[str, int] = defaultdict(int)
-
-    def write_rows(count: int) -> None:
-        with write(outbox) as transaction:  # rings the relay process's doorbell (nobody listens before it starts)
-            for _ in range(count):
-                key = f"key-{random.randrange(keys)}"
-                transaction.add_json({"writer": key, "seq": sequence[key]}, key=key)
-                sequence[key] += 1
-
     for _ in range(backlog_transactions):
-        write_rows(rows_per_transaction)
+        write_rows(outbox, sequence, rows_per_transaction)
     backlog = backlog_transactions * rows_per_transaction
 
     stop_writing = threading.Event()
 
     def keep_writing() -> None:  # rows keep coming across the crash and the restart
         while not stop_writing.is_set():
-            write_rows(10)
+            write_rows(outbox, sequence, 10)
             time.sleep(0.02)
 
     first = RelayProcess(outbox_location, source, topic, kafka_bootstrap, tmp_path / "relay-1.log", batch).start()
@@ -522,11 +524,7 @@ def test_a_relay_through_a_broker_sigkill_publishes_each_row_once_for_read_commi
 
         def keep_writing() -> None:  # rows keep coming before, during and after the broker's outage
             while not stop_writing.is_set():
-                with write(outbox) as transaction:
-                    for _ in range(10):
-                        key = f"key-{random.randrange(5)}"
-                        transaction.add_json({"writer": key, "seq": sequence[key]}, key=key)
-                        sequence[key] += 1
+                write_rows(outbox, sequence, 10)
                 time.sleep(0.02)
 
         relay = RelayProcess(location, source, topic, broker.bootstrap, tmp_path / "relay.log", 1_000).start()
@@ -554,7 +552,4 @@ def test_a_relay_through_a_broker_sigkill_publishes_each_row_once_for_read_commi
         stop_writing.set()
         if writer is not None:
             writer.join()
-        for relay in relay_processes:
-            if relay.process is not None and relay.process.poll() is None:
-                relay.send(signal.SIGKILL)
-        broker.stop()
+        broker.stop()  # the relay is SIGKILLed by the relay_processes fixture

@@ -13,18 +13,23 @@ from weir import Flow, Settings, TestDriver, payload
 ITEMS = 400
 
 
-def _index(letter: dict[str, Any]) -> int:
-    return int(orjson.loads(letter["value"]["text"])["index"])
-
-
-def test_every_item_of_a_group_that_outgrew_a_record_is_in_its_result_or_in_a_dead_letter() -> None:
-    flow = (
+def priced_orders() -> Flow:
+    """A split of an order's items, a step on each, and their aggregate with no timeout (the README's example flow)."""
+    return (
         Flow("orders", source="orders")
         .split("items", payload("items"), correlate_by=payload("order_id"))
         .process("price", lambda exchange: {**exchange.payload, "cents": 250})
         .aggregate("order-total", timeout_ms=None)
         .to("priced-orders")
     )
+
+
+def _index(letter: dict[str, Any]) -> int:
+    return int(orjson.loads(letter["value"]["text"])["index"])
+
+
+def test_every_item_of_a_group_that_outgrew_a_record_is_in_its_result_or_in_a_dead_letter() -> None:
+    flow = priced_orders()
     items = [{"sku": f"sku-{index}", "note": "n" * 40} for index in range(ITEMS)]
     with TestDriver([flow], Settings(partitions=1, max_message_bytes=30_000)) as driver:
         driver.pipe("orders", {"order_id": "o-1", "items": items}, key="o-1")
@@ -44,13 +49,7 @@ def test_the_issues_order_of_ten_thousand_items_with_the_default_settings_accoun
     settings (a record of at most 1 MB). The group outgrows a record at about 7,000 items; the others are dead-lettered,
     each with its outcome, and none is in neither."""
     count = 10_000
-    flow = (
-        Flow("orders", source="orders")
-        .split("items", payload("items"), correlate_by=payload("order_id"))
-        .process("price", lambda exchange: {**exchange.payload, "cents": 250})
-        .aggregate("order-total", timeout_ms=None)
-        .to("priced-orders")
-    )
+    flow = priced_orders()
     items = [{"sku": f"sku-{index}", "quantity": 1 + index % 3} for index in range(count)]
     with TestDriver([flow], Settings()) as driver:
         driver.pipe("orders", {"order_id": "o-big", "items": items}, key="o-big")
