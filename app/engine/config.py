@@ -33,6 +33,9 @@ class EngineConfig:
     #: WEIR_DIRECT_BATCHES: the delivery loop hands an agent's records to its inbox in batches, past Faust's
     #: conductor, channel and Stream (:mod:`app.engine.inbox`). False: Faust's way (:func:`app.engine.streams.take_ready`).
     direct_batches: bool = False
+    #: The size limit of the record batches a batch's sends go out in (:mod:`app.engine.produce`), in bytes before
+    #: compression: at most the broker's message.max.bytes (WEIR_MAX_MESSAGE_BYTES) less 1 KiB, at most 512 KiB.
+    record_batch_bytes: int = 512 * 1024
     #: How long a scope waits for its table changelog writes and sends to be delivered before the worker gives up.
     delivery_timeout_s: float = 30.0
     #: WEIR_TRACE_FILE: every event handled and every offset committed is appended there, one line each (a

@@ -16,6 +16,8 @@ import faust
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types.tuples import FutureMessage, RecordMetadata
 
+from weir.app.engine.produce import flush, scope_outbox
+
 __all__ = ["WeirTable", "WeirTopic", "send_record", "write_out_tables", "send_changelogs"]
 
 #: What the current scope sent (table changelog writes and topic sends): delivered before it ends.
@@ -112,7 +114,7 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         store = self.data
         event = faust.current_event()
         direct = not self.use_partitioner and not self._should_expire_keys() and self.app.in_transaction
-        if isinstance(store, RocksDBStore) and direct and records is not None and event is not None:
+        if isinstance(store, RocksDBStore) and direct and records is not None and event is not None and scope_outbox.get() is not None:
             self._write_out_direct(overlay, store, event, records)
             return
         for key, value in overlay.writes.items():
@@ -148,13 +150,19 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         """Faust's ``_on_changelog_sent`` for a record :func:`send_changelogs` sent: under exactly_once, the offset the
         store holds once the transaction commits (recorded then, :func:`app.engine.commit.persist_changelog_positions`);
         under at_least_once, the offset the store holds now."""
+        self._on_records_sent(delivered, 0)
+
+    def _on_records_sent(self, delivered: asyncio.Future[RecordMetadata], after_first: int) -> None:
+        """:meth:`_on_record_sent` for a record batch (:mod:`app.engine.produce`) whose last record is ``after_first``
+        records after its first, whose offset the delivery's metadata holds."""
         if delivered.cancelled() or delivered.exception() is not None:
             return  # the scope's delivery check fails the batch
         metadata = delivered.result()
+        offset = metadata.offset + after_first
         if self.app.in_transaction:
-            self.app.tables.persist_offset_on_commit(self.data, metadata.topic_partition, metadata.offset)
+            self.app.tables.persist_offset_on_commit(self.data, metadata.topic_partition, offset)
         else:
-            self.data.set_persisted_offset(metadata.topic_partition, metadata.offset)
+            self.data.set_persisted_offset(metadata.topic_partition, offset)
 
     def __iter__(self) -> Any:
         self.write_out()
@@ -218,6 +226,9 @@ class WeirTopic(faust.Topic):  # type: ignore[misc]
         return await super()._get_producer()
 
     async def publish_message(self, fut: FutureMessage, wait: bool = False) -> Awaitable[RecordMetadata]:
+        box = scope_outbox.get()
+        if box is not None and box.records:
+            await flush([box])  # the part's records noted before this one go first
         result = await super().publish_message(fut, wait=wait)
         pending = _scope_sends.get()
         if pending is not None and not wait:
@@ -236,6 +247,10 @@ async def send_record(
     sensors and a delivery callback; a twentieth of an inline splitter's time under a backlog. Outside a scope
     (nothing collects the send), or with Faust's producer not started yet, Faust's way.
     """
+    box = scope_outbox.get()
+    if box is not None:
+        box.records.append((topic, partition, key, value, headers, None))  # queued with the batch's others (app.engine.produce)
+        return
     pending = _scope_sends.get()
     producer = None
     if pending is not None and faust.current_event() is not None:
@@ -254,17 +269,15 @@ async def send_record(
     pending.append(cast(FutureMessage, delivered))
 
 
-async def send_changelogs(records: list[_Record], pending: list[FutureMessage]) -> None:
-    """Send the changelog records a scope's tables wrote out (``WeirTable._write_out_direct``), in order, in the
-    transaction of the scope's source partition; their deliveries join ``pending``, awaited with the scope's sends."""
+def send_changelogs(records: list[_Record]) -> None:
+    """Queue the changelog records a scope's tables wrote out (``WeirTable._write_out_direct``), in order, with the
+    part's sends (:mod:`app.engine.produce`): in the transaction of the scope's source partition, delivered with the
+    batch's other sends. Only a part with an outbox writes out this way (:meth:`WeirTable.write_out`)."""
     if not records:
         return
-    producer = records[0][0].app.consumer.transactions
-    for table, partition, key, value in records:
-        sent = await producer.send(table.changelog_topic.get_topic_name(), key, value, partition, None, None)
-        delivered = cast(asyncio.Future[RecordMetadata], sent)
-        delivered.add_done_callback(table._on_record_sent)
-        pending.append(cast(FutureMessage, delivered))
+    box = scope_outbox.get()
+    assert box is not None, "direct table writes only inside a part with an outbox"
+    box.records.extend((table.changelog_topic, partition, key, value, None, table) for table, partition, key, value in records)
     records.clear()
 
 

@@ -16,6 +16,7 @@ from faust.types.tuples import FutureMessage
 
 from weir.app.engine.config import installed
 from weir.app.engine.overlay import _scope_changelog, _scope_sends, _scope_writes, send_changelogs, write_out_tables
+from weir.app.engine.produce import Outbox, flush, scope_outbox
 
 __all__ = ["CommitGate", "gate", "BatchScope", "batch_scope", "part_scope", "await_deliveries", "take_deferred"]
 
@@ -145,23 +146,56 @@ class BatchScope:
 
     def __init__(self) -> None:
         self.handled: list[tuple[EventT[bytes], list[FutureMessage]]] = []
+        #: The handled parts' records sent with ``send_record``, queued as record batches when the batch ends.
+        self.outboxes: list[Outbox] = []
 
     @contextlib.asynccontextmanager
     async def part(self, event: EventT[bytes]) -> AsyncIterator[None]:
         """One partition's part (``event`` is its last) or one event, in :func:`part_scope`; at its end its tables'
-        writes are written out and their changelog records sent (:func:`app.engine.overlay.send_changelogs`)."""
+        writes are written out and their changelog records sent (:func:`app.engine.overlay.send_changelogs`).
+        What it sent with ``send_record`` is noted, and queued when the batch ends (:meth:`flush`); a part that
+        raises sends none of it."""
         pending: list[FutureMessage] = []
         records: list[Any] = []
-        with part_scope(event, pending, records):
+        box = Outbox(event, pending) if _producer_ready(getattr(event, "app", None)) else None
+        with part_scope(event, pending, records, box):
             try:
                 yield
                 write_out_tables()
-                await send_changelogs(records, pending)
+                send_changelogs(records)
             except BaseException as error:
                 if records:
                     await _store_ahead_of_changelog(event, error)
                 raise
         self.handled.append((event, pending))
+        if box is not None and box.records:
+            self.outboxes.append(box)
+
+    async def flush(self) -> None:
+        """Queue what the handled parts sent with ``send_record`` (:func:`app.engine.produce.flush`).
+
+        A send refused here (the producer closed or fenced, its transaction ended by a rebalance) is treated as an
+        undelivered send of the batch's last part: the parts are acked, so their transaction must not commit. When
+        a part's changelog records were among them, the store is ahead of its changelog: the worker stops, as when a
+        part fails with records not sent (:func:`_store_ahead_of_changelog`).
+        """
+        outboxes, self.outboxes = self.outboxes, []
+        if not outboxes:
+            return
+        changelogs = [box.event for box in outboxes if any(noted[5] is not None for noted in box.records)]
+        try:
+            await flush(outboxes)
+        except Exception as error:  # every refusal ends the same way
+            if changelogs:  # their writes are in the local store already
+                await _store_ahead_of_changelog(changelogs[-1], error)
+            else:
+                await _undelivered(outboxes[-1].event, error)
+
+
+def _producer_ready(app: Any) -> bool:
+    """Whether sends can be queued as record batches: a transaction, or a started producer (not a unit test's stand-in app)."""
+    producer = getattr(app, "producer", None)
+    return bool(getattr(app, "in_transaction", False) or getattr(producer, "started", False))
 
 
 async def _store_ahead_of_changelog(event: EventT[bytes], error: BaseException) -> None:
@@ -198,7 +232,10 @@ async def batch_scope() -> AsyncIterator[BatchScope]:
     """
     async with gate.processing():
         scope = BatchScope()
-        yield scope
+        try:
+            yield scope
+        finally:
+            await scope.flush()  # the parts handled before an error are acked: their sends go with them
         if installed().defer_deliveries:
             _deferred.extend(part for part in scope.handled if part[1])
         else:
@@ -206,7 +243,9 @@ async def batch_scope() -> AsyncIterator[BatchScope]:
 
 
 @contextlib.contextmanager
-def part_scope(event: EventT[bytes], pending: list[FutureMessage], records: list[Any] | None = None) -> Iterator[None]:
+def part_scope(
+    event: EventT[bytes], pending: list[FutureMessage], records: list[Any] | None = None, outbox: Outbox | None = None
+) -> Iterator[None]:
     """One event, or one partition's part of a batch (``event`` is its last): the unit of table writes and sends.
 
     Faust's current event is ``event`` (tables read and write its partition, sends join its partition's
@@ -215,7 +254,9 @@ def part_scope(event: EventT[bytes], pending: list[FutureMessage], records: list
     gate. When the body raises, its pending table writes are dropped: the event was not handled, and its
     redelivery starts from the state before it. ``records``: a RocksDB table's writes leave their changelog
     records there, for the scope to send (:meth:`BatchScope.part`); None: Faust's own changelog sends.
+    ``outbox``: ``send_record`` notes its records there (:mod:`app.engine.produce`); None: it sends each at once.
     """
+    outbox_token = scope_outbox.set(outbox)
     sends_token = _scope_sends.set(pending)
     writes_token = _scope_writes.set({})
     changelog_token = _scope_changelog.set(records)
@@ -228,6 +269,7 @@ def part_scope(event: EventT[bytes], pending: list[FutureMessage], records: list
         _scope_changelog.reset(changelog_token)
         _scope_writes.reset(writes_token)
         _scope_sends.reset(sends_token)
+        scope_outbox.reset(outbox_token)
 
 
 async def await_deliveries(parts: list[tuple[EventT[bytes], list[FutureMessage]]]) -> bool:

@@ -1,8 +1,8 @@
 """A RocksDB table's writes in a scope go to the store and the changelog as Faust's own write would put them.
 
 ``WeirTable._write_out_direct`` encodes each key and value once with the store's codecs, writes the store of
-the event's partition, and leaves the changelog record for the scope to send in its transaction
-(``BatchScope.part``). The same operations run here through Faust's own ``Table.__setitem__`` /
+the event's partition, and leaves the changelog record for the batch to send in its transaction, in record batches
+(``BatchScope.part``, ``app.engine.produce``; read back here from the batches' bytes). The same operations run here through Faust's own ``Table.__setitem__`` /
 ``__delitem__`` (whose ``send_changelog`` is caught) on a second RocksDB store: both stores must hold the same
 bytes, and both changelogs the same records, partition, key and value bytes, tombstones included.
 """
@@ -16,12 +16,13 @@ from typing import Any
 from unittest import mock
 
 import faust
+from aiokafka.record.default_records import DefaultRecordBatch
 from faust.tables.base import Collection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weir.app import engine
-from weir.app.engine.scopes import BatchScope, gate
+from weir.app.engine.scopes import BatchScope, batch_scope, gate
 
 KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
 VALUES = st.one_of(st.integers(0, 9), st.dictionaries(st.sampled_from(["n", "é"]), st.integers(0, 3), max_size=2), st.text(max_size=5))
@@ -32,19 +33,41 @@ PARTITION = 3
 class Event:
     """The part of a Faust event a scope and a store use (weak-referenceable, like Faust's)."""
 
-    message = SimpleNamespace(partition=PARTITION, topic="weir.source", offset=0, generation_id=0, tp=None)
+    message = SimpleNamespace(
+        partition=PARTITION, topic="weir.source", offset=0, generation_id=0, tp=faust.types.TP("weir.source", PARTITION)
+    )
+
+    def __init__(self, app: Any = None) -> None:
+        if app is not None:
+            self.app = app
 
 
 class Transactions:
-    """The consumer's transaction manager: records what is sent, and answers with a delivered future."""
+    """The consumer's transaction manager with one transactional aiokafka producer, whose record batches it reads back:
+    records what was sent, and answers each batch with a delivered future."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, int | None, bytes | None, bytes | None]] = []
+        producer = SimpleNamespace(
+            _message_accumulator=SimpleNamespace(_batches={}, _compression_type=0),
+            _txn_manager=SimpleNamespace(transactional_id="t"),
+            client=SimpleNamespace(_wait_on_metadata=self._metadata),
+            send_batch=self.send_batch,
+        )
+        self.producer = SimpleNamespace(_transaction_producers={"t": producer}, _trn_locks={"t": asyncio.Lock()})
 
-    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any) -> Any:
-        self.sent.append((topic, partition, key, value))
+    def transactional_id_for(self, topic: str, partition: int) -> str:
+        return "t"
+
+    async def _metadata(self, topic: str) -> set[int]:
+        return {PARTITION}
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        first = len(self.sent)
+        for record in DefaultRecordBatch(bytes(batch._build())):
+            self.sent.append((topic, partition, record.key, record.value))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.set_result(SimpleNamespace(topic_partition=faust.types.TP(topic, partition), offset=len(self.sent)))
+        future.set_result(SimpleNamespace(topic_partition=faust.types.TP(topic, partition), offset=first))
         return future
 
 
@@ -101,8 +124,9 @@ def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path
                     faust_way[key] = value
             caught.clear()
             scope = BatchScope()
-            async with scope.part(Event()):
+            async with scope.part(Event(direct.app)):
                 run_ops(direct, ops)
+            await scope.flush()
             event = Event()
             with engine.part_scope(event, []):  # no records list: Faust's own writes, one per operation
                 run_ops(faust_way, ops)
@@ -121,12 +145,10 @@ def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path
 
 
 class Refusing(Transactions):
-    """A transaction manager that refuses the second record (a full accumulator, a missing producer)."""
+    """A transaction manager whose producer refuses a batch (a closed or fenced producer, a transaction ended)."""
 
-    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any) -> Any:
-        if self.sent:
-            raise RuntimeError("refused")
-        return await super().send(topic, key, value, partition, timestamp, headers)
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        raise RuntimeError("refused")
 
 
 def _crashes(tmp_path: Path, body: Any, transactions: Transactions) -> tuple[list[BaseException], BaseException | None]:
@@ -143,10 +165,8 @@ def _crashes(tmp_path: Path, body: Any, transactions: Transactions) -> tuple[lis
     async def run() -> None:
         nonlocal raised
         scope = BatchScope()
-        event = Event()
-        event.app = table.app  # type: ignore[attr-defined]
         try:
-            async with scope.part(event):
+            async with batch_scope() as scope, scope.part(Event(table.app)):
                 body(table)
         except BaseException as error:
             raised = error
@@ -161,8 +181,7 @@ def test_a_part_whose_changelog_records_are_not_all_sent_stops_the_worker(tmp_pa
         table["b"] = 2
 
     crashes, raised = _crashes(tmp_path, two_keys, Refusing())
-    assert isinstance(raised, RuntimeError), "the part fails with the send's error"
-    assert str(raised) == "refused"
+    assert raised is None, "the part was handled: its records are queued when the batch ends, and refused then"
     assert len(crashes) == 1, "the store is ahead of its changelog: the worker stops"
     assert "not in the changelog" in str(crashes[0])
     assert gate.refused is not None, "and commits nothing more on its way out"
