@@ -1,10 +1,11 @@
 """A RocksDB table's writes in a scope go to the store and the changelog as Faust's own write would put them.
 
 ``WeirTable._write_out_direct`` encodes each key and value once with the store's codecs, writes the store of
-the event's partition, and leaves the changelog record for the batch to send in its transaction, in record batches
-(``BatchScope.part``, ``app.engine.produce``; read back here from the batches' bytes). The same operations run here through Faust's own ``Table.__setitem__`` /
-``__delitem__`` (whose ``send_changelog`` is caught) on a second RocksDB store: both stores must hold the same
-bytes, and both changelogs the same records, partition, key and value bytes, tombstones included.
+the event's partition, and leaves the changelog record for the batch to send in its transaction, in record
+batches (``BatchScope.part``, ``app.engine.produce``; read back here from the batches' bytes). The same
+operations run here through Faust's own ``Table.__setitem__`` / ``__delitem__`` (whose ``send_changelog`` is
+caught) on a second RocksDB store: both stores must hold the same bytes, and both changelogs the same records,
+partition, key and value bytes, tombstones included.
 """
 
 from __future__ import annotations
