@@ -252,6 +252,8 @@ class Collector:
         self.topic = topic
         self.key_of = key_of or _record_key
         self.seen: dict[str, float] = {}
+        #: the create time of the record each key was first seen in (the producer's clock when it built the batch)
+        self.stamped: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
@@ -306,8 +308,9 @@ class Collector:
                 for messages in batch.values():
                     for message in messages:
                         key = self.key_of(message)
-                        if key is not None:
-                            self.seen.setdefault(key, now)
+                        if key is not None and key not in self.seen:
+                            self.seen[key] = now
+                            self.stamped[key] = message.timestamp / 1000
                 if batch:
                     self._changed.set()
         finally:

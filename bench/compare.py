@@ -424,6 +424,7 @@ async def orders_run(
             "latencies": latencies,
             "sent_at": sent_at,
             "seen": {key: collector.seen[key] for key in keys},
+            "stamped": {key: collector.stamped[key] for key in keys},
         }
     finally:
         await producer.stop()
