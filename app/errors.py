@@ -51,9 +51,13 @@ class RetryPolicy:
         return int(min(self.max_backoff_ms, self.backoff_ms * 2 ** (failed_attempt - 1)))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepOutcome:
-    """What a retried step gave: its value, or the last error after every attempt."""
+    """What a retried step gave: its value, or the last error after every attempt.
+
+    Not frozen: one is made per item, and a frozen dataclass's ``__init__`` (``object.__setattr__`` per field)
+    took three times as long, a tenth of an inline splitter's CPU per order. Nothing changes one once made.
+    """
 
     ok: bool
     value: Any
