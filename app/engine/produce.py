@@ -11,31 +11,34 @@ parts' pending deliveries, awaited by the next commit (exactly_once) or by the b
 futures of single sends were; a changelog batch records its table's position from its last record's offset.
 
 What stays as it was: the same producer and transaction per source partition
-(``WeirTransactionManager.transactional_id_for``), the same partition per key (aiokafka's own
-``_partition``, Kafka's default partitioner), the same order per output partition (records are appended to the
-partition's last queued batch, or to a batch queued after it). What changes: a part that raises sends nothing
-(its records were only noted), where single sends had put its first records in the transaction already; and a
-Faust send (``WeirTopic``) inside a part first flushes what the part noted, so that one partition's records keep
-the order they were sent in.
+(``WeirTransactionManager.transactional_id_for``), the same partition per key (the producer's own partitioner,
+or, when that is aiokafka's default, Kafka's murmur2 computed the same way), the same order per output partition
+(records are appended to the partition's last queued batch, or to a batch queued after it). What changes: a part
+that raises sends nothing (its records were only noted), where single sends had put its first records in the
+transaction already; and a Faust send (``WeirTopic``) inside a part first flushes what the part noted, so that
+one partition's records keep the order they were sent in.
 
 Private names relied on: aiokafka's ``AIOKafkaProducer._message_accumulator`` (its ``_batches`` and
-``_compression_type``), ``_partition``, ``_txn_manager``, ``client._wait_on_metadata``, ``MessageBatch._builder``
-and ``future``, ``BatchBuilder._relative_offset``; Faust's ``Producer._transaction_producers`` and ``_trn_locks``.
+``_compression_type``), ``_partition``, ``_partitioner``, ``_metadata``, ``_txn_manager``,
+``client._wait_on_metadata``, ``MessageBatch._builder`` and ``future``, ``BatchBuilder._relative_offset``;
+Faust's ``Producer._transaction_producers`` and ``_trn_locks``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import struct
 from typing import Any, cast
 
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import TopicPartition
 from faust.types.tuples import FutureMessage
 
 from weir.app.engine.config import installed
 
-__all__ = ["Outbox", "scope_outbox", "flush"]
+__all__ = ["Outbox", "scope_outbox", "flush", "murmur2"]
 
 #: A noted record: (topic, partition or None: by its key, key, value, headers or None, the table whose changelog
 #: record it is or None).
@@ -84,6 +87,7 @@ async def flush(outboxes: list[Outbox]) -> None:
         producer, lock = _producer_of(box.event)
         producer_id = id(producer)
         names: dict[int, str] = {}
+        partitions: dict[str, list[int]] = {}
         for noted in box.records:
             topic, partition, key, value, _, _ = noted
             name = names.get(id(topic))
@@ -91,7 +95,7 @@ async def flush(outboxes: list[Outbox]) -> None:
                 name = names[id(topic)] = topic.get_topic_name()
                 await producer.client._wait_on_metadata(name)
             if partition is None:
-                partition = producer._partition(name, None, None, None, key, value)
+                partition = _key_partition(producer, name, key, value, partitions)
             group = groups.get((producer_id, name, partition))
             if group is None:
                 group = groups[(producer_id, name, partition)] = (producer, lock, [], box.pending)
@@ -105,6 +109,49 @@ async def flush(outboxes: list[Outbox]) -> None:
         else:
             async with lock:
                 await _queue(producer, name, partition, records, pending)
+
+
+def _key_partition(producer: Any, topic: str, key: bytes | None, value: bytes | None, known: dict[str, list[int]]) -> int:
+    """The partition ``producer`` would send ``key`` to: its own partitioner's choice, or, when that is aiokafka's
+    default (Kafka's: murmur2 of the key), the same choice by :func:`murmur2` (``known``: each topic's partitions as
+    aiokafka lists them, per flush)."""
+    if key is None or not isinstance(producer._partitioner, DefaultPartitioner):
+        return int(producer._partition(topic, None, key, value, key, value))
+    every = known.get(topic)
+    if every is None:
+        every = known[topic] = list(producer._metadata.partitions_for_topic(topic))
+    return every[(murmur2(key) & 0x7FFFFFFF) % len(every)]
+
+
+_M = 0x5BD1E995
+_WORDS: dict[int, struct.Struct] = {}
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 of ``data`` (``org.apache.kafka.common.utils.Utils.murmur2``, as an unsigned 32-bit int): the
+    same value as aiokafka's ``murmur2`` (a property test), in about a third of its time (its words read at once)."""
+    length = len(data)
+    h = 0x9747B28C ^ length
+    words = length >> 2
+    if words:
+        unpack = _WORDS.get(words)
+        if unpack is None:
+            unpack = _WORDS[words] = struct.Struct(f"<{words}I")
+        for k in unpack.unpack_from(data):
+            k = (k * _M) & 0xFFFFFFFF
+            k ^= k >> 24
+            h = ((h * _M) & 0xFFFFFFFF) ^ ((k * _M) & 0xFFFFFFFF)
+    tail = length & 3
+    if tail:
+        base = length - tail
+        if tail == 3:
+            h ^= data[base + 2] << 16
+        if tail >= 2:
+            h ^= data[base + 1] << 8
+        h = ((h ^ data[base]) * _M) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * _M) & 0xFFFFFFFF
+    return h ^ (h >> 15)
 
 
 async def _queue(producer: Any, topic: str, partition: int, records: list[_Noted], pending: list[FutureMessage]) -> None:
