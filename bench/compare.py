@@ -479,6 +479,7 @@ def _measure_pipeline(
         first += light_count
         light_p50.add(figures["p50_ms"], figures["cpu"])
         light_p99.add(figures["p99_ms"], figures["cpu"])
+        print(f"  {system}, {light}: {_slowest(figures)}", flush=True)
         # The issue's "half the maximum rate": half of what this run's backlog sustained.
         half_count = int(half_of_max * light_seconds)
         time.sleep(SETTLE_S)
@@ -487,6 +488,18 @@ def _measure_pipeline(
         half_rate.add(half_of_max, figures["cpu"])
         half_p50.add(figures["p50_ms"], figures["cpu"])
         half_p99.add(figures["p99_ms"], figures["cpu"])
+
+
+def _slowest(figures: dict[str, Any], count: int = 3) -> str:
+    """Where the slowest orders of a run spent their time: from the send to the result's create time (the worker
+    made it: fetch, processing, the batch's flush) and from there to the reader (the commit, the marker, the fetch)."""
+    sent, seen, stamped = figures["sent_at"], figures["seen"], figures["stamped"]
+    slowest = sorted(sent, key=lambda key: seen[key] - sent[key], reverse=True)[:count]
+    parts = []
+    for key in slowest:
+        total, made, after = seen[key] - sent[key], stamped[key] - sent[key], seen[key] - stamped[key]
+        parts.append(f"{1000 * total:,.0f} ms (made at +{1000 * made:,.0f}, seen {1000 * after:,.0f} later)")
+    return "slowest " + ", ".join(parts)
 
 
 def _free_port() -> int:
