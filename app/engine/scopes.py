@@ -153,8 +153,8 @@ class BatchScope:
     async def part(self, event: EventT[bytes]) -> AsyncIterator[None]:
         """One partition's part (``event`` is its last) or one event, in :func:`part_scope`; at its end its tables'
         writes are written out and their changelog records sent (:func:`app.engine.overlay.send_changelogs`).
-        What it sent with ``send_record`` is noted, and queued when the batch ends (:meth:`flush`); a part that
-        raises sends none of it."""
+        What it sent with ``send_record`` is noted, and queued when the batch ends (:meth:`flush`) under exactly_once,
+        when the part ends under at_least_once; a part that raises sends none of it."""
         pending: list[FutureMessage] = []
         records: list[Any] = []
         box = Outbox(event, pending) if _producer_ready(getattr(event, "app", None)) else None
@@ -167,9 +167,15 @@ class BatchScope:
                 if records:
                     await _store_ahead_of_changelog(event, error)
                 raise
-        self.handled.append((event, pending))
         if box is not None and box.records:
-            self.outboxes.append(box)
+            if event.app.in_transaction:
+                self.outboxes.append(box)
+            else:
+                # Under at_least_once a commit does not wait for the batch (it is not gated): it flushes the producer
+                # and commits what is acked. This part is acked once it returns, so its records are queued now; left
+                # for the batch's end, a commit in between committed its offsets without them (a SIGKILL then lost them).
+                await flush([box])
+        self.handled.append((event, pending))
 
     async def flush(self) -> None:
         """Queue what the handled parts sent with ``send_record`` (:func:`app.engine.produce.flush`).
