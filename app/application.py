@@ -246,7 +246,7 @@ class Application:
                 commit_idle_s=settings.commit_idle_ms / 1000,
                 defer_deliveries=settings.processing_guarantee == "exactly_once",
                 direct_batches=settings.direct_batches,
-                record_batch_bytes=min(512 * 1024, settings.max_message_bytes - 1024),
+                record_batch_bytes=min(engine.EngineConfig.record_batch_bytes, settings.max_message_bytes - 1024),
                 trace_file=settings.trace_file or None,
             )
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable
-from typing import Any, cast
+from typing import Any
 
 import faust
 from faust.stores.rocksdb import Store as RocksDBStore
@@ -146,15 +146,11 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
                 store._del(key_bytes)
                 records.append((self, partition, key_bytes, None))
 
-    def _on_record_sent(self, delivered: asyncio.Future[RecordMetadata]) -> None:
-        """Faust's ``_on_changelog_sent`` for a record :func:`send_changelogs` sent: under exactly_once, the offset the
-        store holds once the transaction commits (recorded then, :func:`app.engine.commit.persist_changelog_positions`);
-        under at_least_once, the offset the store holds now."""
-        self._on_records_sent(delivered, 0)
-
     def _on_records_sent(self, delivered: asyncio.Future[RecordMetadata], after_first: int) -> None:
-        """:meth:`_on_record_sent` for a record batch (:mod:`app.engine.produce`) whose last record is ``after_first``
-        records after its first, whose offset the delivery's metadata holds."""
+        """Faust's ``_on_changelog_sent`` for a record batch of this table's changelog (:mod:`app.engine.produce`) whose
+        last record is ``after_first`` records after its first, whose offset the delivery's metadata holds: under
+        exactly_once, the offset the store holds once the transaction commits (recorded then,
+        :func:`app.engine.commit.persist_changelog_positions`); under at_least_once, the offset the store holds now."""
         if delivered.cancelled() or delivered.exception() is not None:
             return  # the scope's delivery check fails the batch
         metadata = delivered.result()
@@ -239,34 +235,25 @@ class WeirTopic(faust.Topic):  # type: ignore[misc]
 async def send_record(
     topic: faust.TopicT, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None, partition: int | None = None
 ) -> None:
-    """Send one encoded record to ``topic`` (to ``partition``, else by its key) in the current scope: queued in the
-    producer (and the transaction) of the scope's source partition, its delivery awaited with the scope's other sends.
+    """Send one encoded record to ``topic`` (to ``partition``, else by its key) in the current scope: noted in the
+    part's outbox, and queued with the batch's other records in the producer (and the transaction) of the scope's
+    source partition (:mod:`app.engine.produce`), its delivery awaited with the scope's other sends.
 
     The same record, producer and transaction as ``topic.send(key=..., value=...)``, without Faust's way there:
     a pending message and a future message per send, key and value preparation (weir sends bytes), the send
-    sensors and a delivery callback; a twentieth of an inline splitter's time under a backlog. Outside a scope
-    (nothing collects the send), or with Faust's producer not started yet, Faust's way.
+    sensors and a delivery callback, and a ``send()`` into aiokafka per record. Outside a part (nothing collects
+    the send), or with Faust's producer not started yet (the part has no outbox), Faust's way.
     """
     box = scope_outbox.get()
     if box is not None:
-        box.records.append((topic, partition, key, value, headers, None))  # queued with the batch's others (app.engine.produce)
+        box.records.append((topic, partition, key, value, headers, None))
         return
-    pending = _scope_sends.get()
-    producer = None
-    if pending is not None and faust.current_event() is not None:
-        app = topic.app
-        producer = app.consumer.transactions if app.in_transaction else app.producer if app.producer.started else None
-    if producer is None or pending is None:
-        extra: dict[str, Any] = {}  # only what was given: Faust's send, or a stand-in for a topic in a unit test
-        if partition is not None:
-            extra["partition"] = partition
-        if headers:
-            extra["headers"] = headers
-        await topic.send(key=key, value=value, **extra)
-        return
-    delivered = await producer.send(topic.get_topic_name(), key, value, partition, None, headers)
-    # aiokafka's future: all the scope asks of it (awaited, done, exception) a FutureMessage answers alike
-    pending.append(cast(FutureMessage, delivered))
+    extra: dict[str, Any] = {}  # only what was given: Faust's send, or a stand-in for a topic in a unit test
+    if partition is not None:
+        extra["partition"] = partition
+    if headers:
+        extra["headers"] = headers
+    await topic.send(key=key, value=value, **extra)
 
 
 def send_changelogs(records: list[_Record]) -> None:

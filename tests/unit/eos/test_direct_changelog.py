@@ -53,6 +53,7 @@ class Transactions:
             _message_accumulator=SimpleNamespace(_batches={}, _compression_type=0),
             _txn_manager=SimpleNamespace(transactional_id="t"),
             client=SimpleNamespace(_wait_on_metadata=self._metadata),
+            _metadata=SimpleNamespace(partitions_for_topic=lambda topic: {PARTITION}),
             send_batch=self.send_batch,
         )
         self.producer = SimpleNamespace(_transaction_producers={"t": producer}, _trn_locks={"t": asyncio.Lock()})
