@@ -256,6 +256,8 @@ class Collector:
         self.stamped: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        #: where the reader started in each partition
+        self._starts: dict[int, int] = {}
 
     async def start(self, *, from_end: bool = False) -> Collector:
         """Read the topic from its beginning, or (``from_end``) only what comes after this call returns.
@@ -265,28 +267,39 @@ class Collector:
         made its p99 of 200 orders 200-400 ms where it was 16 ms). From the end, the reader is at the end of
         every partition (the last stable offset: read_committed), and a fetch of each has been answered, before the call
         returns.
+
+        The partitions are assigned and their offsets set here, before any fetch, not left to aiokafka: subscribed in no
+        group, with ``auto_offset_reset="earliest"`` and ``seek_to_end``, the reader of a run after a backlog read the
+        whole topic from its beginning first in two of three runs (thousands of records a fetch before the first order
+        was sent): the first results of a 20 orders/s run were seen 0.3-1.7 s after the worker had committed them, more
+        run after run as the topic grew, while a second reader saw their last stable offset pass them within 40 ms; a
+        backlog run's rate was the reader's. A record before where it started is an error (:meth:`_run`), not
+        something to skip.
         """
         consumer = AIOKafkaConsumer(
-            self.topic,
             bootstrap_servers=self.bootstrap,
-            auto_offset_reset="earliest",
+            auto_offset_reset="none",
             enable_auto_commit=False,
             isolation_level="read_committed",
             group_id=None,
             fetch_max_wait_ms=50,
         )
         await consumer.start()
-        if from_end:
-            try:
-                deadline = time.monotonic() + 30
-                while not consumer.assignment():  # without a group, every partition once the metadata came
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"collector: no partition of {self.topic!r} assigned after 30 s (not created?)")
-                    await asyncio.sleep(0.01)
-                partitions = sorted(consumer.assignment())
-                await consumer.seek_to_end(*partitions)
-                for partition in partitions:
-                    await consumer.position(partition)
+        try:
+            deadline = time.monotonic() + 30
+            while not (ids := (await consumer._client.fetch_all_metadata()).partitions_for_topic(self.topic)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"collector: no partition of {self.topic!r} after 30 s (not created?)")
+                await asyncio.sleep(0.05)
+            partitions = [TopicPartition(self.topic, number) for number in sorted(ids)]
+            # where to start, read before the partitions are assigned and set with no await between: nothing of the
+            # consumer's own (a reset to auto_offset_reset) can come first
+            starts = await (consumer.end_offsets(partitions) if from_end else consumer.beginning_offsets(partitions))
+            consumer.assign(partitions)
+            for partition, offset in starts.items():
+                consumer.seek(partition, offset)
+            self._starts = {partition.partition: offset for partition, offset in starts.items()}
+            if from_end:
                 # A first fetch answered for every partition (its last stable offset known) before the clock starts: a
                 # new reader's first fetches took up to 350 ms in half the runs, and the first orders of a 20 orders/s
                 # run, their results committed within 5 ms, were seen that late (their p99 was the reader's start).
@@ -294,9 +307,9 @@ class Collector:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"collector: no fetch of {self.topic!r} answered after 30 s")
                     await asyncio.sleep(0.01)
-            except BaseException:
-                await consumer.stop()
-                raise
+        except BaseException:
+            await consumer.stop()
+            raise
         self._task = asyncio.create_task(self._run(consumer))
         return self
 
@@ -305,7 +318,12 @@ class Collector:
             while True:
                 batch = await consumer.getmany(timeout_ms=100, max_records=5000)
                 now = time.time()
-                for messages in batch.values():
+                for partition, messages in batch.items():
+                    if messages and messages[0].offset < self._starts[partition.partition]:
+                        raise RuntimeError(
+                            f"collector: {self.topic!r} partition {partition.partition} read from offset {messages[0].offset},"
+                            f" before where it started ({self._starts[partition.partition]})"
+                        )
                     for message in messages:
                         key = self.key_of(message)
                         if key is not None and key not in self.seen:
@@ -323,6 +341,9 @@ class Collector:
         while not wanted <= self.seen.keys():
             if alive is not None:
                 alive()
+            if self._task is not None and self._task.done():
+                self._task.result()  # the reader's error; a reader that ended without one is one too
+                raise RuntimeError(f"collector: the reader of {self.topic!r} ended")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
