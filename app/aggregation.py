@@ -335,8 +335,10 @@ class ItemWorker:
             outcomes = list(await asyncio.gather(*(self._run(payload, index, message) for index, _, payload in items)))
         elif self.in_place is not None:
             outcomes = []
+            # read once per message, not per item (the loop runs once per item of every order)
+            clock, blocking_s, stop_on_failure = time.perf_counter, self.blocking_s, self.stop_on_failure
             for position, (_, _, payload) in enumerate(items):
-                if self.stop_on_failure and outcomes and not outcomes[-1].ok:
+                if stop_on_failure and outcomes and not outcomes[-1].ok:
                     outcomes += self._not_run(items[position:], outcomes[-1], items[position - 1][0])
                     break
                 in_place = self.in_place
@@ -344,16 +346,16 @@ class ItemWorker:
                     rest = items[position:]
                     outcomes += await asyncio.gather(*(self._run(later, index, message) for index, _, later in rest))
                     break
-                started = time.perf_counter()
+                started = clock()
                 try:
-                    outcome = StepOutcome(ok=True, value=in_place(payload), error=None, attempts=1)
-                    took_s = time.perf_counter() - started  # the call alone: a retry's backoff is not the step blocking
+                    outcome = StepOutcome(True, in_place(payload), None, 1)
+                    took_s = clock() - started  # the call alone: a retry's backoff is not the step blocking
                 except Exception as error:  # a user step may raise anything: the retry policy decides what follows
-                    took_s = time.perf_counter() - started
+                    took_s = clock() - started
                     outcome = await run_with_retry(self.policy, functools.partial(in_place, payload), failed=error)
                 outcomes.append(outcome)
-                if self.blocking_s is not None:
-                    blocked = took_s > self.blocking_s
+                if blocking_s is not None:
+                    blocked = took_s > blocking_s
                     if blocked and self._blocked_last:
                         self._to_the_pool(took_s)
                     self._blocked_last = blocked

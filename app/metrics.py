@@ -66,6 +66,7 @@ __all__ = [
     "COLLECTOR",
     "count_rebalance",
     "events_handled",
+    "outputs_sent",
     "batch_handled",
     "dead_lettered",
     "commit_observed",
@@ -231,6 +232,19 @@ def aggregate_parts(aggregator: str, *, duplicates: int = 0, late: int = 0) -> N
 
 def events_handled(agent: str, count: int = 1) -> None:
     EVENTS_HANDLED.labels(agent).inc(count)
+
+
+#: OUTPUTS_SENT's child per agent: prometheus_client's ``labels()`` takes a lock and builds a key on every call, 3% of an
+#: inline splitter's busy samples when it was called once per event
+_OUTPUTS_SENT_BY_AGENT: dict[str, Any] = {}
+
+
+def outputs_sent(agent: str, count: int) -> None:
+    """``count`` more outputs of ``agent`` sent (weir_outputs_sent_total)."""
+    child = _OUTPUTS_SENT_BY_AGENT.get(agent)
+    if child is None:
+        child = _OUTPUTS_SENT_BY_AGENT[agent] = OUTPUTS_SENT.labels(agent)
+    child.inc(count)
 
 
 def batch_handled(parts: Mapping[Any, Sequence[Any]]) -> None:

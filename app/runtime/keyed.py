@@ -220,7 +220,7 @@ async def send_checked(
     if all_or_none and prepared.undeliverable:
         return list(prepared.undeliverable)
     await send_prepared(prepared.ready)
-    metrics.OUTPUTS_SENT.labels(agent).inc(len(prepared.ready))
+    metrics.outputs_sent(agent, len(prepared.ready))
     return list(prepared.undeliverable)
 
 
@@ -393,7 +393,7 @@ class KeyedState(Generic[S]):
                 kind, due_ms = deadline if isinstance(deadline, tuple) else (self.deadline_kind, deadline)
                 self.deadlines.add(event.message.partition, kind, key, due_ms, now_ms=now)
         await send_prepared(prepared.ready)
-        metrics.OUTPUTS_SENT.labels(self.agent).inc(len(prepared.ready))
+        metrics.outputs_sent(self.agent, len(prepared.ready))
 
     def _fit_state(self, key: str, previous: S | None, change: Change[S], limit: int) -> Change[S]:
         """A new state too large for its changelog record goes to the pattern's ``oversized`` hook (checked once more)."""
