@@ -244,6 +244,7 @@ class Application:
                 transaction_timeout_ms=settings.transaction_timeout_ms,
                 static_member=settings.worker_id if settings.static_membership else None,
                 commit_idle_s=settings.commit_idle_ms / 1000,
+                fetch_max_wait_ms=settings.fetch_max_wait_ms,
                 defer_deliveries=settings.processing_guarantee == "exactly_once",
                 direct_batches=settings.direct_batches,
                 record_batch_bytes=min(engine.EngineConfig.record_batch_bytes, settings.max_message_bytes - 1024),

@@ -225,6 +225,11 @@ class Settings:
     #: commit_interval); once commits took a third of the last second, spaced by twice their average duration.
     #: Under load commits come every commit_interval.
     commit_idle_ms: int = 3
+    #: WEIR_FETCH_MAX_WAIT_MS: how long the broker may hold a worker's fetch that finds nothing new (Faust sets 1.5 s).
+    #: A worker has one fetch in flight per broker, and a partition whose fetched records it was still handling when
+    #: that fetch went out is not in it: its next records wait for the fetch to come back. A three-stage pipeline's
+    #: splitter+aggregator, its orders read, waited 1.2-1.3 s in every backlog run for outcomes already committed.
+    fetch_max_wait_ms: int = 100
     #: WEIR_TRANSACTIONS (exactly_once): "per_worker" (Kafka's EOS v2, KIP-447: one transaction per worker,
     #: fenced by the consumer group's generation; see app/engine/kip447.py) or "per_partition" (EOS v1, Faust's layout:
     #: one transaction per source partition, fenced by its transactional id).
@@ -502,6 +507,7 @@ def load_settings() -> Settings:
         standby_replicas=_env_int("WEIR_STANDBY_REPLICAS", defaults.standby_replicas, 0, 16),
         commit_interval=_env_float("WEIR_COMMIT_INTERVAL", defaults.commit_interval, 0.001),
         commit_idle_ms=_env_int("WEIR_COMMIT_IDLE_MS", defaults.commit_idle_ms, 0),
+        fetch_max_wait_ms=_env_int("WEIR_FETCH_MAX_WAIT_MS", defaults.fetch_max_wait_ms, 0),
         transactions=transactions,
         worker_id=_env_str("WEIR_WORKER_ID", defaults.worker_id),
         transaction_timeout_ms=_env_int("WEIR_TRANSACTION_TIMEOUT_MS", defaults.transaction_timeout_ms, 1000),

@@ -45,7 +45,8 @@ are replaced by :func:`install`; ``App(Table=..., Topic=...)`` names the table a
    and ``Service.task``. Why: Faust's loop commits offsets past records no agent handled (batches fetched
    before a seek, paused partitions, acks of an older generation) and commits in the middle of events.
 3. ``WeirConsumerThread`` (:mod:`~app.engine.delivery`, :mod:`~app.engine.restore`): overrides
-   ``_create_worker_consumer`` (sets aiokafka's ``AIOKafkaConsumer._group_instance_id``: static membership),
+   ``_create_worker_consumer`` (sets aiokafka's ``AIOKafkaConsumer._group_instance_id``: static membership, and
+   ``_fetch_max_wait_ms``: Faust passes 1,500 ms),
    ``subscribe`` (waits until the broker lists every topic, through ``_ensure_consumer()._client``) and
    ``_highwaters`` (a changelog's end from the broker, after open transactions settled). Why: Faust took a
    taken-over changelog's end from the last fetch (-1: nothing restored), and a static member's first

@@ -23,6 +23,8 @@ class EngineConfig:
     transaction_timeout_ms: int = 10_000
     #: WEIR_STATIC_MEMBERSHIP: this worker's group instance id ("": :func:`worker_slot`; None: a dynamic member).
     static_member: str | None = None
+    #: WEIR_FETCH_MAX_WAIT_MS: the worker consumer's ``fetch_max_wait_ms`` (None: Faust's 1,500).
+    fetch_max_wait_ms: int | None = None
     #: WEIR_COMMIT_IDLE_MS: commit once no event has been processed for this long (0: Faust's fixed interval).
     commit_idle_s: float = 0.0
     #: A commit started by a pause comes at least this many times the recent commits' average duration after
