@@ -241,6 +241,17 @@ def _record_key(message: ConsumerRecord[bytes, bytes]) -> str | None:
     return message.key.decode() if message.key is not None else None
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 30.0) -> list[TopicPartition]:
+    """Every partition of ``topic`` as the broker lists it now (a metadata request of the started ``consumer``; a
+    subscribed consumer's own metadata knows only its subscription)."""
+    deadline = time.monotonic() + timeout_s
+    while not (ids := (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no partition of {topic!r} after {timeout_s:g} s (not created?)")
+        await asyncio.sleep(0.05)
+    return [TopicPartition(topic, number) for number in sorted(ids)]
+
+
 class Collector:
     """Reads a topic from its beginning (read_committed) and notes when each key was first seen (wall clock).
 
@@ -254,6 +265,8 @@ class Collector:
         self.seen: dict[str, float] = {}
         #: the create time of the record each key was first seen in (the producer's clock when it built the batch)
         self.stamped: dict[str, float] = {}
+        #: the (partition, offset) of the record each key was first seen in
+        self.placed: dict[str, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         #: where the reader started in each partition
@@ -287,11 +300,7 @@ class Collector:
         await consumer.start()
         try:
             deadline = time.monotonic() + 30
-            while not (ids := (await consumer._client.fetch_all_metadata()).partitions_for_topic(self.topic)):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"collector: no partition of {self.topic!r} after 30 s (not created?)")
-                await asyncio.sleep(0.05)
-            partitions = [TopicPartition(self.topic, number) for number in sorted(ids)]
+            partitions = await topic_partitions(consumer, self.topic)
             # where to start, read before the partitions are assigned and set with no await between: nothing of the
             # consumer's own (a reset to auto_offset_reset) can come first
             starts = await (consumer.end_offsets(partitions) if from_end else consumer.beginning_offsets(partitions))
@@ -328,6 +337,7 @@ class Collector:
                         key = self.key_of(message)
                         if key is not None and key not in self.seen:
                             self.seen[key] = now
+                            self.placed[key] = (message.partition, message.offset)
                             self.stamped[key] = message.timestamp / 1000
                 if batch:
                     self._changed.set()

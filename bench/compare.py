@@ -425,6 +425,7 @@ async def orders_run(
             "sent_at": sent_at,
             "seen": {key: collector.seen[key] for key in keys},
             "stamped": {key: collector.stamped[key] for key in keys},
+            "placed": {key: collector.placed[key] for key in keys},
         }
     finally:
         await producer.stop()

@@ -19,12 +19,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from bench import compare
-from bench._util import broker_pid
+from bench._util import broker_pid, topic_partitions
 from weir.app.kafka_io import delete_topics
 from weir.app.settings import default_bootstrap
 
@@ -39,8 +38,7 @@ async def follow_offsets(bootstrap: str, topic: str, polls: list[Poll], stop: as
     await committed.start()
     await written.start()
     try:
-        ids = (await committed._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
-        partitions = [TopicPartition(topic, number) for number in sorted(ids)]
+        partitions = await topic_partitions(committed, topic)
         while not stop.is_set():
             stable, high = await committed.end_offsets(partitions), await written.end_offsets(partitions)
             polls.append((time.time(), {tp.partition: stable[tp] for tp in partitions}, {tp.partition: high[tp] for tp in partitions}))
@@ -59,28 +57,12 @@ def passed(polls: list[Poll], partition: int, offset: int, *, stable: bool) -> f
 
 
 async def light_run(ctx: compare.Context, pipeline: compare.Pipeline, first: int, count: int, rate: float) -> None:
-    where: dict[str, tuple[int, int]] = {}
-    checked = compare._checked_results
-
-    def noting(problems: list[str]) -> Any:
-        key_of = checked(problems)
-
-        def key_and_place(message: ConsumerRecord[bytes, bytes]) -> str | None:
-            key = key_of(message)
-            if key is not None:
-                where.setdefault(key, (message.partition, message.offset))
-            return key
-
-        return key_and_place
-
     polls: list[Poll] = []
     stop = asyncio.Event()
     follower = asyncio.create_task(follow_offsets(ctx.bootstrap, pipeline.results_topic, polls, stop))
-    compare._checked_results = noting  # type: ignore[assignment]
     try:
         figures = await compare.orders_run(ctx, pipeline, first, count, rate)
     finally:
-        compare._checked_results = checked
         stop.set()
         await follower
     sent, seen, stamped = figures["sent_at"], figures["seen"], figures["stamped"]
@@ -90,7 +72,7 @@ async def light_run(ctx: compare.Context, pipeline: compare.Pipeline, first: int
         return f"{1000 * (moment - sent[key]):6.0f}" if moment is not None else "     -"
 
     for key in sorted(sent, key=lambda key: seen[key] - sent[key], reverse=True)[:5]:
-        partition, offset = where[key]
+        partition, offset = figures["placed"][key]
         written, readable = (passed(polls, partition, offset, stable=stable) for stable in (False, True))
         print(
             f"    {key} (partition {partition}, offset {offset}), ms after its send: made {after(key, stamped[key])},"

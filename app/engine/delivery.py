@@ -66,11 +66,11 @@ class WeirConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        fetch_max_wait_ms = installed().fetch_max_wait_ms
-        if fetch_max_wait_ms is not None:
+        config = installed()
+        if config.fetch_max_wait_ms is not None:
             # read by its fetcher, made when the consumer starts (Faust passes 1,500 and no way to change it)
-            consumer._fetch_max_wait_ms = fetch_max_wait_ms
-        static_member = installed().static_member
+            consumer._fetch_max_wait_ms = config.fetch_max_wait_ms
+        static_member = config.static_member
         if static_member is not None:
             # Static membership (KIP-345): a worker restarted under its instance id within the session timeout
             # gets its partitions back without a rebalance of the group; it does not leave the group on a stop.
