@@ -13,7 +13,9 @@ bench/results.json, which bench.charts draws):
 - weir's split/aggregate, like with like with Quix Streams (bench/quix_split_aggregate.py), exactly-once on
   both sides, the same commit interval, chunk size and producer linger, as many Quix processes (one consumer
   group) as weir workers: weir inline (two splitter processes) against Quix inline (one stage, two processes);
-  weir's three stages (one splitter+aggregator process, two items processes) against Quix's three stages with
+  weir's three stages (three processes, each running the splitter, items and aggregator agents on its share of
+  the partitions, as Quix's and Kafka Streams' processes each run every stage; --weir-layout roles runs one
+  splitter+aggregator process and two items processes instead) against Quix's three stages with
   chunks of 10 (three processes); and Quix's per-item form (one record per item, three processes), labelled as
   such: a backlog of orders sent at once (orders/s, items/s, the workers' CPU and CPU per order, the broker's
   beside it, latency p50/p99 from the order's send to the result read by a read_committed consumer), a fixed
@@ -96,8 +98,11 @@ from weir.tables.triggers import (
 )
 
 PARTITIONS = 4
-#: The weir pipeline's workers in every figure: name -> agents.
-WEIR_STAGES = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
+#: The weir pipeline's workers in every figure: name -> agents. Each runs every stage on its share of the partitions,
+#: as each of Quix Streams' and Kafka Streams' processes runs every stage of theirs.
+WEIR_STAGES = {f"worker-{number}": "splitter,items,aggregator" for number in (1, 2, 3)}
+#: --weir-layout roles: one process per role (one splitter+aggregator, two items), the layout of the figures before.
+WEIR_ROLE_STAGES = {"split+agg": "splitter,aggregator", "items-1": "items", "items-2": "items"}
 ITEMS = 10
 #: The work each split/aggregate row does; rows of the same work are like with like (the same batching,
 #: guarantee, commit interval and number of processes), the per-item row is Quix Streams' alone.
@@ -197,6 +202,8 @@ class Context:
     notes: list[str] = field(default_factory=list)
     #: orders every split/aggregate pipeline handles, at once, before its first measured run (--warm-up)
     warm_up: int = 20
+    #: the three-stage weir pipeline's workers (--weir-layout): name -> agents
+    weir_stages: dict[str, str] = field(default_factory=lambda: dict(WEIR_STAGES))
 
     def figure(self, system: str, name: str, unit: str, fmt: str = "{:,.0f}", work: str = "") -> Figure:
         created = Figure(system, name, unit, fmt=fmt, work=work)
@@ -518,7 +525,7 @@ def _profiler(workers: dict[str, int], out_dir: Path | None, seconds: int) -> Ca
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def start() -> None:
-        # Collapsed stacks of every worker; a flame graph of the first (the splitter+aggregator) only: two
+        # Collapsed stacks of every worker; a flame graph of the first only: two
         # samplers on one process would double the pauses py-spy makes in it.
         for number, (name, pid) in enumerate(workers.items()):
             for fmt, suffix in (("raw", "txt"), ("flamegraph", "svg"))[: 2 if number == 0 else 1]:
@@ -542,7 +549,7 @@ def weir_pipeline(
     work: str = WORK_STAGES,
 ) -> Iterator[Pipeline]:
     """The split/aggregate pipeline's workers on new topics ``<prefix>*``, exactly_once: ``stages`` names each
-    worker and its agents (default :data:`WEIR_STAGES`: one splitter+aggregator, two items). ``extra_env``
+    worker and its agents (default :data:`WEIR_STAGES`: three, each running every stage). ``extra_env``
     adds to their environment, ``trace_files`` names a WEIR_TRACE_FILE per worker. Stopped on leaving."""
     env = {
         "WEIR_ITEM_PROCESSOR": DEMO_STEP,  # the work every system does: price each item from the catalogue
@@ -609,7 +616,7 @@ def run_weir(
     prefix = f"cmp-{ctx.run_id}.{'weir' if variant is None else 'weir-' + variant}."
     extra_env = {"WEIR_ITEMS_INLINE": "1"} if inline else {} if transactions is None else {"WEIR_TRANSACTIONS": transactions}
     backlog = orders * INLINE_BACKLOG if inline else orders
-    stages, work = (INLINE_STAGES, WORK_INLINE) if inline else (WEIR_STAGES, WORK_STAGES)
+    stages, work = (INLINE_STAGES, WORK_INLINE) if inline else (ctx.weir_stages, WORK_STAGES)
     with weir_pipeline(ctx, label, prefix, extra_env, stages=stages, work=work) as pipeline:
         _measure_pipeline(ctx, pipeline, backlog, rate, light_seconds, _profiler(pipeline.workers, profile, profile_seconds))
 
@@ -1191,6 +1198,12 @@ def main() -> None:
     parser.add_argument("--barrier-rate", type=float, default=30.0, help="payments/s (the last completions) in the barrier release run")
     parser.add_argument("--window-records", type=int, help="records per windows run (default 100,000; 20,000 with --quick)")
     parser.add_argument("--window-keys", type=int, default=200, help="keys (sensors) of the windows runs")
+    parser.add_argument(
+        "--weir-layout",
+        choices=("shared", "roles"),
+        default="shared",
+        help="weir's three-stage workers: three that each run every stage (default), or one splitter+aggregator and two items",
+    )
     parser.add_argument("--profile", type=Path, help="record the weir workers with py-spy during the first backlog run, into DIR")
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker (deleted by default)")
@@ -1223,6 +1236,7 @@ def main() -> None:
     run_id = uuid.uuid4().hex[:6]
     ctx = Context(bootstrap, run_id, runs, Path(tempfile.mkdtemp(prefix=f"weir-compare-{run_id}-")), broker_pid())
     ctx.warm_up = args.warm_up if args.warm_up is not None else (300 if quick else 2_000)
+    ctx.weir_stages = dict(WEIR_ROLE_STAGES if args.weir_layout == "roles" else WEIR_STAGES)
     command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, "-m", "bench.compare", *sys.argv[1:]])
     intro = [
         f"command: {command}",
@@ -1274,7 +1288,15 @@ def main() -> None:
             " duration) and at least every 0.1 s while busy; Quix Streams commits every 0.1 s. Half the backlog rate: half the"
             f" orders/s of the same run's backlog, offered evenly. A fixed-rate run starts {SETTLE_S:g} s after the run before it"
             " ended (its last commits and timers): the figure is the rate's, not the way down from a backlog.",
-            "weir: exactly_once, one splitter+aggregator process and two items processes; 'weir, items inline': the item step run by"
+            "weir: exactly_once, "
+            + (
+                "three processes that each run the splitter, items and aggregator agents on their share of the partitions (as"
+                " every Quix Streams and Kafka Streams process runs every stage; 4 partitions over 3 processes: one holds two of"
+                " each topic's)"
+                if ctx.weir_stages == WEIR_STAGES
+                else "one splitter+aggregator process and two items processes (--weir-layout roles)"
+            )
+            + "; 'weir, items inline': the item step run by"
             " the splitter, which sends each order's result itself (WEIR_ITEMS_INLINE=1), two splitter processes. Quix Streams"
             " (bench/quix_split_aggregate.py) in the same forms with as many processes in one consumer group: inline, one stage"
             " (2 processes); split into chunks of 10 -> items topic -> price the chunk -> group_by order id -> merge (3 processes);"

@@ -1,6 +1,6 @@
 """Latency by offered rate, split/aggregate: `python -m bench.latency [--rates 20,100,250,400] [--seconds 30]`.
 
-The three workers of `bench.compare`'s weir rows (one splitter+aggregator, two items processes, exactly_once,
+The three workers of `bench.compare`'s weir rows (each runs the splitter, items and aggregator agents, exactly_once,
 4 partitions, orders of 10 items) on new topics. First a backlog (``--warm-up`` orders, default 1,000, sent
 at once; its orders/s is printed), so that every stage and every changelog partition has written before a
 latency is measured; then each rate of ``--rates`` for ``--seconds``, in that order, 2 s apart, offered
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=1000, help="orders in the backlog before the rates")
     parser.add_argument("--trace", action="store_true", help="WEIR_TRACE_FILE per worker: commits and batches per rate")
     parser.add_argument(
-        "--separate", action="store_true", help="the splitter and the aggregator in two processes (default: one, as in bench.compare)"
+        "--separate", action="store_true", help="one process per role: splitter, aggregator, two items (default: bench.compare's three)"
     )
     parser.add_argument("--hops", type=int, default=0, metavar="N", help="latency per hop; N: also the hops of the N slowest orders")
     args = parser.parse_args()
