@@ -35,12 +35,14 @@ _Record = tuple["WeirTable", int, bytes, bytes | None]
 class _Writes:
     """One table's reads and writes inside one scope: the last value of each key wins."""
 
-    __slots__ = ("reads", "table", "writes")
+    __slots__ = ("encoded", "reads", "table", "writes")
 
     def __init__(self, table: WeirTable) -> None:
         self.table = table
         self.reads: dict[Any, Any] = {}
         self.writes: dict[Any, Any] = {}
+        #: keys read from the store, as the store's codec encoded them (written out with the same bytes)
+        self.encoded: dict[Any, bytes] = {}
 
 
 class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
@@ -51,6 +53,18 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
     (store and changelog record) once, when the scope's work is done and before its deliveries are
     awaited. Iterating the table writes the overlay out first. Outside a scope it is Faust's table.
     """
+
+    #: The RocksDB store this table reads and writes directly (not through Faust's mapping), once known; False: none.
+    _direct: RocksDBStore | bool | None = None  # False: Faust's way
+
+    def _direct_store(self) -> RocksDBStore | None:
+        """The table's RocksDB store when a key's bytes name one place in it: a partitioned table of keys that do not
+        expire (a windowed table keeps Faust's reads and writes, and their expiry bookkeeping); None otherwise."""
+        if self._direct is None:
+            store = self.data
+            direct = not self.use_partitioner and not self.is_global and not self._should_expire_keys()
+            self._direct = store if isinstance(store, RocksDBStore) and direct else False
+        return self._direct if isinstance(self._direct, RocksDBStore) else None
 
     def _writes(self) -> _Writes | None:
         scopes = _scope_writes.get()
@@ -71,12 +85,23 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
                 if value is _DELETED:
                     return self.__missing__(key)
                 return value
-        try:
-            value = super().__getitem__(key)
-        except KeyError:
+        store = self._direct_store()
+        if store is None:
+            try:
+                value = super().__getitem__(key)
+            except KeyError:
+                overlay.reads[key] = _DELETED
+                raise
+            overlay.reads[key] = value
+            return value
+        # Faust's read encodes the key twice and reads RocksDB twice (``key in data``, then ``data[key]``): once here.
+        key_bytes = overlay.encoded[key] = store._encode_key(key)
+        self.on_key_get(key)
+        found = store._get(key_bytes)
+        if found is None:
             overlay.reads[key] = _DELETED
-            raise
-        overlay.reads[key] = value
+            return self.__missing__(key)
+        value = overlay.reads[key] = store._decode_value(found)
         return value
 
     def __contains__(self, key: object) -> bool:
@@ -111,10 +136,9 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         if overlay is None:
             return
         records = _scope_changelog.get()
-        store = self.data
+        store = self._direct_store()
         event = faust.current_event()
-        direct = not self.use_partitioner and not self._should_expire_keys() and self.app.in_transaction
-        if isinstance(store, RocksDBStore) and direct and records is not None and event is not None and scope_outbox.get() is not None:
+        if store is not None and self.app.in_transaction and records is not None and event is not None and scope_outbox.get() is not None:
             self._write_out_direct(overlay, store, event, records)
             return
         for key, value in overlay.writes.items():
@@ -136,8 +160,9 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         """
         self._verify_source_topic_partitions(event.message.topic)  # once per part (Faust's write checked every key)
         partition = event.message.partition
+        encoded = overlay.encoded
         for key, value in overlay.writes.items():
-            key_bytes = store._encode_key(key)
+            key_bytes = encoded.get(key) or store._encode_key(key)
             if value is not _DELETED:
                 value_bytes = store._encode_value(value)
                 store._set(key_bytes, value_bytes)

@@ -146,6 +146,79 @@ def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path
     assert all(partition == PARTITION for _, partition, _, _ in transactions.sent)
 
 
+READS = st.lists(
+    st.one_of(st.tuples(st.just("set"), KEYS, VALUES), st.tuples(st.just("del"), KEYS), st.tuples(st.just("get"), KEYS)), max_size=16
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(initial=st.lists(st.tuples(KEYS, VALUES), max_size=4), ops=READS)
+def test_reads_in_a_scope_see_the_store_and_the_scope_s_own_writes(tmp_path_factory: Any, initial: list[Any], ops: list[Any]) -> None:
+    """A scope reads a key from the store of its event's partition once (the store's codecs, one RocksDB read), then
+    from its overlay; what it reads is what a dict given the same writes holds, and once the scope is written out,
+    Faust's own read (outside any scope) sees the same."""
+    table = make_table(tmp_path_factory.mktemp("stores"), "reads")
+    table.app.consumer = SimpleNamespace(transactions=Transactions())
+    model: dict[Any, Any] = {}
+    read: list[Any] = []
+    expected: list[Any] = []
+
+    def send_changelog(self: Any, partition: int, *args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    async def run() -> None:
+        with mock.patch.object(Collection, "send_changelog", send_changelog), engine.part_scope(Event(), []):
+            for key, value in initial:  # the initial state, Faust's way
+                table[key] = value
+                model[key] = value
+        scope = BatchScope()
+        async with scope.part(Event(table.app)):
+            for op in ops:
+                if op[0] == "set":
+                    table[op[1]] = model[op[1]] = op[2]
+                elif op[0] == "del":
+                    if op[1] in table:
+                        del table[op[1]]
+                    model.pop(op[1], None)
+                else:
+                    read.append((table.get(op[1], "absent"), op[1] in table))
+                    expected.append((model.get(op[1], "absent"), op[1] in model))
+        await scope.flush()
+
+    asyncio.run(run())
+    assert read == expected
+    outside = {key: faust.Table.get(table, key, "absent") for key in ("a", "b", "ключ", "order-7")}
+    assert outside == {key: model.get(key, "absent") for key in outside}
+
+
+def test_a_read_in_a_scope_encodes_its_key_once_for_the_read_and_the_write(tmp_path: Path) -> None:
+    """Faust's own read encodes the key and reads RocksDB twice (``key in data``, then ``data[key]``); a scope's read of
+    a key it then writes encodes the key once, for both."""
+    table = make_table(tmp_path, "once")
+    table.app.consumer = SimpleNamespace(transactions=Transactions())
+    store = table.data
+    encoded: list[Any] = []
+    encode = store._encode_key
+
+    def counting(key: Any) -> bytes:
+        encoded.append(key)
+        return encode(key)
+
+    async def run() -> None:
+        scope = BatchScope()
+        async with scope.part(Event(table.app)):
+            table["k"] = 1
+        await scope.flush()
+        store._encode_key = counting
+        async with scope.part(Event(table.app)):
+            table["k"] = table.get("k", 0) + 1
+        await scope.flush()
+
+    asyncio.run(run())
+    assert encoded == ["k"]
+    assert faust.Table.get(table, "k") == 2
+
+
 class Refusing(Transactions):
     """A transaction manager whose producer refuses a batch (a closed or fenced producer, a transaction ended)."""
 
