@@ -907,15 +907,17 @@ async def _eof_run(
 ) -> dict[str, Any]:
     """Every client sends its batches and its end at once. Filter alone: seconds until the filter reported every batch.
 
-    Full pipeline: seconds until every client's report arrived, and each report's latency after its client's last batch.
+    Full pipeline: seconds until every client's report arrived, each report's latency after its client's last batch,
+    and the seconds from the filter's report of the last batch to the last report (the end-of-stream handshake's tail).
     """
     batches = len(next(iter(clients.values()))) // EOF_LINES_PER_BATCH
+    filtered_keys = [f"{client}/{batch}" for client in clients for batch in range(batches)]
+    filtered = await Collector(ctx.bootstrap, prefix + TOPIC_COUNTER, key_of=_filtered_key).start()
     if full:
         watch = await Collector(ctx.bootstrap, prefix + TOPIC_REPORTS).start()
         wanted = list(clients)
     else:
-        watch = await Collector(ctx.bootstrap, prefix + TOPIC_COUNTER, key_of=_filtered_key).start()
-        wanted = [f"{client}/{batch}" for client in clients for batch in range(batches)]
+        watch, wanted = filtered, filtered_keys
     ended: dict[str, float] = {}
     try:
         async with Gateway(ctx.bootstrap, lambda name: prefix + name, partitions=PARTITIONS) as gateway:
@@ -933,13 +935,17 @@ async def _eof_run(
             await asyncio.gather(*(client_run(client, lines) for client, lines in clients.items()))
             done = await watch.wait_for(wanted, timeout_s=600, alive=_alive(workers))
             cpu = meter.stop()
+            done = done and await filtered.wait_for(filtered_keys, timeout_s=60)
         if not done:
-            missing = len(set(wanted) - watch.seen.keys())
+            missing = len(set(wanted) - watch.seen.keys()) or len(set(filtered_keys) - filtered.seen.keys())
             raise TimeoutError(f"eof: {missing} of {len(wanted)} {'reports' if full else 'filtered batches'} missing after 600 s")
         latencies = [watch.seen[client] - ended[client] for client in clients] if full else []
-        return {"seconds": max(watch.seen[key] for key in wanted) - started, "latencies": latencies, "cpu": cpu}
+        last = max(watch.seen[key] for key in wanted)
+        return {"seconds": last - started, "latencies": latencies, "tail": last - max(filtered.seen.values()), "cpu": cpu}
     finally:
         await watch.stop()
+        if watch is not filtered:
+            await filtered.stop()
 
 
 def run_eof(ctx: Context, clients: int, batches: int) -> None:
@@ -950,6 +956,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
     p50 = ctx.figure("weir EOF", f"{load}: report latency after the client's last batch, p50", "ms")
     p99 = ctx.figure("weir EOF", f"{load}: report latency after the client's last batch, p99", "ms")
     ratio = ctx.figure("weir EOF", f"{load}: EOF overhead ratio (to every report / filter alone)", "ratio", "{:.2f}")
+    tail = ctx.figure("weir EOF", f"{load}: the last report after the filter's report of the last batch", "ms")
     filter_seconds: list[float] = []
     phases = {
         "filter alone": {"filter": "eof_filter"},
@@ -982,6 +989,7 @@ def run_eof(ctx: Context, clients: int, batches: int) -> None:
                 p50.add(1000 * statistics.median(figures["latencies"]), figures["cpu"])
                 p99.add(1000 * percentile(figures["latencies"], 0.99), figures["cpu"])
                 ratio.add(figures["seconds"] / filter_seconds[run], figures["cpu"])
+                tail.add(1000 * figures["tail"], figures["cpu"])
         finally:
             for worker in workers.values():
                 worker.stop()
@@ -1324,7 +1332,8 @@ def main() -> None:
         " at a read_committed consumer - broker's ack of the client's last batch and end (all clients send at once: mostly the wait"
         " behind the others' batches). EOF overhead ratio: full / filter-alone time"
         " of the same run number, i.e. how much counting, the end-of-stream handshake and aggregation stretch the time to push the same"
-        " batches through the filter (1.00: free).",
+        " batches through the filter (1.00: free). Tail: from the filter's report of the last batch to the last client's report"
+        " (both as a read_committed consumer saw them): the handshake's part of the full run's time.",
         "barrier": "weir barrier: exactly_once, one flows worker (bench/barrier_flows.py) on new topics each run. Arrivals: from the"
         " first send to dispatch-in to the create time of the last barrier changelog record that made an exchange wait (read"
         " committed, once all were sent); CPU per exchange: the worker's CPU from the first send until the read-back is done, over the"
