@@ -1201,7 +1201,11 @@ def main() -> None:
     parser.add_argument(
         "--eof-batches", type=int, help=f"batches of {EOF_LINES_PER_BATCH} lines per EOF client (default 200; 15 with --quick)"
     )
-    parser.add_argument("--barrier-waiting", type=int, help="exchanges left waiting per barrier run (default 2,000; 500 with --quick)")
+    parser.add_argument(
+        "--barrier-waiting",
+        type=int,
+        help="exchanges left waiting per barrier run (default 20,000: the rate is the worker's, not its first fetches'; 500 with --quick)",
+    )
     parser.add_argument("--barrier-released", type=int, help="exchanges released per barrier run (default 150; 60 with --quick)")
     parser.add_argument("--barrier-rate", type=float, default=30.0, help="payments/s (the last completions) in the barrier release run")
     parser.add_argument("--window-records", type=int, help="records per windows run (default 100,000; 20,000 with --quick)")
@@ -1232,7 +1236,7 @@ def main() -> None:
     # 200: the filter alone then runs about a second; with 40 it ran a fifth of one, less than the end-of-stream
     # handshake's own hops after the last batch, and the overhead ratio measured those hops' latency, not the bookkeeping.
     eof_batches = args.eof_batches or (15 if quick else 200)
-    barrier_waiting = args.barrier_waiting or (500 if quick else 2_000)
+    barrier_waiting = args.barrier_waiting or (500 if quick else 20_000)
     barrier_released = args.barrier_released or (60 if quick else 150)
     window_records = args.window_records or (20_000 if quick else 100_000)
     named = [name.strip() for name in args.only.split(",") if name.strip()]
