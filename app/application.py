@@ -363,7 +363,7 @@ class Application:
                     stage.handle_part,
                     size=stage.batch_size or settings.batch_size,
                     wait_ms=stage.batch_wait_ms or settings.batch_wait_ms,
-                    slice_most=1 if stage.runs_user_steps else None,
+                    bounded=stage.runs_user_steps,
                     concurrent=stage.concurrent_parts,
                     crash=self.app.crash,
                 )

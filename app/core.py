@@ -20,6 +20,7 @@ from weir.app.shell import (
     DecodeError,
     EventHandler,
     OwedOutcome,
+    SliceClock,
     all_at_once,
     dead_letter_key,
     dead_letter_value,
@@ -33,6 +34,7 @@ from weir.app.shell import (
     redact_dead_letters,
     send_dead_letter,
     send_dead_letter_record,
+    slice_clock,
 )
 from weir.app.split import InvalidMessage
 
@@ -94,14 +96,14 @@ async def handle_parts(
     wait_ms: int,
     crash: Callable[[BaseException], Awaitable[None]],
     concurrent: bool = False,
-    slice_most: int | None = None,
+    bounded: bool = False,
 ) -> None:
-    """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`),
-    in slices of at most ``slice_most`` events (default: ``size``); an error that escapes stops the worker (``crash``)."""
-    slicer = Slicer(slice_most or size)
+    """Take events in batches (:func:`take_batches`: up to ``size``, what is ready) and run them (:func:`run_sliced`,
+    ``bounded``: a stage that runs the user's steps); an error that escapes stops the worker (``crash``)."""
+    slicer = Slicer(size)
     async with worker_stops_on_escape(crash):
         async for batch in take_batches(stream, size, wait_ms / 1000):
-            await run_sliced(batch, handle_part, slicer, concurrent=concurrent)
+            await run_sliced(batch, handle_part, slicer, concurrent=concurrent, bounded=bounded)
 
 
 @contextlib.asynccontextmanager
@@ -159,19 +161,27 @@ class Slicer:
         self.size = max(1, min(self.most, fits, 2 * max(self.size, events)))
 
 
-async def run_sliced(events: Sequence[EventT[bytes]], handle_part: PartHandler, slicer: Slicer, *, concurrent: bool = False) -> None:
+async def run_sliced(
+    events: Sequence[EventT[bytes]], handle_part: PartHandler, slicer: Slicer, *, concurrent: bool = False, bounded: bool = False
+) -> None:
     """Run a batch with :func:`run_parts`, in slices (:class:`Slicer`), letting a commit that is due go between them.
 
     The slices follow the batch's delivery order, so each partition's handled (acked) events are still a
     prefix of what it delivered when a commit comes between two slices: the commit covers them, and the
     events of later slices, not yet acked, are left for the next one.
+
+    ``bounded`` (a stage that runs the user's steps, whose time can jump at any event): a slice also stops beginning
+    events once its budget has passed (:class:`app.shell.SliceClock`), and the events it did not begin go first in
+    the next slice. Such a stage used to run slices of one event, a transaction each: the barrier's arrivals took
+    twice the CPU (``bench.barrier``).
     """
     rest = list(events)
     while rest:
         piece, rest = rest[: slicer.size], rest[slicer.size :]
         began = time.monotonic()
-        ran = await run_parts(piece, handle_part, concurrent=concurrent)
+        ran, left = await _run_parts(piece, handle_part, concurrent=concurrent, until=began + slicer.budget_s if bounded else None)
         slicer.took(ran, time.monotonic() - began)
+        rest = left + rest
         if rest:
             await asyncio.sleep(0)  # the commit handler, woken by the idle gate, may close it now
 
@@ -207,6 +217,20 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
     of order, and a commit would carry the outputs of handled events above one still waiting at the gate
     while committing the offsets only below it; a crash then replays them.
     """
+    ran, _ = await _run_parts(events, handle_part, concurrent=concurrent)
+    return ran
+
+
+async def _run_parts(
+    events: Sequence[EventT[bytes]], handle_part: PartHandler, *, concurrent: bool, until: float | None = None
+) -> tuple[int, list[EventT[bytes]]]:
+    """:func:`run_parts`; ``until`` (a monotonic instant; not with ``concurrent``): no event begins after it, once one
+    ran (:class:`app.shell.SliceClock`). Returns how many events ran, and the events left, in delivery order per
+    partition: taken for processing, not begun, forgotten as delivered (:func:`app.engine.forget_delivery`) and neither
+    acked nor handled, for the caller to run next."""
+    clock = SliceClock(until) if until is not None and not concurrent else None
+    left: list[EventT[bytes]] = []
+    ran_parts: dict[Any, list[EventT[bytes]]] = {}
     began = time.monotonic()
     async with engine.batch_scope() as scope:
         entered = time.monotonic()
@@ -218,17 +242,39 @@ async def run_parts(events: Sequence[EventT[bytes]], handle_part: PartHandler, *
                 parts.setdefault(event.message.tp, []).append(event)
 
         async def run(part: list[EventT[bytes]]) -> None:
-            async with scope.part(part[-1]):
-                await handle_part(part)
-            engine.ack_handled_all(part)
+            if clock is None:
+                async with scope.part(part[-1]):
+                    await handle_part(part)
+                engine.ack_handled_all(part)
+                ran_parts[part[0].message.tp] = part
+                return
+            if clock.up():  # the slice's time is up before this part began
+                left.extend(part)
+                return
+            clock.handled = None
+            token = slice_clock.set(clock)
+            try:
+                async with scope.part(part[-1]):
+                    await handle_part(part)
+            finally:
+                slice_clock.reset(token)
+            handled = len(part) if clock.handled is None else clock.handled  # a handler that takes a part whole
+            if clock.handled is None:
+                clock.begun += handled
+            engine.ack_handled_all(part[:handled])
+            left.extend(part[handled:])
+            if handled:
+                ran_parts[part[0].message.tp] = part[:handled]
 
         if concurrent and len(parts) > 1:
             await all_at_once(run(part) for part in parts.values())
         else:
             for part in parts.values():
                 await run(part)
-    metrics.batch_handled(parts)
+    for event in left:
+        engine.forget_delivery(event)
+    metrics.batch_handled(ran_parts)
     if events and engine.tracing():  # the batch's size, its wait at the gate and its time inside
         took = f"{1000 * (entered - began):.1f}-{1000 * (time.monotonic() - entered):.1f}ms"
         engine.trace(f"batch-{len(events)}-{took}", events[-1].message.tp, events[-1].message.offset)
-    return sum(len(part) for part in parts.values())
+    return sum(len(part) for part in ran_parts.values()), left

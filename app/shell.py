@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ __all__ = [
     "EventHandler",
     "OwedOutcome",
     "handle_part_events",
+    "SliceClock",
+    "slice_clock",
     "dead_lettered",
     "all_at_once",
     "record_limit",
@@ -70,6 +73,32 @@ EventHandler = Callable[[EventT[bytes], Any], Awaitable[None]]
 OwedOutcome = Callable[[EventT[bytes], str, str], Awaitable[None]]
 
 
+class SliceClock:
+    """The time of a slice of a stage that runs the user's steps (:func:`app.core.run_sliced` with ``bounded``).
+
+    Such a slice is sized at the pace of its last one, like any other, but the user's steps can turn slow at any
+    event (a service slowing down, retries): once ``deadline`` has passed, no further event of the slice begins
+    (:func:`handle_part_events` stops between two events; a part not begun is left whole), and the events left
+    go in the next slice, after a commit that is due. A transaction then holds at most the budget and one event's
+    time, as when every event was a slice of its own. ``handled``: how many events of the current part ran.
+    """
+
+    __slots__ = ("begun", "deadline", "handled")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.begun = 0
+        self.handled: int | None = None
+
+    def up(self) -> bool:
+        """Whether the slice's time is up: past its deadline, with at least one event run (a slice runs one at least)."""
+        return self.begun > 0 and time.monotonic() > self.deadline
+
+
+#: The clock of the slice whose part is being handled, when that slice is bounded (None: the part runs whole).
+slice_clock: contextvars.ContextVar[SliceClock | None] = contextvars.ContextVar("weir_slice_clock", default=None)
+
+
 async def handle_part_events(
     part: Sequence[EventT[bytes]],
     *,
@@ -79,13 +108,32 @@ async def handle_part_events(
     concurrent: bool = False,
     owed: OwedOutcome | None = None,
 ) -> None:
-    """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once."""
+    """Handle a partition's part of a batch (:func:`_handle_one` on each event): in order, or all at once.
+
+    In order, in a bounded slice (:class:`SliceClock`), no event begins once the slice's time is up: how many ran is
+    left in the clock, and the rest of the part goes in the next slice."""
+    clock = slice_clock.get()
     if concurrent:
         await all_at_once(_handle_one(event, agent=agent, what=what, handler=handler, owed=owed) for event in part)
-    else:
+        handled = len(part)
+    elif clock is None:
         for event in part:
             await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
-    metrics.events_handled(agent, len(part))
+        handled = len(part)
+    else:
+        token = slice_clock.set(None)  # the clock is this part's: a handler's own parts run whole
+        handled = 0
+        try:
+            for event in part:
+                if clock.up():
+                    break
+                clock.begun += 1
+                await _handle_one(event, agent=agent, what=what, handler=handler, owed=owed)
+                handled += 1
+        finally:
+            slice_clock.reset(token)
+            clock.handled = handled
+    metrics.events_handled(agent, handled)
 
 
 async def _handle_one(event: EventT[bytes], *, agent: str, what: str, handler: EventHandler, owed: OwedOutcome | None = None) -> None:

@@ -63,7 +63,7 @@ class Stage:
     name: str
     sources: tuple[Any, ...]
     handle_part: PartHandler
-    #: it runs the user's steps, whose time can jump: slices of one event (:func:`app.core.handle_parts`)
+    #: it runs the user's steps, whose time can jump: a slice begins no event once its budget is spent (:func:`app.core.run_sliced`)
     runs_user_steps: bool = False
     #: topics (of ``sources``) whose owned partitions get ``tick_value`` every ``tick_every_ms`` (default: the settings' tick interval)
     ticked: tuple[Any, ...] = ()

@@ -435,6 +435,8 @@ class TestDriver:
                     events = self._pending(stage, topic, partition)
                     if not events:
                         continue
+                    # a worker's slice of a stage that runs user steps may stop after any event (app.core.run_sliced):
+                    # one event a part here, so that a crash may come after each
                     parts = [[event] for event in events] if stage.runs_user_steps else [events]
                     for part in parts:
                         await stage.handle_part(cast(list[EventT[bytes]], part))

@@ -144,7 +144,7 @@ from weir.app.engine import config as _config
 from weir.app.engine import delivery, exits, fetcher, kip447, restore
 from weir.app.engine.commit import observe_aborts, observe_commits
 from weir.app.engine.config import EngineConfig, worker_slot
-from weir.app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, to_process
+from weir.app.engine.delivery import WeirConsumer, ack_handled_all, first_delivery, forget_delivery, to_process
 from weir.app.engine.diagnostics import committed_offsets, describe_consumer, trace, tracing
 from weir.app.engine.overlay import WeirTable, WeirTopic, send_record
 from weir.app.engine.restore import observe_restores, wipe_local_tables
@@ -166,6 +166,7 @@ __all__ = [
     "part_scope",
     "to_process",
     "first_delivery",
+    "forget_delivery",
     "ack_handled_all",
     "trace",
     "tracing",

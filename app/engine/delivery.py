@@ -705,6 +705,16 @@ def first_delivery(event: EventT[Any]) -> bool:
     return True
 
 
+def forget_delivery(event: EventT[Any]) -> None:
+    """An event taken for processing (:func:`to_process`) and not begun: its slice's time was up
+    (:func:`app.core.run_sliced`). It comes again in the next slice, in the same generation, and must be processed
+    then, not left out as a copy (:func:`first_delivery`)."""
+    message = event.message
+    seen = _processed.get(message.tp)
+    if seen is not None and seen[0] == message.generation_id:
+        seen[1].discard(message.offset)
+
+
 def to_process(event: EventT[Any]) -> bool:
     """Whether an agent should process this event now; if not, it is acked (an ack that never counts toward a commit).
 

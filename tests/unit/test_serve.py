@@ -40,6 +40,6 @@ def test_the_agent_of_a_stage_takes_its_batches_as_the_stage_says(monkeypatch: p
         environment.install(environment.STANDALONE)
     own, steps = calls
     crash = application.app.crash
-    assert own == {"handle_part": _nothing, "size": 7, "wait_ms": 9, "slice_most": None, "concurrent": True, "crash": crash}
-    assert steps == {"handle_part": _nothing, "size": 300, "wait_ms": 40, "slice_most": 1, "concurrent": False, "crash": crash}
+    assert own == {"handle_part": _nothing, "size": 7, "wait_ms": 9, "bounded": False, "concurrent": True, "crash": crash}
+    assert steps == {"handle_part": _nothing, "size": 300, "wait_ms": 40, "bounded": True, "concurrent": False, "crash": crash}
     assert topic in application.topics.all(), "a declared topic is created when the worker starts"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ class _Event:
     """Just enough of a Faust event for run_parts (an instance can be weakly referenced, as part scopes do)."""
 
     def __init__(self, partition: int, offset: int) -> None:
-        self.message = SimpleNamespace(tp=TP("t", partition), offset=offset, generation_id=1)
+        self.message = SimpleNamespace(tp=TP("t", partition), offset=offset, generation_id=1, value=b"null")
         self.app = SimpleNamespace(consumer_generation_id=1, consumer=SimpleNamespace(_committed_offset={}))
         self.acked = False
 
@@ -220,24 +221,27 @@ def test_skipped_events_do_not_count_as_run() -> None:
     assert all(event.acked for event in events)
 
 
-def test_an_agent_that_runs_user_steps_commits_after_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its slices stay at one event however fast events ran: a slice sized at the fast pace would hold hundreds of
-    suddenly slow events (a service slowing down, retries) in one transaction, past its timeout."""
+def test_an_agent_that_runs_user_steps_takes_slices_that_grow_with_the_pace_and_stop_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage that runs the user's steps is served bounded (its slices stop beginning events once their budget is
+    spent), any other whole; both take slices that grow with the pace (they once were one event each: a
+    transaction per event, twice the barrier's CPU)."""
     events = _batch(*[(0, offset) for offset in range(5)])
-    slices: dict[bool, list[int]] = {}
+    runs: dict[bool, list[tuple[int, bool]]] = {}
 
     async def batches(stream: Any, size: int, within: float) -> Any:
         yield events
 
     for user_steps in (True, False):
-        sizes: list[int] = []
+        sizes: list[tuple[int, bool]] = []
 
-        async def run_parts(piece: Any, handle_part: Any, *, concurrent: bool = False, sizes: list[int] = sizes) -> int:
-            sizes.append(len(piece))
-            return len(piece)
+        async def run_parts(
+            piece: Any, handle_part: Any, *, concurrent: bool = False, until: float | None = None, sizes: list[Any] = sizes
+        ) -> tuple[int, list[Any]]:
+            sizes.append((len(piece), until is not None))
+            return len(piece), []
 
         monkeypatch.setattr(core, "take_batches", batches)
-        monkeypatch.setattr(core, "run_parts", run_parts)
+        monkeypatch.setattr(core, "_run_parts", run_parts)
 
         async def handle_part(part: Any) -> None:
             return None
@@ -245,8 +249,102 @@ def test_an_agent_that_runs_user_steps_commits_after_every_event(monkeypatch: py
         async def crash(error: BaseException) -> None:
             raise AssertionError(f"the worker crashed: {error!r}")
 
-        slice_most = 1 if user_steps else None  # what a worker passes for a stage that runs user steps
-        asyncio.run(core.handle_parts(None, handle_part, size=500, wait_ms=10, crash=crash, slice_most=slice_most))  # type: ignore[arg-type]
-        slices[user_steps] = sizes
-    assert slices[True] == [1, 1, 1, 1, 1]
-    assert slices[False] == [1, 2, 2], "the other agents' slices grow with the pace"
+        asyncio.run(core.handle_parts(None, handle_part, size=500, wait_ms=10, crash=crash, bounded=user_steps))  # type: ignore[arg-type]
+        runs[user_steps] = sizes
+    assert runs[True] == [(1, True), (2, True), (2, True)]
+    assert runs[False] == [(1, False), (2, False), (2, False)]
+
+
+def _each_event(handle: Any) -> Any:
+    """A part handler as a flow stage has one: each event decoded and handed to ``handle``, in order."""
+
+    async def handle_part(part: Any) -> None:
+        await shell.handle_part_events(part, agent="unit", what="unit: message", handler=handle)
+
+    return handle_part
+
+
+def _fresh_gate_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit gate's events, new for this test's event loop (an asyncio event is bound to the first loop that waits)."""
+    for name in ("_idle", "_open"):
+        fresh = asyncio.Event()
+        fresh.set()
+        monkeypatch.setattr(engine.gate, name, fresh)
+
+
+def test_a_bounded_slice_whose_events_turn_slow_begins_none_past_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two partitions' events, fast at first, then 30 ms each (a service slowing down), in bounded slices of a 0.1 s
+    budget grown to 40 events at the fast pace: a slice stops beginning events once 0.1 s has passed, the events it
+    did not begin run in the next slices (after a commit due), each once, in offset order per partition, and a
+    commit between two slices covers only events that ran, a prefix of each partition's."""
+    _fresh_gate_events(monkeypatch)
+    events = _batch(*[(number % 2, number) for number in range(40)])
+    ran: list[int] = []
+    slices: list[tuple[float, int]] = []
+    committed: list[set[int]] = []
+
+    async def handle(event: Any, body: Any) -> None:
+        ran.append(event.message.offset)
+        if event.message.offset >= 6:
+            await asyncio.sleep(0.03)
+
+    async def run() -> None:
+        slicer = core.Slicer(500, first=40, budget_s=0.1)
+
+        async def commit_between_slices() -> None:
+            while True:
+                await engine.gate.idle_event.wait()
+                async with engine.gate.committing():
+                    committed.append({event.message.offset for event in events if event.acked})
+                await asyncio.sleep(0.001)
+
+        committer = asyncio.ensure_future(commit_between_slices())
+        rest = list(events)
+        while rest:
+            began = time.monotonic()
+            piece, rest = rest[: slicer.size], rest[slicer.size :]
+            count, left = await core._run_parts(piece, _each_event(handle), concurrent=False, until=began + slicer.budget_s)
+            slicer.took(count, time.monotonic() - began)
+            slices.append((time.monotonic() - began, count))
+            rest = left + rest
+            await asyncio.sleep(0.002)
+        assert not committer.done(), committer.exception()
+        committer.cancel()
+
+    asyncio.run(run())
+    assert sorted(ran) == list(range(40)), f"every event ran once: {ran}"
+    for partition in (0, 1):
+        mine = [offset for offset in ran if offset % 2 == partition]
+        assert mine == sorted(mine), f"partition {partition} ran out of order: {mine}"
+    assert slices[0][1] < 40, f"the first slice stopped on time instead of running all 40 events: {slices}"
+    assert all(seconds < 0.1 + 0.03 + 0.03 for seconds, _ in slices), f"a slice ran past its budget and one event: {slices}"
+    assert len(slices) > 3
+    assert all(event.acked for event in events)
+    assert any(0 < len(acked) < 40 for acked in committed), f"no commit came between two slices: {committed}"
+    for acked in committed:
+        assert acked <= set(ran), "a commit covered an event that had not run"
+        for partition in (0, 1):
+            mine = sorted(offset for offset in acked if offset % 2 == partition)
+            assert mine == list(range(partition, 40, 2))[: len(mine)], "acked offsets are a prefix per partition"
+
+
+def test_an_event_left_by_a_bounded_slice_is_not_taken_for_a_copy_when_it_comes_again() -> None:
+    """The events a slice did not begin were marked delivered when it took them (a copy of one is left out): they are
+    forgotten, so that the next slice processes them, and a true copy is still left out."""
+    events = _batch((0, 1), (0, 2), (0, 3))
+    ran: list[int] = []
+
+    async def handle(event: Any, body: Any) -> None:
+        ran.append(event.message.offset)
+        await asyncio.sleep(0.02)
+
+    async def run() -> None:
+        count, left = await core._run_parts(events, _each_event(handle), concurrent=False, until=time.monotonic() + 0.005)
+        assert (count, [event.message.offset for event in left]) == (1, [2, 3])
+        count, left = await core._run_parts(left, _each_event(handle), concurrent=False, until=time.monotonic() + 10)
+        assert (count, left) == (2, [])
+        again = _Event(0, 2)
+        assert await core.run_parts([again], _each_event(handle)) == 0, "a copy of a processed event is left out"
+
+    asyncio.run(run())
+    assert ran == [1, 2, 3]
