@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import faust
+import rocksdict
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types.tuples import FutureMessage, RecordMetadata
 
@@ -161,15 +162,26 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         self._verify_source_topic_partitions(event.message.topic)  # once per part (Faust's write checked every key)
         partition = event.message.partition
         encoded = overlay.encoded
+        # The part's values go to the partition's database in one write (a RocksDB write batch: one write to its log
+        # and memtable, not one per key, which was 5% of a three-stage worker's samples), as Faust's ``_set`` would
+        # put them one by one; deletes stay Faust's (every database that may hold the key).
+        batch = rocksdict.WriteBatch(raw_mode=True) if getattr(store, "use_rocksdict", False) else None
+        key_index = store._key_index
         for key, value in overlay.writes.items():
             key_bytes = encoded.get(key) or store._encode_key(key)
             if value is not _DELETED:
                 value_bytes = store._encode_value(value)
-                store._set(key_bytes, value_bytes)
+                if batch is None:
+                    store._set(key_bytes, value_bytes)
+                else:
+                    key_index[key_bytes] = partition
+                    batch.put(key_bytes, value_bytes)
                 records.append((self, partition, key_bytes, value_bytes))
             elif store._contains(key_bytes):
                 store._del(key_bytes)
                 records.append((self, partition, key_bytes, None))
+        if batch is not None and len(batch):
+            store._db_for_partition(partition).write(batch)
 
     def _on_records_sent(self, delivered: asyncio.Future[RecordMetadata], after_first: int) -> None:
         """Faust's ``_on_changelog_sent`` for a record batch of this table's changelog (:mod:`app.engine.produce`) whose
