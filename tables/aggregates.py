@@ -140,9 +140,14 @@ class AggregatorConfig:
         return None if self.timeout_ms is None else now_ms + self.timeout_ms
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ItemOutcome:
-    """What happened to one item: processed (ok, with its result) or failed (with its error)."""
+    """What happened to one item: processed (ok, with its result) or failed (with its error).
+
+    This and the group's states and transitions are slotted, not frozen: nothing changes one once made (the core
+    makes new ones, ``dataclasses.replace``), and a frozen dataclass's ``__init__`` (``object.__setattr__`` per field)
+    took three times as long, ten outcomes and a few states per order (see ``app.errors.StepOutcome``).
+    """
 
     index: int
     ok: bool
@@ -157,7 +162,7 @@ class ItemOutcome:
         return cls(index=int(raw["index"]), ok=bool(raw["ok"]), result=raw.get("result"), error=raw.get("error"))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GroupState:
     """An open group in table ``aggregates``: the items received so far, by index, and its deadline."""
 
@@ -257,7 +262,7 @@ class GroupState:
         return [index for index in range(upper) if index not in self.received]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DoneState:
     """A completed group in table ``aggregates_done``: remembered to count (never merge) late items."""
 
@@ -305,7 +310,7 @@ class DoneState:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GroupTransition:
     """The result of one event: the group's new state (None: delete the key), what to emit, what to refuse."""
 

@@ -8,6 +8,7 @@ virtual clock; the lost item messages are made by piping the open and some outco
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -126,7 +127,7 @@ CONFIG = AggregatorConfig(name="agg", timeout_ms=10_000, rerequest_after_ms=2_00
 def test_an_ask_names_exactly_the_missing_items_and_comes_before_any_deadline(received: set[int], at: int) -> None:
     opened = on_open(None, "g", 6, 10_000, 0, config=CONFIG, payloads=list(range(6))).state
     assert isinstance(opened, GroupState)
-    state = GroupState(**{**opened.__dict__, "received": {index: _ok(index) for index in received}})
+    state = dataclasses.replace(opened, received={index: _ok(index) for index in received})
     transition = on_expire(state, CONFIG, at)
     due = state.due_ms(CONFIG)
     if due is None or at < due:
