@@ -71,8 +71,11 @@ GIVE_UP_RULES: tuple[GiveUp, ...] = (FAIL, CONTINUE)
 #: The status of an exchange that went on at its timeout (``on_timeout="continue"``).
 TIMED_OUT = "timeout"
 
+# The values below are slotted dataclasses, not frozen ones: some are made per arrival, nothing changes one once made
+# (the core makes new ones), and a frozen dataclass's __init__ (object.__setattr__ per field) takes three times as long.
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class FlowCompletion:
     """The latest outcome of an awaited flow for this key, remembered until ``expires_ms``."""
 
@@ -108,7 +111,7 @@ class FlowCompletion:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Waiting:
     """An exchange held at the barrier: what it still awaits, its deadline, and itself as it arrived."""
 
@@ -202,7 +205,7 @@ class Waiting:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Relay:
     """At an awaited flow's own key: an exchange waiting at key ``to`` awaits ``flow`` here. When ``flow`` completes
     here (or already has), the completion is forwarded to the waiter (:class:`Forward`), once."""
@@ -220,7 +223,7 @@ class Relay:
         return cls(str(raw["exchange_id"]), str(raw["flow"]), str(raw["to"]), int(raw["deadline_ms"]))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Forward:
     """A completion of ``flow`` at a relay's key, sent to the waiting exchange ``exchange_id`` at key ``to``."""
 
@@ -232,7 +235,7 @@ class Forward:
     result: Any = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BarrierState:
     """Table ``barrier-<name>`` value for one correlation key."""
 
@@ -315,7 +318,7 @@ class BarrierState:
         return min(instants, default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Release:
     """An exchange that goes on at ``resume_step``: every awaited flow completed (``status`` completed), or, under
     ``on_timeout``/``on_failure="continue"``, its timeout passed (``timeout``) or an awaited execution failed (``failed``)."""
@@ -341,7 +344,7 @@ def reported(release: Release, barrier_name: str) -> dict[str, Any]:
     return {**exchange, "properties": properties}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Failure:
     """An exchange given up: an awaited flow failed definitively, the timeout passed, or the duplicate rule refused it.
 
@@ -354,7 +357,7 @@ class Failure:
     missing: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BarrierTransition:
     state: BarrierState | None
     releases: tuple[Release, ...] = ()

@@ -66,9 +66,13 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Output:
-    """One message a change sends: to ``topic``, keyed by ``key``; ``value`` is JSON-able (or bytes, already encoded)."""
+    """One message a change sends: to ``topic``, keyed by ``key``; ``value`` is JSON-able (or bytes, already encoded).
+
+    This and the runtime's other values are slotted, not frozen: one or more are made per input, nothing changes one
+    once made, and a frozen dataclass's ``__init__`` (``object.__setattr__`` per field) takes three times as long.
+    """
 
     topic: faust.TopicT
     key: str | None
@@ -81,7 +85,7 @@ class Output:
         return self.what or self.topic.get_topic_name()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Refusal:
     """An input refused with a reason of the pattern's own (``duplicate-order``, say) instead of 'rejected'.
 
@@ -95,7 +99,7 @@ class Refusal:
     value: Any = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Change(Generic[S]):
     """What one input or one deadline does to one key: its new state (None deletes it), outputs, rejects, deadlines."""
 
@@ -107,7 +111,7 @@ class Change(Generic[S]):
     deadlines: tuple[int | tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Undeliverable:
     """An output that cannot be written, and why: its encoded size and sha256 when it could be encoded."""
 
@@ -118,7 +122,7 @@ class Undeliverable:
     sha256: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Prepared:
     """Outputs checked against the record limit: those ready to send (encoded), those that cannot be written."""
 
