@@ -194,16 +194,22 @@ def parse_items(raw: Any) -> list[tuple[str, int, int | None, bool, Any]]:
         raise InvalidMessage(message)
     chunk = raw.get("items")
     if chunk is None:
-        return [_parse_one(raw, raw, "")]
+        return [_parse_one(raw, raw, None)]
     if not isinstance(chunk, list) or not chunk:
         message = f"items: field 'items' must be a non-empty list, got {type(chunk).__name__}"
         raise InvalidMessage(message)
-    return [_parse_one(raw, item, f"items[{number}] ") for number, item in enumerate(chunk)]
+    return [_parse_one(raw, item, number) for number, item in enumerate(chunk)]
 
 
-def _parse_one(envelope: dict[str, Any], item: Any, where: str) -> tuple[str, int, int | None, bool, Any]:
+def _place(number: int | None) -> str:
+    """Where an item is in its message, for a problem's message (formatted only when there is one)."""
+    return "" if number is None else f"items[{number}] "
+
+
+def _parse_one(envelope: dict[str, Any], item: Any, number: int | None) -> tuple[str, int, int | None, bool, Any]:
+    """One item of a message (``number``: its place in the message's ``items``; None: the message is the item)."""
     if not isinstance(item, dict):
-        message = f"items: {where}must be a JSON object, got {type(item).__name__}"
+        message = f"items: {_place(number)}must be a JSON object, got {type(item).__name__}"
         raise InvalidMessage(message)
     correlation_id = envelope.get("correlation_id")
     index = item.get("index")
@@ -212,9 +218,10 @@ def _parse_one(envelope: dict[str, Any], item: Any, where: str) -> tuple[str, in
         message = f"items: field 'correlation_id' must be a non-empty string, got {correlation_id!r}"
         raise InvalidMessage(message)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        message = f"items: {where}item of {correlation_id!r} field 'index' must be a non-negative integer, got {index!r}"
+        message = f"items: {_place(number)}item of {correlation_id!r} field 'index' must be a non-negative integer, got {index!r}"
         raise InvalidMessage(message)
     if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total <= index):
+        where = _place(number)
         message = f"items: {where}item {index} of {correlation_id!r} field 'total' must be an integer above the index, got {total!r}"
         raise InvalidMessage(message)
     return correlation_id, index, total, bool(item.get("last", False)), item.get("payload")

@@ -721,6 +721,11 @@ def _check_item(state: GroupState, config: AggregatorConfig, index: int, total: 
     return _item_problem(state.correlation_id, state.expected_count, state.last_index, state.received, config, index, total, last)
 
 
+def _where(config: AggregatorConfig, index: int, correlation_id: str) -> str:
+    """How a problem with an item names it (formatted only when there is one: the check runs for every item)."""
+    return f"aggregator {config.name!r}: item {index} of group {correlation_id!r}"
+
+
 def _item_problem(
     correlation_id: str,
     expected_count: int | None,
@@ -731,20 +736,19 @@ def _item_problem(
     total: int | None,
     last: bool,
 ) -> str | None:
-    where = f"aggregator {config.name!r}: item {index} of group {correlation_id!r}"
     if index < 0:
-        return f"{where} has a negative index"
+        return f"{_where(config, index, correlation_id)} has a negative index"
     if total is not None and total <= 0:
-        return f"{where} has total {total}, but a group has at least one item"
+        return f"{_where(config, index, correlation_id)} has total {total}, but a group has at least one item"
     if total is not None and expected_count is not None and total != expected_count:
-        return f"{where} has total {total}, but the group expects {expected_count}"
+        return f"{_where(config, index, correlation_id)} has total {total}, but the group expects {expected_count}"
     expected = expected_count if expected_count is not None else total
     if expected is not None and index >= expected:
-        return f"{where} is out of range: the group expects {expected} items (indexes 0..{expected - 1})"
+        return f"{_where(config, index, correlation_id)} is out of range: the group expects {expected} items (indexes 0..{expected - 1})"
     if last and last_index is not None and last_index != index:
-        return f"{where} is flagged last, but item {last_index} was already flagged last"
+        return f"{_where(config, index, correlation_id)} is flagged last, but item {last_index} was already flagged last"
     if last and COMPLETE_BY_FLAG in config.complete_by:
         beyond = [merged for merged in received if merged > index]
         if beyond:
-            return f"{where} is flagged last, but items {beyond} with higher indexes already arrived"
+            return f"{_where(config, index, correlation_id)} is flagged last, but items {beyond} with higher indexes already arrived"
     return None
