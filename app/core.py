@@ -242,27 +242,25 @@ async def _run_parts(
                 parts.setdefault(event.message.tp, []).append(event)
 
         async def run(part: list[EventT[bytes]]) -> None:
-            if clock is None:
-                async with scope.part(part[-1]):
-                    await handle_part(part)
-                engine.ack_handled_all(part)
-                ran_parts[part[0].message.tp] = part
-                return
-            if clock.up():  # the slice's time is up before this part began
-                left.extend(part)
-                return
-            clock.handled = None
-            token = slice_clock.set(clock)
+            if clock is not None:
+                if clock.up():  # the slice's time is up before this part began
+                    left.extend(part)
+                    return
+                clock.handled = None
+            token = slice_clock.set(clock)  # None: the part runs whole
             try:
                 async with scope.part(part[-1]):
                     await handle_part(part)
             finally:
                 slice_clock.reset(token)
-            handled = len(part) if clock.handled is None else clock.handled  # a handler that takes a part whole
-            if clock.handled is None:
-                clock.begun += handled
+            handled = len(part)
+            if clock is not None:
+                if clock.handled is None:  # a handler that takes its part whole
+                    clock.begun += handled
+                else:
+                    handled = clock.handled
+                    left.extend(part[handled:])
             engine.ack_handled_all(part[:handled])
-            left.extend(part[handled:])
             if handled:
                 ran_parts[part[0].message.tp] = part[:handled]
 

@@ -56,7 +56,7 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
     """
 
     #: The RocksDB store this table reads and writes directly (not through Faust's mapping), once known; False: none.
-    _direct: RocksDBStore | bool | None = None  # False: Faust's way
+    _direct: RocksDBStore | bool | None = None
 
     def _direct_store(self) -> RocksDBStore | None:
         """The table's RocksDB store when a key's bytes name one place in it: a partitioned table of keys that do not
