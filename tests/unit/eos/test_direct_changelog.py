@@ -26,7 +26,14 @@ from weir.app import engine
 from weir.app.engine.scopes import BatchScope, batch_scope, gate
 
 KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
-VALUES = st.one_of(st.integers(0, 9), st.dictionaries(st.sampled_from(["n", "é"]), st.integers(0, 3), max_size=2), st.text(max_size=5))
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5)
+)
+#: JSON values as the tables hold them (the scope encodes them itself, as Faust's json codec would). Not None itself:
+#: Faust writes ``null`` to the store and a tombstone to the changelog for it, the scope ``null`` to both.
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8
+).filter(lambda value: value is not None)
 OPS = st.lists(st.one_of(st.tuples(st.just("set"), KEYS, VALUES), st.tuples(st.just("del"), KEYS)), max_size=12)
 PARTITION = 3
 
@@ -134,6 +141,8 @@ def test_direct_writes_leave_the_store_and_the_changelog_as_faust_s_own(tmp_path
                 run_ops(faust_way, ops)
 
     asyncio.run(run())
+    assert direct._direct_store() is not None
+    assert direct._json, "the scope encodes the keys and values itself, not through Faust's registry"
     assert stored(direct) == stored(faust_way)
     # Faust's way writes every operation; the scope writes each key once, its last value: compare the last per key
     last_faust = {key: (topic, partition, value) for topic, partition, key, value in caught}
@@ -196,20 +205,19 @@ def test_a_read_in_a_scope_encodes_its_key_once_for_the_read_and_the_write(tmp_p
     a key it then writes encodes the key once, for both."""
     table = make_table(tmp_path, "once")
     table.app.consumer = SimpleNamespace(transactions=Transactions())
-    store = table.data
     encoded: list[Any] = []
-    encode = store._encode_key
+    encode = table._encode_key
 
-    def counting(key: Any) -> bytes:
+    def counting(store: Any, key: Any) -> bytes:
         encoded.append(key)
-        return encode(key)
+        return encode(store, key)
 
     async def run() -> None:
         scope = BatchScope()
         async with scope.part(Event(table.app)):
             table["k"] = 1
         await scope.flush()
-        store._encode_key = counting
+        table._encode_key = counting
         async with scope.part(Event(table.app)):
             table["k"] = table.get("k", 0) + 1
         await scope.flush()

@@ -25,6 +25,7 @@ KEYS = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("get"), KEYS),
+        st.tuples(st.just("getitem"), KEYS),
         st.tuples(st.just("contains"), KEYS),
         st.tuples(st.just("set"), KEYS, st.integers(0, 9)),
         st.tuples(st.just("del"), KEYS),
@@ -85,7 +86,12 @@ def event() -> Any:
 def apply(target: Any, op: tuple[Any, ...]) -> Any:
     match op:
         case ("get", key):
-            return target.get(key)
+            return target.get(key, "absent")
+        case ("getitem", key):
+            try:
+                return target[key]
+            except KeyError:
+                return "KeyError"
         case ("contains", key):
             return key in target
         case ("set", key, value):
