@@ -139,7 +139,9 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         # Faust's read encodes the key twice and reads RocksDB twice (``key in data``, then ``data[key]``): once here.
         key_bytes = overlay.encoded[key] = self._encode_key(store, key)
         self.on_key_get(key)
-        found = store._get(key_bytes)
+        event = faust.current_event()
+        # Faust's ``_get`` without its key index (see :meth:`_write_out_direct`)
+        found = store._get(key_bytes) if event is None else store._db_for_partition(event.message.partition).get(key_bytes)
         value = overlay.reads[key] = _DELETED if found is None else self._decode_value(store, found)
         return value
 
@@ -200,11 +202,14 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         self._verify_source_topic_partitions(event.message.topic)  # once per part (Faust's write checked every key)
         partition = event.message.partition
         encoded = overlay.encoded
-        # The part's values go to the partition's database in one write (a RocksDB write batch: one write to its log
-        # and memtable, not one per key, which was 5% of a three-stage worker's samples), as Faust's ``_set`` would
-        # put them one by one; deletes stay Faust's (every database that may hold the key).
+        # The part's writes go to the partition's database in one write (a RocksDB write batch: one write to its log
+        # and memtable, not one per key, which was 5% of a three-stage worker's samples), as Faust's ``_set`` and
+        # ``_del`` would apply them one by one. Faust's key index (an LRU cache behind a lock, for reads outside an
+        # event) is not kept: a read outside an event looks in every database without it, and a read in one, as
+        # here, looks only in the event's partition's, where a delete is then done too (Faust's ``_del`` deleted in
+        # every database when the index did not know the key).
+        db = store._db_for_partition(partition)
         batch = rocksdict.WriteBatch(raw_mode=True) if getattr(store, "use_rocksdict", False) else None
-        key_index = store._key_index
         for key, value in overlay.writes.items():
             key_bytes = encoded.get(key) or self._encode_key(store, key)
             if value is not _DELETED:
@@ -212,14 +217,16 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
                 if batch is None:
                     store._set(key_bytes, value_bytes)
                 else:
-                    key_index[key_bytes] = partition
                     batch.put(key_bytes, value_bytes)
                 records.append((self, partition, key_bytes, value_bytes))
-            elif store._contains(key_bytes):
-                store._del(key_bytes)
+            elif db.get(key_bytes) is not None:
+                if batch is None:
+                    store._del(key_bytes)
+                else:
+                    batch.delete(key_bytes)
                 records.append((self, partition, key_bytes, None))
         if batch is not None and len(batch):
-            store._db_for_partition(partition).write(batch)
+            db.write(batch)
 
     def _on_records_sent(self, delivered: asyncio.Future[RecordMetadata], after_first: int) -> None:
         """Faust's ``_on_changelog_sent`` for a record batch of this table's changelog (:mod:`app.engine.produce`) whose
