@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 #: Seconds one walk steps through at most: a tick stays short after a long stop; the next ticks catch up.
 MAX_SECONDS_PER_WALK = 3600
+#: Keys one entry holds at most when the entries a scope files in one second are merged, and the longest key merged
+#: (a longer one gets an entry of its own): a merged entry stays under 30 KB.
+MAX_KEYS_PER_ENTRY = 100
+MAX_MERGED_KEY_LENGTH = 256
 
 
 def deadline_bucket(deadline_ms: int, bucket_ms: int = 1000) -> int:
@@ -34,8 +38,12 @@ class DeadlineIndex:
 
     Table keys: ``'<partition>:next'``, the first second not yet fully walked (before the first walk: the
     earliest second filed); ``'<partition>:walked'``, set by the first walk; ``'<partition>:<second>'``,
-    how many entries were filed in that second; ``'<partition>:<second>:<n>'``, the n-th of them. Filing
-    an entry writes two small values whatever the number of entries already due in that second, and a
+    how many entries were filed in that second; ``'<partition>:<second>:<n>'``, the n-th of them:
+    ``[kind, key]``, or ``[kind, [key, ...]]`` for keys of one kind filed in that second by one scope (a
+    part of a batch: a table with ``written_in_scope``, :class:`app.engine.WeirTable`), merged into the
+    entry the scope filed last, up to :data:`MAX_KEYS_PER_ENTRY`; an entry whose handler failed carries
+    its failures third. Filing an entry writes two small values whatever the number of entries already
+    due in that second (and a part that completes a hundred groups files one entry, not a hundred), and a
     tick reads only the seconds that passed and the entries due in them. It must be written and walked
     while processing an event of that partition (Faust's rule for tables): the agent that owns the
     partition does it, on a tick. Entries are not removed when their key completes early; the handler
@@ -49,6 +57,8 @@ class DeadlineIndex:
         self.fatal = fatal
         #: seconds one walk steps through at most (the rest on the next ticks)
         self.max_seconds_per_walk = MAX_SECONDS_PER_WALK
+        #: the entry whose keys a walk is handing over: nothing filed meanwhile joins it (its keys are being iterated)
+        self._walking: str | None = None
 
     def add(self, partition: int, kind: str, key: str, due_ms: int, *, now_ms: int | None = None) -> None:
         """File ``key`` to come due at ``due_ms``; with ``now_ms``, a deadline already past is filed in the current second.
@@ -68,11 +78,30 @@ class DeadlineIndex:
             bucket = next_bucket  # that second was walked already: the next tick must still see it
         self._file(partition, bucket, [kind, key])
 
-    def _file(self, partition: int, bucket: int, entry: list[str]) -> None:
+    def _file(self, partition: int, bucket: int, entry: list[Any]) -> None:
         count_key = f"{partition}:{bucket}"
         count = self.table.get(count_key) or 0
+        if count and len(entry) == 2 and len(entry[1]) <= MAX_MERGED_KEY_LENGTH and self._merged(f"{count_key}:{count - 1}", entry):
+            return
         self.table[f"{count_key}:{count}"] = entry
         self.table[count_key] = count + 1
+
+    def _merged(self, entry_key: str, entry: list[Any]) -> bool:
+        """Whether ``entry`` joined the one at ``entry_key``: filed by this scope (not written out yet), of the same
+        kind, without failures, with room. An entry of an earlier scope is never changed: it may be written out,
+        or walked already."""
+        written_in_scope = getattr(self.table, "written_in_scope", None)
+        if written_in_scope is None or entry_key == self._walking:
+            return False
+        last = written_in_scope(entry_key)
+        if not isinstance(last, list) or len(last) != 2 or last[0] != entry[0]:
+            return False
+        keys = last[1] if isinstance(last[1], list) else [last[1]]
+        if len(keys) >= MAX_KEYS_PER_ENTRY or len(keys[0]) > MAX_MERGED_KEY_LENGTH:  # the first may have been filed alone
+            return False
+        keys.append(entry[1])
+        self.table[entry_key] = [last[0], keys]
+        return True
 
     async def walk(self, partition: int, now_ms: int, handle: DueHandler, *, on_give_up: GiveUpHandler | None = None) -> None:
         """Hand every entry due up to ``now_ms`` to ``handle``; drop those it does not keep.
@@ -111,28 +140,42 @@ class DeadlineIndex:
                 entry = self.table.get(entry_key)
                 if entry is None:
                     continue
-                kind, key, failures = entry[0], entry[1], (entry[2] if len(entry) > 2 else 0)
+                kind, keys, failures = entry[0], entry[1], (entry[2] if len(entry) > 2 else 0)
+                many = isinstance(keys, list)
+                failing: list[tuple[str, Exception]] = []
+                self._walking = entry_key
                 try:
-                    keep = await handle(kind, key)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    if isinstance(error, self.fatal):
-                        raise
+                    for key in keys if many else [keys]:
+                        try:
+                            keep = await handle(kind, key)
+                        except asyncio.CancelledError:
+                            raise
+                        except Exception as error:
+                            if isinstance(error, self.fatal):
+                                raise  # the entry stays whole: the keys before come again (the batch's transaction aborts)
+                            failing.append((key, error))
+                            continue
+                        if keep:
+                            kept.append([kind, key])
+                finally:
+                    self._walking = None
+                if failing:
+                    # Every key left failed in every attempt so far: the entry's count is each key's.
                     failures += 1
                     if failures < self.max_attempts:
-                        log.warning("deadline index: %s %r failed (%d of %d): %r", kind, key, failures, self.max_attempts, error)
-                        self.table[entry_key] = [kind, key, failures]
+                        for key, problem in failing:
+                            log.warning("deadline index: %s %r failed (%d of %d): %r", kind, key, failures, self.max_attempts, problem)
+                        left = [key for key, _ in failing]
+                        self.table[entry_key] = [kind, left if many else left[0], failures]
                         failed = True
                         continue
                     del self.table[entry_key]
-                    log.error("deadline index: %s %r failed %d times, given up: %r", kind, key, failures, error)
-                    if on_give_up is not None:
-                        await on_give_up(kind, key, error)
+                    for key, problem in failing:
+                        log.error("deadline index: %s %r failed %d times, given up: %r", kind, key, failures, problem)
+                        if on_give_up is not None:
+                            await on_give_up(kind, key, problem)
                     continue
                 del self.table[entry_key]
-                if keep:
-                    kept.append([kind, key])
             if number >= bound:
                 failed = True
             if failed:

@@ -145,6 +145,15 @@ class WeirTable(faust.Table[Any, Any]):  # type: ignore[misc]
         value = overlay.reads[key] = _DELETED if found is None else self._decode_value(store, found)
         return value
 
+    def written_in_scope(self, key: Any) -> Any:
+        """What the current scope wrote to ``key`` and has not written out yet (None: nothing, or a delete); the
+        value itself, which the scope may still change in place before it writes it again (see
+        :meth:`app.deadlines.DeadlineIndex._merged`)."""
+        scopes = _scope_writes.get()
+        overlay = None if scopes is None else scopes.get(id(self))
+        value = None if overlay is None else overlay.writes.get(key)
+        return None if value is _DELETED else value
+
     def __contains__(self, key: object) -> bool:
         overlay = self._writes()
         if overlay is None:

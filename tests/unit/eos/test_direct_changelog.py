@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weir.app import engine
+from weir.app.deadlines import DeadlineIndex
 from weir.app.engine.scopes import BatchScope, batch_scope, gate
 
 KEYS = st.sampled_from(["a", "b", "ключ", "order-7"])
@@ -290,3 +291,24 @@ def test_a_part_that_raises_before_any_write_out_does_not_stop_the_worker(tmp_pa
     assert isinstance(raised, ValueError)
     assert crashes == [], "nothing reached the store: the part's writes are dropped, as before"
     assert gate.refused is None
+
+
+def test_a_deadline_index_merges_the_entries_one_part_files_and_no_others(tmp_path: Path) -> None:
+    """On a WeirTable the keys a part files in one second share an entry (``written_in_scope``); the next part's keys
+    start a new one, and the entries written out are what the store then holds."""
+    table = make_table(tmp_path, "deadlines")
+    table.app.consumer = SimpleNamespace(transactions=Transactions())
+    index = DeadlineIndex(table)
+
+    async def run() -> None:
+        scope = BatchScope()
+        async with scope.part(Event(table.app)):
+            for key in ("a", "b", "c"):
+                index.add(PARTITION, "done", key, 5_000)
+        async with scope.part(Event(table.app)):
+            index.add(PARTITION, "done", "d", 5_500)
+        await scope.flush()
+
+    asyncio.run(run())
+    entries = {key: faust.Table.get(table, key) for key in (f"{PARTITION}:5", f"{PARTITION}:5:0", f"{PARTITION}:5:1")}
+    assert entries == {f"{PARTITION}:5": 2, f"{PARTITION}:5:0": ["done", ["a", "b", "c"]], f"{PARTITION}:5:1": ["done", "d"]}
