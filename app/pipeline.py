@@ -220,7 +220,10 @@ class PipelineTopology:
                 result = await aggregate_inline(inline_worker, self.config, event, order_id, items)
                 await send_result(event, [Output(self.aggregates, order_id, result, what="the result")], agent=agent)
 
-            await handle_part_events(part, agent=agent, what="splitter: order", handler=aggregate, concurrent=self.runs_at_once, owed=owed)
+            # Orders at once (a task each) only while the step may wait: an async step, or a sync one in the pool. A sync
+            # step tried in place runs each order to its end anyway, and a task per order was 5% of the worker's CPU.
+            concurrent = inline_worker.concurrent
+            await handle_part_events(part, agent=agent, what="splitter: order", handler=aggregate, concurrent=concurrent, owed=owed)
 
         return Stage(agent, (self.orders,), inline_part if self.inline else split_part)
 

@@ -167,3 +167,33 @@ def test_the_inline_result_is_the_one_completing_at_once_makes(
     made = inline_result(config, "o-1", [(outcome.ok, outcome.result, outcome.error) for outcome, _ in outcomes], deadline_ms, now)
     assert made == expected
     assert orjson.dumps(made) == orjson.dumps(expected), "the same bytes on the topic too (the same key order)"
+
+
+def test_the_splitter_inline_runs_a_part_s_orders_at_once_with_an_async_step_and_in_order_with_a_sync_one() -> None:
+    """An async step may wait on I/O: a part's orders run at once (here each order's one item waits for the other's).
+    A sync step tried in place runs each order to its end: one after the other, in their order, no task each."""
+    started: list[str] = []
+    gate = asyncio.Event()
+
+    async def waits_for_the_other(payload: Any) -> Any:
+        started.append(payload)
+        if len(started) == 2:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 5)  # sequential orders would time out here
+        return payload.upper()
+
+    def in_order(payload: Any) -> Any:
+        started.append(payload)
+        return payload.upper()
+
+    for step in (waits_for_the_other, in_order):
+        started.clear()
+        gate = asyncio.Event()
+        with TestDriver(settings=Settings(partitions=1, items_inline=True, retry_attempts=1), item_step=step) as driver:
+            for n in range(2):  # one part: both records written, then read in one batch
+                driver.pipe("orders", {"order_id": f"o-{n}", "items": [f"x{n}"]}, key=f"o-{n}", run=False)
+            driver.run()
+            results = {record.key: record.value for record in driver.read("aggregates")}
+        items = {key: [(item["status"], item.get("result")) for item in result["items"]] for key, result in results.items()}
+        assert items == {"o-0": [("ok", "X0")], "o-1": [("ok", "X1")]}, step
+        assert started == ["x0", "x1"], started
