@@ -96,11 +96,12 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams, Kafka Streams (bench/results.md and .json, charts in bench/charts/; QUICK=1 = 1-run smoke), then the barrier and the shop under load
+bench: $(BENCH_STAMP) ## side by side: raw aiokafka, plain Faust, weir, Quix Streams, Kafka Streams (bench/results.md and .json, charts in bench/charts/; QUICK=1 = 1-run smoke), then the barrier, one hop's floor and the shop under load
 	scripts/broker.sh start
 	$(BIN)/python -m bench.compare $(if $(QUICK),--quick,)
 	$(BIN)/python -m bench.charts bench/results.json --out bench/charts
 	$(BIN)/python -m bench.barrier
+	$(BIN)/python -m bench.hop
 	$(BIN)/python -m bench.shop_load
 
 chaos: $(STAMP) ## long shop runs: a worker of every stage SIGKILLed in turn with bad inputs (ORDERS_N=2000 KILL_EVERY=5 VICTIMS=all), then the broker faults' long forms (FAULT_ORDERS=600)
