@@ -252,6 +252,15 @@ def outputs_sent(agent: str, count: int) -> None:
     _child(OUTPUTS_SENT, agent).inc(count)
 
 
+def outputs_undeliverable(agent: str, count: int) -> None:
+    """``count`` outputs of ``agent`` could not be written and went to the dead letters (weir_outputs_undeliverable_total)."""
+    _child(OUTPUTS_UNDELIVERABLE, agent).inc(count)
+
+
+def input_rejected(agent: str, reason: str) -> None:
+    _child(INPUTS_REJECTED, agent, reason).inc()
+
+
 def batch_handled(parts: Mapping[Any, Sequence[Any]]) -> None:
     """A batch ran (:func:`app.core.run_parts`): its events by source partition (a TP)."""
     ran = 0

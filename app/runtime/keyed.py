@@ -234,7 +234,7 @@ async def dead_letter_outputs(event: EventT[bytes], failures: Sequence[Undeliver
         log.warning("%s: an output of key %r cannot be written: %s", agent, failure.output.key, failure.problem)
         await dead_letter_output(event, failure, agent=agent, step=step)
     if failures:
-        metrics.OUTPUTS_UNDELIVERABLE.labels(agent).inc(len(failures))
+        metrics.outputs_undeliverable(agent, len(failures))
 
 
 class Store(Protocol[S]):
@@ -389,7 +389,7 @@ class KeyedState(Generic[S]):
             else:
                 reason, error, key_bytes, value = "rejected", refused, None, None
             await send_dead_letter(event, reason=reason, error=error, agent=self.agent, step=self.step, key=key_bytes, value=value)
-            metrics.INPUTS_REJECTED.labels(self.agent, reason).inc()
+            metrics.input_rejected(self.agent, reason)
         self.store.save(key, previous, change.state)
         if self.deadlines is not None:
             now = wall_clock_ms() if clock_ms is None else clock_ms
